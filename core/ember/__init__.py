@@ -1,0 +1,14 @@
+"""ember: a small, fast deep-learning framework with separately installable device plugins.
+
+Public API::
+
+    from ember import Tensor, dtypes, Device, Context, GlobalCounters, getenv
+"""
+from ember.device.registry import Device
+from ember.dtype import DType, dtypes
+from ember.helpers import DEBUG, Context, GlobalCounters, getenv
+from ember.tensor import Tensor
+
+__version__ = "0.1.0"
+
+__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "__version__"]

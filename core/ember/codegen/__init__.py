@@ -1,0 +1,80 @@
+"""Codegen: kernel AST -> (optimizations) -> lowered DAG -> linear UOps -> source via a Renderer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.codegen.linearize import linearize
+from ember.codegen.lowerer import global_dims, lower_ast
+from ember.dtype import PtrDType
+from ember.graph.uop import GroupOp, Ops, UOp
+from ember.helpers import DEBUG, prod
+from ember.renderer import Renderer
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """Everything needed to compile and launch one kernel, plus estimates for DEBUG output."""
+
+    name: str
+    src: str
+    uops: tuple[UOp, ...]
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int] | None
+    estimated_ops: int
+    estimated_mem: int
+    outs: tuple[int, ...]
+    ins: tuple[int, ...]
+
+
+def kernel_name(ast: UOp) -> str:
+    """A readable name: ``E_`` for elementwise, ``r_`` with reduce sizes for reductions."""
+    shape = global_dims(ast)
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    parts = [str(d) for d in shape if d != 1] or ["1"]
+    if reduces:
+        from ember.codegen.lowerer import ast_shape
+
+        memo: dict[UOp, tuple[int, ...]] = {}
+        src_shape = ast_shape(reduces[0].src[0], memo)
+        parts += [str(src_shape[a]) for a in reduces[0].arg[1]]
+    return ("r_" if reduces else "E_") + "_".join(parts)
+
+
+def estimate(uops: list[UOp]) -> tuple[int, int]:
+    """(ALU ops, bytes of global memory) executed, counting loop trip counts."""
+    mult, ops = 1, 0
+    stack: list[int] = []
+    for u in uops:
+        if u.op is Ops.RANGE:
+            stack.append(mult)
+            size = u.src[1].arg - u.src[0].arg if u.src[1].op is Ops.CONST and u.src[0].op is Ops.CONST else 1
+            mult *= max(size, 0)
+        elif u.op is Ops.ENDRANGE:
+            mult = stack.pop()
+        elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
+            ops += mult
+    mem = sum(u.arg[1] * u.dtype.base.itemsize for u in uops if u.op is Ops.DEFINE_GLOBAL
+              and isinstance(u.dtype, PtrDType))
+    return ops, mem
+
+
+def _is_index(u: UOp) -> bool:
+    return getattr(u.dtype, "kind", "") in "iub" and u.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.AND)
+
+
+def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> ProgramSpec:
+    """Lower, linearize and render one kernel AST for ``renderer``."""
+    sink = lower_ast(ast)
+    uops = linearize(sink)
+    if DEBUG >= 5:
+        for i, u in enumerate(uops):
+            print(f"{i:4d} {u.op.name:14s} {str(u.dtype):22s} {[uops.index(s) if s in uops else -1 for s in u.src]} "
+                  f"{u.arg!r}")
+    name = name or kernel_name(ast)
+    src = renderer.render(name, uops)
+    ops, mem = estimate(uops)
+    gsize = tuple(d for d in global_dims(ast))
+    outs = tuple(s.src[0].arg[0] for s in ast.src)
+    ins = tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_GLOBAL and u.arg[0] not in outs)
+    g3 = (prod(gsize), 1, 1)
+    return ProgramSpec(name, src, tuple(uops), g3, None, ops, mem, outs, ins)

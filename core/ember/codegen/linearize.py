@@ -1,0 +1,95 @@
+"""Order an index-level UOp DAG into the linear program renderers consume.
+
+Global loops open first and close last. Each REDUCE becomes an accumulator, a loop and an
+update; anything a reduction's body needs that does not depend on the reduction's own loops
+is emitted before the loop (loop-invariant hoisting), so loads and index math are not
+recomputed per iteration.
+"""
+from __future__ import annotations
+
+from ember.codegen.lowerer import reduce_identity
+from ember.dtype import DType
+from ember.graph.uop import Ops, UOp, toposort
+
+
+def _range_sets(nodes: list[UOp]) -> dict[UOp, frozenset[UOp]]:
+    """For each node, the loops its value depends on (a REDUCE hides its own loops)."""
+    out: dict[UOp, frozenset[UOp]] = {}
+    for n in nodes:
+        if n.op is Ops.RANGE:
+            out[n] = frozenset({n})
+            continue
+        s: frozenset[UOp] = frozenset().union(*(out[x] for x in n.src)) if n.src else frozenset()
+        if n.op is Ops.REDUCE:
+            s = s - frozenset(n.src[1:])
+        out[n] = s
+    return out
+
+
+def linearize(sink: UOp) -> list[UOp]:
+    """The linear program for a lowered kernel (see docs/contracts.md for its guarantees)."""
+    nodes = toposort([sink])
+    rsets = _range_sets(nodes)
+    program: list[UOp] = []
+    for n in nodes:
+        if n.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
+            program.append(n)
+    for n in nodes:
+        if n.op is Ops.REDUCE:
+            nodes.append(UOp.const(n.dtype, reduce_identity(n.arg, n.dtype)))  # type: ignore[arg-type]
+    for n in dict.fromkeys(nodes):
+        if n.op is Ops.CONST:
+            program.append(n)
+    global_ranges = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+    program.extend(global_ranges)
+
+    sub: dict[UOp, UOp] = {n: n for n in program}
+    scopes: list[set[UOp]] = [set(program)]
+    open_ranges: set[UOp] = set(global_ranges)
+    acc_count = 0
+
+    def visible(n: UOp) -> bool:
+        return any(n in s for s in scopes)
+
+    def emit(n: UOp) -> UOp:
+        nonlocal acc_count
+        if n in sub and visible(n):
+            return sub[n]
+        if n.op is Ops.REDUCE:
+            value, ranges = n.src[0], n.src[1:]
+            for m in toposort([value]):
+                if m.op is not Ops.RANGE and rsets[m] <= open_ranges and not (m in sub and visible(m)):
+                    emit(m)
+            dt = n.dtype
+            assert isinstance(dt, DType)
+            acc = UOp(Ops.DEFINE_ACC, dt, (UOp.const(dt, reduce_identity(n.arg, dt)),), acc_count)
+            acc_count += 1
+            program.append(acc)
+            program.extend(ranges)
+            scopes.append(set(ranges))
+            sub.update((r, r) for r in ranges)
+            open_ranges.update(ranges)
+            v = emit(value)
+            upd = UOp(n.arg, dt, (acc, v))
+            program.append(upd)
+            program.append(UOp(Ops.ASSIGN, dt, (acc, upd)))
+            for r in reversed(ranges):
+                program.append(UOp(Ops.ENDRANGE, None, (r,)))
+            open_ranges.difference_update(ranges)
+            scopes.pop()
+            sub[n] = acc
+            scopes[-1].add(n)
+            return acc
+        new_src = tuple(emit(s) for s in n.src)
+        new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
+        program.append(new)
+        sub[n] = new
+        scopes[-1].add(n)
+        return new
+
+    for store in sink.src:
+        emit(store)
+    for r in reversed(global_ranges):
+        program.append(UOp(Ops.ENDRANGE, None, (r,)))
+    program.append(UOp(Ops.SINK, None, ()))
+    return program

@@ -1,0 +1,146 @@
+"""Lower a kernel AST to an index-level UOp DAG.
+
+The scheduler's AST says *what* a kernel computes in terms of shapes: loads of buffers
+through views, elementwise ops, reductions, one store per output. Lowering picks the loops
+(one RANGE per output dimension, one per reduced dimension) and pushes index expressions
+down from the store to every load through the views, with validity gates for padded
+regions. The result is still a DAG; :mod:`ember.codegen.linearize` orders it.
+
+Optimizations reshape the iteration space before lowering (see :mod:`ember.codegen.opts`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ember.dtype import DType, PtrDType, dtypes
+from ember.graph.shapetracker import ShapeTracker
+from ember.graph.symbolic import simplify
+from ember.graph.uop import GroupOp, Ops, UOp
+
+
+def ast_shape(u: UOp, memo: dict[UOp, tuple[int, ...]]) -> tuple[int, ...]:
+    """The logical shape of a node in a kernel AST."""
+    if u in memo:
+        return memo[u]
+    if u.op is Ops.VIEW:
+        out = u.arg.shape
+    elif u.op is Ops.LOAD:
+        out = (u.src[0].arg[1],)
+    elif u.op is Ops.CONST:
+        out = ()
+    elif u.op is Ops.REDUCE_AXIS:
+        s = ast_shape(u.src[0], memo)
+        out = tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
+    elif u.op is Ops.STORE:
+        out = u.arg.shape
+    else:
+        out = ast_shape(u.src[0], memo)
+    memo[u] = out
+    return out
+
+
+def reduce_identity(op: Ops, dt: DType) -> object:
+    """The starting value of an accumulator for ``op``."""
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    return dtypes.min(dt)
+
+
+@dataclass
+class LoweringContext:
+    idx_dtype: DType
+    range_count: int = 0
+    memo: dict[tuple, UOp] = field(default_factory=dict)
+    shapes: dict[UOp, tuple[int, ...]] = field(default_factory=dict)
+
+    def new_range(self, size: int, kind: str) -> UOp:
+        r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
+                (self.range_count, kind))
+        self.range_count += 1
+        return r
+
+
+def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
+    key = (u, idxs, gate)
+    if key in ctx.memo:
+        return ctx.memo[key]
+    if u.op is Ops.CONST:
+        out = u
+    elif u.op is Ops.VIEW:
+        st: ShapeTracker = u.arg
+        idx, valid = st.to_index(list(idxs), ctx.idx_dtype)
+        src_shape = ast_shape(u.src[0], ctx.shapes)
+        # unflatten the flat index into the source's logical shape
+        if len(src_shape) == 1:
+            sub = (idx,)
+        else:
+            parts, acc = [], 1
+            for s in reversed(src_shape):
+                parts.append(simplify((idx // acc) % s) if s != 1 else UOp.const(ctx.idx_dtype, 0))
+                acc *= s
+            sub = tuple(reversed(parts))
+        inner_gate = simplify(gate.logical_and(valid))
+        if inner_gate.op is Ops.CONST and not inner_gate.arg:
+            out = UOp.const(u.dtype, 0)  # type: ignore[arg-type]
+        else:
+            val = _lower(ctx, u.src[0], sub, inner_gate)
+            out = val if (valid.op is Ops.CONST and valid.arg) else valid.where(val, UOp.const(val.dtype, 0))  # type: ignore[arg-type]
+    elif u.op is Ops.LOAD:
+        buf = u.src[0]
+        srcs = (buf, idxs[0]) if (gate.op is Ops.CONST and gate.arg) else (buf, idxs[0], gate)
+        out = UOp(Ops.LOAD, buf.dtype.base, srcs)  # type: ignore[union-attr]
+    elif u.op is Ops.REDUCE_AXIS:
+        op, axes = u.arg
+        src_shape = ast_shape(u.src[0], ctx.shapes)
+        new_idxs = list(idxs)
+        ranges = []
+        for ax in axes:
+            if src_shape[ax] == 1:
+                new_idxs[ax] = UOp.const(ctx.idx_dtype, 0)
+                continue
+            r = ctx.new_range(src_shape[ax], "reduce")
+            ranges.append(r)
+            new_idxs[ax] = r
+        val = _lower(ctx, u.src[0], tuple(new_idxs), gate)
+        if any(s == 0 for s in src_shape):
+            out = UOp.const(u.dtype, reduce_identity(op, u.dtype))  # type: ignore[arg-type]
+        else:
+            out = UOp(Ops.REDUCE, u.dtype, (val, *ranges), op) if ranges else val
+    elif u.op in GroupOp.Elementwise:
+        out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
+    else:
+        raise NotImplementedError(f"cannot lower {u.op} in a kernel AST")
+    ctx.memo[key] = out
+    return out
+
+
+def lower_ast(ast: UOp) -> UOp:
+    """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops."""
+    assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
+    biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
+    out_shape = ast.src[0].arg.shape
+    work = 1
+    for d in out_shape:
+        work *= max(d, 1)
+    idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
+    ctx = LoweringContext(idx_dtype)
+    gidx = tuple(ctx.new_range(d, "global") if d != 1 else UOp.const(idx_dtype, 0) for d in out_shape)
+    stores = []
+    for store in ast.src:
+        assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"
+        buf, value = store.src
+        val = _lower(ctx, value, gidx, UOp.const(dtypes.bool, True))
+        idx, valid = store.arg.to_index(list(gidx), idx_dtype)
+        srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
+        stores.append(UOp(Ops.STORE, None, srcs))
+    return simplify(UOp(Ops.SINK, None, tuple(stores)))
+
+
+def global_dims(ast: UOp) -> tuple[int, ...]:
+    """The output shape of a kernel AST."""
+    return ast.src[0].arg.shape
+
+
+__all__ = ["lower_ast", "global_dims", "ast_shape", "PtrDType"]

@@ -1,0 +1,137 @@
+"""Device memory allocators.
+
+An allocator hands out *opaque* buffer handles: whatever object the device's runtime
+understands (a host address wrapper, a ``CUdeviceptr``, a ``cl.Buffer`` ...). Core code
+never looks inside a handle; it only passes it back to the same device's allocator and
+programs.
+
+Subclasses implement the raw operations ``_alloc`` and ``_free`` plus ``copyin`` and
+``copyout``; the public ``alloc`` and ``free`` add argument checks and keep
+``GlobalCounters.mem_used`` up to date. :class:`LRUAllocator` adds a cache of freed
+buffers, which makes the allocate/free churn of a training loop nearly free.
+"""
+from __future__ import annotations
+
+import abc
+from collections import defaultdict
+from typing import Any
+
+from ember.helpers import DEBUG, GlobalCounters, getenv
+
+
+class Allocator(abc.ABC):
+    """Allocate, free and copy device buffers.
+
+    Required: ``_alloc``, ``_free``, ``copyin``, ``copyout``. Optional (raise
+    ``NotImplementedError`` unless the device supports them): ``as_buffer``, ``transfer``,
+    ``offset``.
+    """
+
+    def alloc(self, nbytes: int, options: Any = None) -> Any:
+        """Allocate ``nbytes`` bytes (0 is allowed) and return an opaque handle.
+
+        ``options`` is a hashable, device-specific description (for example host-visible
+        or uncached memory); ``None`` means the default kind.
+        """
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes!r} bytes: the size must be an int >= 0")
+        opaque = self._alloc(nbytes, options)
+        GlobalCounters.mem_used += nbytes
+        return opaque
+
+    def free(self, opaque: Any, nbytes: int, options: Any = None) -> None:
+        """Give back a buffer from :meth:`alloc` with the same ``nbytes`` and ``options``.
+
+        Views made by :meth:`offset` are never freed: they share their base's memory.
+        """
+        GlobalCounters.mem_used -= nbytes
+        self._free(opaque, nbytes, options)
+
+    @abc.abstractmethod
+    def _alloc(self, nbytes: int, options: Any) -> Any:
+        """Really allocate device memory; raise ``MemoryError`` (or the device's OOM error) on failure."""
+
+    @abc.abstractmethod
+    def _free(self, opaque: Any, nbytes: int, options: Any) -> None:
+        """Really release device memory."""
+
+    @abc.abstractmethod
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        """Copy the bytes of the host memoryview ``src`` into the start of buffer ``dest``."""
+
+    @abc.abstractmethod
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        """Copy ``dest.nbytes`` bytes from the start of buffer ``src`` into the writable memoryview ``dest``."""
+
+    def as_buffer(self, opaque: Any) -> memoryview:
+        """A zero-copy host memoryview of the buffer (only for host-visible memory)."""
+        raise NotImplementedError(f"{type(self).__name__} has no zero-copy host view; use copyout instead")
+
+    def transfer(self, dest: Any, src: Any, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+        """Copy ``nbytes`` between two buffers of this device kind without going through the host."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct transfer; copy through the host instead")
+
+    def offset(self, opaque: Any, byte_offset: int, nbytes: int) -> Any:
+        """A handle to ``nbytes`` bytes starting ``byte_offset`` into ``opaque``, sharing its memory."""
+        raise NotImplementedError(f"{type(self).__name__} does not support sub-buffers (offset views)")
+
+
+class LRUAllocator(Allocator):
+    """An allocator that keeps freed buffers and hands them out again for the same size and options.
+
+    Set ``LRU=0`` in the environment to turn the cache off. When a real allocation fails
+    with one of ``oom_errors`` the cache is emptied and the allocation retried once.
+    """
+
+    #: Exceptions that mean "out of device memory"; a device plugin adds its own.
+    oom_errors: tuple[type[BaseException], ...] = (MemoryError,)
+
+    def __init__(self) -> None:
+        self.cache: defaultdict[tuple[int, Any], list[Any]] = defaultdict(list)
+        self.cached_bytes = 0
+
+    def alloc(self, nbytes: int, options: Any = None) -> Any:
+        """Reuse a cached buffer of the same size and options, else allocate (freeing the cache on OOM)."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes!r} bytes: the size must be an int >= 0")
+        try:
+            bucket = self.cache.get((nbytes, options))
+        except TypeError:  # unhashable options: no caching for this kind
+            bucket = None
+        if bucket:
+            opaque = bucket.pop()
+            self.cached_bytes -= nbytes
+        else:
+            try:
+                opaque = self._alloc(nbytes, options)
+            except self.oom_errors:
+                if not any(self.cache.values()):
+                    raise
+                if DEBUG >= 1:
+                    print(f"{type(self).__name__}: allocation of {nbytes} bytes failed, freeing "
+                          f"{self.cached_bytes} cached bytes and retrying")
+                self.free_cache()
+                opaque = self._alloc(nbytes, options)
+        GlobalCounters.mem_used += nbytes
+        return opaque
+
+    def free(self, opaque: Any, nbytes: int, options: Any = None) -> None:
+        """Keep the buffer for reuse (or release it at once when the cache is off)."""
+        GlobalCounters.mem_used -= nbytes
+        if getenv("LRU", 1):
+            try:
+                self.cache[(nbytes, options)].append(opaque)
+            except TypeError:  # unhashable options
+                self._free(opaque, nbytes, options)
+                return
+            self.cached_bytes += nbytes
+            return
+        self._free(opaque, nbytes, options)
+
+    def free_cache(self) -> None:
+        """Really release every cached buffer."""
+        for (nbytes, options), opaques in self.cache.items():
+            for opaque in opaques:
+                self._free(opaque, nbytes, options)
+        self.cache.clear()
+        self.cached_bytes = 0

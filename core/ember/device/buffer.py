@@ -1,0 +1,78 @@
+"""Buffer: a typed, sized allocation on one device, allocated lazily and freed when dropped."""
+from __future__ import annotations
+
+from typing import Any
+
+from ember.dtype import DType
+from ember.helpers import GlobalCounters
+
+
+class Buffer:
+    """``size`` elements of ``dtype`` on ``device``. Memory is taken on first use."""
+
+    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None):
+        from ember.device.registry import Device
+
+        self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
+        self._buf: Any = None
+        if opaque is not None:
+            self._buf = opaque
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def allocator(self) -> Any:
+        from ember.device.registry import Device
+
+        return Device[self.device].allocator
+
+    def is_allocated(self) -> bool:
+        return self._buf is not None
+
+    def allocate(self) -> Buffer:
+        """Take device memory now (idempotent)."""
+        if self._buf is None:
+            self._buf = self.allocator.alloc(self.nbytes)
+            GlobalCounters.mem_used += self.nbytes
+        return self
+
+    def __del__(self) -> None:
+        buf = getattr(self, "_buf", None)
+        if buf is None:
+            return
+        try:
+            self.allocator.free(buf, self.nbytes)
+            GlobalCounters.mem_used -= self.nbytes
+        except Exception:  # interpreter shutdown: the allocator may already be gone
+            pass
+
+    def copyin(self, mv: memoryview) -> Buffer:
+        """Copy host bytes into this buffer (allocating it if needed)."""
+        mv = memoryview(mv).cast("B")
+        if mv.nbytes != self.nbytes:
+            raise ValueError(f"copyin of {mv.nbytes} bytes into a {self.nbytes}-byte buffer on {self.device}")
+        self.allocate()
+        if self.nbytes:
+            self.allocator.copyin(self._buf, mv)
+        return self
+
+    def copyout(self, mv: memoryview) -> memoryview:
+        """Copy this buffer's bytes into host memory ``mv`` and return it."""
+        self.allocate()
+        from ember.device.registry import Device
+
+        Device[self.device].synchronize()
+        if self.nbytes:
+            self.allocator.copyout(memoryview(mv).cast("B"), self._buf)
+        return mv
+
+    def as_bytes(self) -> bytearray:
+        """A host copy of the contents."""
+        out = bytearray(self.nbytes)
+        self.copyout(memoryview(out))
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.device} {self.size} {self.dtype}{'' if self._buf is not None else ' (unallocated)'}>"

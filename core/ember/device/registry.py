@@ -1,0 +1,524 @@
+"""Device discovery and the ``Device`` registry.
+
+Plugins are found through the ``ember.devices`` entry-point group and driven with pluggy
+(see :mod:`ember.device.hookspecs`). Discovery is lazy: nothing is imported at ``import
+ember``; the first use of :data:`Device` loads every entry point, each in its own
+``try``/``except``, so one broken plugin never hides the others. What went wrong is kept in
+:meth:`_DeviceRegistry.failures` and raised, chained and naming the distribution, only when
+somebody asks for a device that the broken plugin would have provided.
+
+Typical use::
+
+    from ember.device import Device
+    Device.DEFAULT          # "CPU", chosen from DEV= or by priority
+    dev = Device["cpu:1"]   # cached device object, created as CPUDevice("CPU:1")
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import threading
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pluggy
+
+from ember.device import hookspecs
+from ember.device.hookspecs import PLUGIN_API, hookimpl
+from ember.device.spec import DeviceSpec
+from ember.helpers import getenv
+
+#: The entry-point group a device plugin registers under.
+ENTRY_POINT_GROUP = "ember.devices"
+
+#: First-party device names and the (pip extra of ``ember``, distribution) that provides each,
+#: so that "device not found" can say exactly what to install.
+KNOWN_PLUGINS: dict[str, tuple[str, str]] = {
+    "CPU": ("cpu", "ember-cpu"),
+    "CL": ("opencl", "ember-opencl"),
+    "CUDA": ("cuda", "ember-cuda"),
+    "METAL": ("metal", "ember-metal"),
+    "AMD": ("amd", "ember-amd"),
+}
+
+#: Devices that ship inside the core distribution. They are registered by core itself (not via
+#: entry points) and always come first, so a plugin cannot shadow them.
+BUILTIN_SPECS: tuple[DeviceSpec, ...] = (
+    DeviceSpec("PYTHON", factory="ember.runtime.python:PythonDevice", priority=-100,
+               description="pure-Python UOp interpreter: slow, complete, the reference for testing"),
+)
+
+_BUILTIN_PLUGIN_NAME = "ember:builtin"
+
+
+class DeviceNotFoundError(RuntimeError):
+    """No installed plugin provides the requested device."""
+
+
+class DevicePluginError(RuntimeError):
+    """The plugin that provides a device is broken or incompatible with this version of ember."""
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The device is installed, but its probe says it cannot be used on this machine."""
+
+
+class EntryPointLike(Protocol):
+    """What :meth:`_DeviceRegistry.load_entry_point` needs: ``importlib.metadata.EntryPoint`` fits."""
+
+    name: str
+    value: str
+
+    def load(self) -> Any:
+        """Import and return the plugin object."""
+        ...
+
+
+@dataclass(frozen=True)
+class PluginOrigin:
+    """Where a plugin came from: its name in the plugin manager and the distribution that installed it."""
+
+    name: str
+    dist: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+    builtin: bool = False
+
+    @property
+    def label(self) -> str:
+        """``"ember-cpu==0.1.0"``, ``"built-in"``, or a description of an in-process plugin."""
+        if self.builtin:
+            return "built-in"
+        if self.dist is not None:
+            return f"{self.dist}=={self.version}" if self.version else self.dist
+        if self.entry_point is not None:
+            return f"unknown distribution (entry point {self.entry_point})"
+        return f"in-process plugin {self.name!r}"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be used. ``stage`` is ``"import"``, ``"register"``, ``"ember_devices"``
+    (the hook raised or returned something invalid) or ``"conflict"`` (a device name already taken)."""
+
+    origin: PluginOrigin
+    stage: str
+    error: BaseException
+
+    def __str__(self) -> str:
+        where = f" (entry point {self.origin.entry_point})" if self.origin.entry_point else ""
+        return f"{self.origin.label}{where}: {self.stage} failed: {type(self.error).__name__}: {self.error}"
+
+
+class _BuiltinDevices:
+    """The plugin object through which core registers its own devices."""
+
+    @hookimpl
+    def ember_devices(self) -> list[DeviceSpec]:
+        """Return the built-in device specs."""
+        return list(BUILTIN_SPECS)
+
+
+def canonicalize(name: str) -> str:
+    """Normalize a device name: ``"cpu"`` -> ``"CPU"``, ``"CPU:0"`` -> ``"CPU"``, ``"cuda:1"`` -> ``"CUDA:1"``.
+
+    Only the base name before ``:`` is upper-cased; the rest (an index, or a path for DISK) is kept.
+    """
+    base, sep, rest = name.strip().partition(":")
+    if rest == "0":
+        return base.upper()
+    return base.upper() + sep + rest
+
+
+def _dist_of(ep: Any) -> tuple[str | None, str | None]:
+    """Distribution name and version of an entry point, or (None, None) when unknown."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    try:
+        name = getattr(dist, "name", None) or dist.metadata["Name"]
+    except Exception:
+        name = None
+    try:
+        version = dist.version
+    except Exception:
+        version = None
+    return name, version
+
+
+class _DeviceRegistry:
+    """All devices known to this process. Use the singleton :data:`Device`.
+
+    Tests and tools can build an isolated registry: ``_DeviceRegistry(entry_points=[...])``
+    uses exactly the given entry points instead of the installed ones (``[]`` for none), and
+    ``builtins=False`` leaves out the built-in devices.
+    """
+
+    def __init__(self, entry_points: Iterable[EntryPointLike] | None = None, *, builtins: bool = True):
+        self._entry_points = None if entry_points is None else list(entry_points)
+        self._builtins = builtins
+        self._lock = threading.RLock()
+        self._pm = pluggy.PluginManager("ember")
+        self._pm.add_hookspecs(hookspecs)
+        self._loaded = False
+        self._order: list[str] = []                      # plugin names, in registration order
+        self._origins: dict[str, PluginOrigin] = {}      # plugin name -> origin
+        self._load_failures: list[PluginFailure] = []
+        self._specs: dict[str, DeviceSpec] | None = None  # None: hooks not collected yet
+        self._spec_origins: dict[str, PluginOrigin] = {}
+        self._hook_failures: list[PluginFailure] = []
+        self._probe_cache: dict[str, str | None] = {}
+        self._devices: dict[str, Any] = {}
+        self._default: str | None = None                  # set explicitly through the DEFAULT setter
+        self._auto_default: tuple[str, str] | None = None  # (DEV value it was computed for, result)
+
+    # ----- loading plugins -----
+
+    def _ensure_loaded(self) -> None:
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True  # set first: a plugin that touches Device while importing must not recurse
+            if self._builtins:
+                self._add_plugin(_BuiltinDevices(), PluginOrigin(_BUILTIN_PLUGIN_NAME, builtin=True))
+            if self._entry_points is None:
+                eps: Iterable[Any] = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            else:
+                eps = self._entry_points
+            for ep in eps:
+                self._load_entry_point(ep)
+
+    def _invalidate(self) -> None:
+        self._specs = None
+        self._probe_cache.clear()
+        self._auto_default = None
+
+    def _record_load_failure(self, origin: PluginOrigin, stage: str, error: BaseException) -> None:
+        self._load_failures.append(PluginFailure(origin, stage, error))
+        self._invalidate()
+
+    def _load_entry_point(self, ep: Any) -> bool:
+        dist, version = _dist_of(ep)
+        name = str(getattr(ep, "name", "?"))
+        origin = PluginOrigin(name, dist, version, entry_point=f"{name} = {getattr(ep, 'value', '?')}")
+        if name in self._origins:
+            # the same distribution visible twice on sys.path (e.g. installed and editable): keep the first
+            if self._origins[name].entry_point == origin.entry_point:
+                return False
+        try:
+            plugin = ep.load()
+        except (Exception, SystemExit) as e:
+            self._record_load_failure(origin, "import", e)
+            return False
+        try:
+            self._add_plugin(plugin, origin)
+        except Exception as e:
+            self._record_load_failure(origin, "register", e)
+            return False
+        return True
+
+    def _add_plugin(self, plugin: Any, origin: PluginOrigin) -> None:
+        """Register ``plugin`` with pluggy; raise when pluggy refuses it or it lacks ``ember_devices``."""
+        self._pm.register(plugin, name=origin.name)
+        if not any(impl.plugin is plugin for impl in self._pm.hook.ember_devices.get_hookimpls()):
+            self._pm.unregister(plugin)
+            raise TypeError(f"plugin {origin.name!r} does not implement the required hook ember_devices() "
+                            "(decorate it with ember.device.hookimpl)")
+        self._order.append(origin.name)
+        self._origins[origin.name] = origin
+        self._invalidate()
+
+    def load_entry_point(self, ep: EntryPointLike) -> bool:
+        """Load one entry point as a plugin, recording (not raising) any failure.
+
+        ``ep`` is anything with ``.name``, ``.value``, ``.load()`` and optionally ``.dist``
+        (an ``importlib.metadata.Distribution``), so tests can inject fakes. Returns True when
+        the plugin was registered.
+        """
+        with self._lock:
+            self._ensure_loaded()
+            return self._load_entry_point(ep)
+
+    def register_plugin(self, plugin: Any, name: str) -> None:
+        """Register an in-process plugin (a module or object with ``@hookimpl`` functions) under ``name``.
+
+        Raises ``ValueError`` when the name is taken and ``TypeError`` when the plugin does not
+        implement ``ember_devices``. Errors inside its hooks are recorded like any plugin's.
+        """
+        with self._lock:
+            self._ensure_loaded()
+            self._add_plugin(plugin, PluginOrigin(name))
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove a plugin registered under ``name``; device objects already created stay cached."""
+        with self._lock:
+            self._ensure_loaded()
+            self._pm.unregister(name=name)
+            self._order.remove(name)
+            del self._origins[name]
+            self._invalidate()
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The underlying pluggy plugin manager (project name ``"ember"``)."""
+        self._ensure_loaded()
+        return self._pm
+
+    # ----- collecting specs -----
+
+    def _collect(self) -> dict[str, DeviceSpec]:
+        with self._lock:
+            self._ensure_loaded()
+            if self._specs is not None:
+                return self._specs
+            impls = {impl.plugin_name: impl for impl in self._pm.hook.ember_devices.get_hookimpls()}
+            specs: dict[str, DeviceSpec] = {}
+            spec_origins: dict[str, PluginOrigin] = {}
+            failures: list[PluginFailure] = []
+            for plugin_name in self._order:
+                if plugin_name not in impls:  # unregistered behind our back through plugin_manager
+                    continue
+                origin = self._origins[plugin_name]
+                try:
+                    result = impls[plugin_name].function()
+                    if not isinstance(result, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in result):
+                        raise TypeError(f"ember_devices() must return a list of DeviceSpec, got {result!r}")
+                except Exception as e:
+                    failures.append(PluginFailure(origin, "ember_devices", e))
+                    continue
+                for spec in result:
+                    if spec.name in specs:
+                        taken_by = spec_origins[spec.name].label
+                        failures.append(PluginFailure(origin, "conflict", ValueError(
+                            f"device {spec.name} is already provided by {taken_by}; this one is ignored")))
+                        continue
+                    specs[spec.name] = spec
+                    spec_origins[spec.name] = origin
+            self._specs, self._spec_origins, self._hook_failures = specs, spec_origins, failures
+            return specs
+
+    def specs(self) -> dict[str, DeviceSpec]:
+        """Every device spec installed, by name, including incompatible and unusable ones."""
+        return dict(self._collect())
+
+    def failures(self) -> list[PluginFailure]:
+        """Plugins that failed to import or register, hooks that raised, and device-name clashes."""
+        with self._lock:
+            self._collect()
+            return [*self._load_failures, *self._hook_failures]
+
+    def origin(self, name: str) -> PluginOrigin:
+        """The plugin that provides device ``name`` (``origin("CPU").label == "ember-cpu==0.1.0"``)."""
+        base = self._base(name)
+        specs = self._collect()
+        if base not in specs:
+            raise DeviceNotFoundError(self._not_found_message(base))
+        return self._spec_origins[base]
+
+    def report_header(self) -> dict[PluginOrigin, list[str]]:
+        """Lines from each plugin's ``ember_report_header`` hook; a hook that raises gives one error line."""
+        with self._lock:
+            self._ensure_loaded()
+            impls = {impl.plugin_name: impl for impl in self._pm.hook.ember_report_header.get_hookimpls()}
+            out: dict[PluginOrigin, list[str]] = {}
+            for plugin_name in self._order:
+                if plugin_name not in impls:
+                    continue
+                try:
+                    out[self._origins[plugin_name]] = [str(line) for line in impls[plugin_name].function()]
+                except Exception as e:
+                    out[self._origins[plugin_name]] = [f"ember_report_header failed: {type(e).__name__}: {e}"]
+            return out
+
+    # ----- names, probing, errors -----
+
+    @staticmethod
+    def canonicalize(name: str) -> str:
+        """Normalize a device name: ``"cpu"`` -> ``"CPU"``, ``"CPU:0"`` -> ``"CPU"``, ``"cuda:1"`` -> ``"CUDA:1"``."""
+        return canonicalize(name)
+
+    @staticmethod
+    def _base(name: str) -> str:
+        return canonicalize(name).partition(":")[0]
+
+    def _failure_for(self, base: str) -> PluginFailure | None:
+        """The load or hook failure of the plugin that would provide ``base``, if any."""
+        dist = KNOWN_PLUGINS.get(base, (None, None))[1]
+        for failure in [*self._load_failures, *self._hook_failures]:
+            if failure.stage == "conflict":
+                continue
+            if failure.origin.name.upper() == base or (dist is not None and failure.origin.dist == dist):
+                return failure
+        return None
+
+    def _not_found_message(self, base: str) -> str:
+        installed = ", ".join(sorted(self._collect())) or "none"
+        msg = f'device "{base}" is not installed (installed devices: {installed}).'
+        if base in KNOWN_PLUGINS:
+            extra, dist = KNOWN_PLUGINS[base]
+            msg += f' {base} is provided by the {dist} plugin: pip install "ember[{extra}]".'
+        else:
+            msg += " If a third-party plugin provides it, install that plugin."
+        broken = [str(f) for f in self.failures() if f.stage != "conflict"]
+        if broken:
+            msg += " Plugins that failed to load: " + "; ".join(broken) + "."
+        return msg + " `python -m ember.doctor` lists every device and plugin."
+
+    def _run_probe(self, spec: DeviceSpec) -> str | None:
+        if spec.name not in self._probe_cache:
+            reason: str | None
+            try:
+                result = spec.probe() if spec.probe is not None else None
+                reason = None if result is None else (str(result) or "the probe reported it unusable")
+            except Exception as e:
+                reason = f"probe raised {type(e).__name__}: {e}"
+            self._probe_cache[spec.name] = reason
+        return self._probe_cache[spec.name]
+
+    def _check(self, base: str) -> DeviceSpec:
+        """Return the spec of a usable device ``base``, or raise the error that says why it is not usable."""
+        with self._lock:
+            specs = self._collect()
+            spec = specs.get(base)
+            if spec is None:
+                failure = self._failure_for(base)
+                if failure is not None:
+                    raise DevicePluginError(
+                        f'device "{base}" is unavailable because its plugin is broken: {failure}. '
+                        f"Reinstall or fix {failure.origin.dist or 'that plugin'}, or uninstall it."
+                    ) from failure.error
+                raise DeviceNotFoundError(self._not_found_message(base))
+            origin = self._spec_origins[base]
+            if spec.plugin_api != PLUGIN_API:
+                raise DevicePluginError(
+                    f'device "{base}" from {origin.label} is incompatible: it was written for ember plugin API '
+                    f"{spec.plugin_api}, and this ember (plugin API {PLUGIN_API}) cannot use it. "
+                    "Install versions of ember and the plugin that match.")
+            reason = self._run_probe(spec)
+            if reason is not None:
+                raise DeviceUnavailableError(f'device "{base}" ({origin.label}) is installed but not usable: {reason}')
+            return spec
+
+    def probe(self, name: str) -> str | None:
+        """``None`` when device ``name`` can be used, else the reason it cannot (never raises)."""
+        try:
+            self._check(self._base(name))
+        except (DeviceNotFoundError, DevicePluginError) as e:
+            return str(e)
+        except DeviceUnavailableError:
+            return self._probe_cache[self._base(name)]
+        return None
+
+    def available(self) -> list[str]:
+        """Names of the usable devices, highest priority first."""
+        specs = self._collect()
+        ordered = sorted(specs.values(), key=lambda s: (-s.priority, s.name))
+        return [s.name for s in ordered if self.probe(s.name) is None]
+
+    # ----- device objects -----
+
+    def _resolve_factory(self, spec: DeviceSpec) -> Any:
+        module_name, _, attr = spec.factory.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as e:
+            raise DevicePluginError(f'cannot import "{spec.factory}", the factory of device {spec.name} '
+                                    f"({self._spec_origins[spec.name].label}): {type(e).__name__}: {e}") from e
+        return obj
+
+    def __getitem__(self, name: str) -> Any:
+        """The device object for ``name`` (``"CPU"``, ``"cpu"``, ``"CPU:1"``), created on first use and cached."""
+        name = canonicalize(name)
+        with self._lock:
+            if name in self._devices:
+                return self._devices[name]
+            spec = self._check(name.partition(":")[0])
+            factory = self._resolve_factory(spec)
+            try:
+                device = factory(name)
+            except Exception as e:
+                raise DevicePluginError(f"creating device {name} ({self._spec_origins[spec.name].label}) failed: "
+                                        f"{type(e).__name__}: {e}") from e
+            self._devices[name] = device
+            return device
+
+    # ----- the default device -----
+
+    @property
+    def DEFAULT(self) -> str:
+        """The device tensors go to when none is given.
+
+        Assigned explicitly (``Device.DEFAULT = "CPU"``), or taken from the ``DEV`` environment
+        variable (``DEV=CPU``, ``DEV=CUDA:1``; an unusable choice raises, it never falls back),
+        or else the usable device of highest priority. A warning names any higher-priority
+        device that was skipped and why; the slow PYTHON device is used only as a last resort.
+        """
+        if self._default is not None:
+            return self._default
+        with self._lock:
+            env = getenv("DEV", "")
+            if self._auto_default is None or self._auto_default[0] != env:
+                self._auto_default = (env, self._select_default(env))
+            return self._auto_default[1]
+
+    @DEFAULT.setter
+    def DEFAULT(self, name: str | None) -> None:
+        if name is None:
+            self._default = None
+            return
+        name = canonicalize(name)
+        self._check(name.partition(":")[0])
+        self._default = name
+
+    def _select_default(self, env: str) -> str:
+        if env:
+            name = canonicalize(env)
+            self._check(name.partition(":")[0])
+            return name
+        specs = self._collect()
+        skipped: list[str] = []
+        chosen: str | None = None
+        for spec in sorted(specs.values(), key=lambda s: (-s.priority, s.name)):
+            reason = self.probe(spec.name)
+            if reason is None:
+                chosen = spec.name
+                break
+            skipped.append(f"{spec.name} ({self._spec_origins[spec.name].label}): {reason}")
+        broken = [str(f) for f in self.failures() if f.stage != "conflict"]
+        if chosen is None:
+            raise DeviceNotFoundError("no usable device: " + "; ".join(skipped + broken or ["nothing is installed"]))
+        notes = []
+        if skipped:
+            notes.append("skipped higher-priority devices: " + "; ".join(skipped))
+        if broken:
+            notes.append("plugins that failed to load: " + "; ".join(broken))
+        if chosen == "PYTHON":
+            notes.append("PYTHON is a slow pure-Python interpreter; install a device plugin, "
+                         'e.g. pip install "ember[cpu]"')
+        if notes:
+            warnings.warn(f"ember: default device is {chosen}. " + ". ".join(notes), stacklevel=3)
+        return chosen
+
+    def __repr__(self) -> str:
+        return f"<Device registry: {', '.join(self._collect())}>"
+
+
+#: The process-wide device registry.
+Device = _DeviceRegistry()
+
+
+def register_plugin(plugin: Any, name: str) -> None:
+    """Register an in-process plugin with the global :data:`Device` registry.
+
+    See :meth:`_DeviceRegistry.register_plugin`.
+    """
+    Device.register_plugin(plugin, name)
+
+
+def load_entry_point(ep: EntryPointLike) -> bool:
+    """Load an entry-point-like object as a plugin of the global :data:`Device` registry; failures are recorded."""
+    return Device.load_entry_point(ep)

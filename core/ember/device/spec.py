@@ -1,0 +1,52 @@
+"""DeviceSpec: what a plugin tells ember about one kind of device."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ember.device.hookspecs import PLUGIN_API
+
+_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+_FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Description of one device kind, returned by a plugin's ``ember_devices`` hook.
+
+    Attributes:
+        name: the device name users type, in upper case: ``"CPU"``, ``"CUDA"``. ``"CUDA:1"``
+            addresses the second CUDA device; the part after ``:`` is never part of ``name``.
+        factory: ``"module:Class"`` of the device class. It is imported only when the device
+            is first requested, then called as ``Class("CUDA:1")`` with the full device name.
+        priority: ranks usable devices when the ``DEV`` environment variable is unset; the
+            highest wins. First-party plugins use 0 to 100; the built-in PYTHON device is -100.
+        plugin_api: the :data:`ember.device.PLUGIN_API` the plugin was written against.
+        probe: a cheap callable returning ``None`` when the device can be used here, otherwise
+            a human-readable reason (``"libcuda.so not found"``). ``None`` means always usable.
+        extra: the pip extra of the ``ember`` distribution that installs this plugin
+            (``"cpu"`` for ``pip install "ember[cpu]"``), used in error messages.
+        description: one line for listings such as ``python -m ember.doctor``.
+    """
+
+    name: str
+    factory: str
+    priority: int = 0
+    plugin_api: int = PLUGIN_API
+    probe: Callable[[], str | None] | None = None
+    extra: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+            raise ValueError(f"invalid device name {self.name!r}: use upper-case letters, digits and '_', "
+                             "starting with a letter (no ':'; the index is not part of the name)")
+        if not isinstance(self.factory, str) or not _FACTORY_RE.fullmatch(self.factory):
+            raise ValueError(f"invalid factory {self.factory!r} for device {self.name}: expected 'module:Class'")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"priority of device {self.name} must be an int, got {self.priority!r}")
+        if not isinstance(self.plugin_api, int) or isinstance(self.plugin_api, bool):
+            raise ValueError(f"plugin_api of device {self.name} must be an int, got {self.plugin_api!r}")
+        if self.probe is not None and not callable(self.probe):
+            raise ValueError(f"probe of device {self.name} must be callable or None, got {self.probe!r}")

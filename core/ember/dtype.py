@@ -1,0 +1,254 @@
+"""Data types and PyTorch's type-promotion rules.
+
+A :class:`DType` is a small immutable value. ``dtypes`` is the namespace users see
+(``dtypes.float32``, ``dtypes.default_float`` ...). Promotion follows torch: categories
+bool < integer < floating; within a category the wider type wins; mixing signed and
+unsigned integers widens to a signed type that holds both; Python scalars are "weak" and
+only move a result to a higher category.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    """A scalar element type. ``kind`` is one of ``b`` (bool), ``i``, ``u``, ``f``."""
+
+    name: str
+    itemsize: int
+    kind: str
+    fmt: str | None  # struct / memoryview format character; None where Python has none (bfloat16)
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+    def __lt__(self, other: DType) -> bool:
+        return (self.kind, self.itemsize, self.name) < (other.kind, other.itemsize, other.name)
+
+    @property
+    def bitsize(self) -> int:
+        return self.itemsize * 8
+
+    def ptr(self) -> PtrDType:
+        """The pointer type to a buffer of this dtype (used by kernel parameters)."""
+        return PtrDType(self)
+
+    @property
+    def scalar(self) -> DType:
+        return self
+
+
+@dataclass(frozen=True, eq=True)
+class PtrDType:
+    """A pointer to global memory holding elements of ``base``."""
+
+    base: DType
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}*"
+
+    @property
+    def itemsize(self) -> int:
+        return 8
+
+    def __repr__(self) -> str:
+        return f"{self.base!r}.ptr()"
+
+
+class dtypes:
+    """The dtype namespace, named as in tinygrad and torch."""
+
+    bool: Final[DType] = DType("bool", 1, "b", "?")
+    int8: Final[DType] = DType("char", 1, "i", "b")
+    uint8: Final[DType] = DType("uchar", 1, "u", "B")
+    int16: Final[DType] = DType("short", 2, "i", "h")
+    uint16: Final[DType] = DType("ushort", 2, "u", "H")
+    int32: Final[DType] = DType("int", 4, "i", "i")
+    uint32: Final[DType] = DType("uint", 4, "u", "I")
+    int64: Final[DType] = DType("long", 8, "i", "q")
+    uint64: Final[DType] = DType("ulong", 8, "u", "Q")
+    float16: Final[DType] = DType("half", 2, "f", "e")
+    bfloat16: Final[DType] = DType("bfloat16", 2, "f", None)
+    float32: Final[DType] = DType("float", 4, "f", "f")
+    float64: Final[DType] = DType("double", 8, "f", "d")
+
+    # aliases
+    char, uchar, short, ushort = int8, uint8, int16, uint16
+    int, uint, long, ulong = int32, uint32, int64, uint64
+    half, float, double = float16, float32, float64
+
+    default_float: DType = float32
+    default_int: DType = int64
+
+    @staticmethod
+    def is_float(dt: DType) -> bool:
+        """True for floating point dtypes."""
+        return dt.kind == "f"
+
+    @staticmethod
+    def is_int(dt: DType) -> bool:
+        """True for signed and unsigned integer dtypes (not bool)."""
+        return dt.kind in "iu"
+
+    @staticmethod
+    def is_unsigned(dt: DType) -> bool:
+        """True for unsigned integer dtypes."""
+        return dt.kind == "u"
+
+    @staticmethod
+    def is_bool(dt: DType) -> bool:
+        return dt.kind == "b"
+
+    @staticmethod
+    def from_py(x: Any) -> DType:
+        """The dtype torch gives a Python value (nested lists use their widest element)."""
+        if isinstance(x, (list, tuple)):
+            return max((dtypes.from_py(v) for v in x), key=lambda d: _CATEGORY[d.kind], default=dtypes.default_float)
+        if isinstance(x, (bool, np.bool_)):
+            return dtypes.bool
+        if isinstance(x, (int, np.integer)):
+            return dtypes.default_int
+        return dtypes.default_float
+
+    @staticmethod
+    def min(dt: DType) -> Any:
+        """Smallest value representable (``-inf`` for floats)."""
+        if dt.kind == "b":
+            return False
+        if dt.kind == "f":
+            return -math.inf
+        return 0 if dt.kind == "u" else -(2 ** (dt.bitsize - 1))
+
+    @staticmethod
+    def max(dt: DType) -> Any:
+        """Largest value representable (``inf`` for floats)."""
+        if dt.kind == "b":
+            return True
+        if dt.kind == "f":
+            return math.inf
+        return 2 ** dt.bitsize - 1 if dt.kind == "u" else 2 ** (dt.bitsize - 1) - 1
+
+    @staticmethod
+    def fields() -> dict[str, DType]:
+        """Every dtype by its canonical torch-style name."""
+        return dict(_BY_NAME)
+
+
+_BY_NAME: dict[str, DType] = {
+    n: getattr(dtypes, n) for n in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                                    "uint64", "float16", "bfloat16", "float32", "float64")}
+DTYPES_ALL: tuple[DType, ...] = tuple(_BY_NAME.values())
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+
+_NP = {dtypes.bool: np.bool_, dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.int16: np.int16,
+       dtypes.uint16: np.uint16, dtypes.int32: np.int32, dtypes.uint32: np.uint32, dtypes.int64: np.int64,
+       dtypes.uint64: np.uint64, dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}
+
+
+def to_np_dtype(dt: DType) -> type:
+    """The numpy scalar type for ``dt`` (bfloat16 has none: it is stored as uint16 bits)."""
+    if dt == dtypes.bfloat16:
+        return np.uint16
+    return _NP[dt]
+
+
+def from_np_dtype(npdt: Any) -> DType:
+    """The ember dtype for a numpy dtype; raises ``TypeError`` naming unsupported ones."""
+    npdt = np.dtype(npdt)
+    for k, v in _NP.items():
+        if np.dtype(v) == npdt:
+            return k
+    raise TypeError(f"can't convert numpy dtype {npdt} to an ember dtype")
+
+
+def to_dtype(x: DType | str | Any) -> DType:
+    """Accept a DType, a name ("float32", "half"), or a numpy dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str):
+        if x in _BY_NAME:
+            return _BY_NAME[x]
+        if hasattr(dtypes, x) and isinstance(getattr(dtypes, x), DType):
+            return getattr(dtypes, x)
+        raise TypeError(f"unknown dtype name {x!r}; known: {', '.join(_BY_NAME)}")
+    return from_np_dtype(x)
+
+
+def _promote_int(a: DType, b: DType) -> DType:
+    if a.kind == b.kind:
+        return a if a.itemsize >= b.itemsize else b
+    s, u = (a, b) if a.kind == "i" else (b, a)
+    if s.itemsize > u.itemsize:
+        return s
+    # a signed type wide enough for the unsigned one, capped at int64 (torch does the same)
+    return {1: dtypes.int16, 2: dtypes.int32, 4: dtypes.int64}.get(u.itemsize, dtypes.int64)
+
+
+def promote_types(a: DType, b: DType) -> DType:
+    """torch.promote_types for two tensor dtypes."""
+    if a == b:
+        return a
+    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+    if ca != cb:
+        return a if ca > cb else b
+    if a.kind == "b":
+        return a
+    if a.kind == "f":
+        if {a, b} == {dtypes.float16, dtypes.bfloat16}:
+            return dtypes.float32
+        return a if a.itemsize >= b.itemsize else b
+    return _promote_int(a, b)
+
+
+def least_upper_dtype(*ds: DType) -> DType:
+    """Promote several tensor dtypes pairwise."""
+    out = ds[0]
+    for d in ds[1:]:
+        out = promote_types(out, d)
+    return out
+
+
+def result_type_scalar(tensor_dt: DType, scalar: Any) -> DType:
+    """Dtype of ``tensor op python_scalar``: the scalar only lifts the category."""
+    sdt = dtypes.from_py(scalar)
+    if _CATEGORY[sdt.kind] > _CATEGORY[tensor_dt.kind]:
+        return dtypes.default_float if sdt.kind == "f" else (dtypes.default_int if sdt.kind in "iu" else sdt)
+    return tensor_dt
+
+
+def truncate(dt: DType, x: Any) -> Any:
+    """Convert a Python value to what storing it in ``dt`` gives (wraps ints, rounds floats)."""
+    if dt.kind == "b":
+        return bool(x)
+    if dt.kind in "iu":
+        if isinstance(x, float) and not math.isfinite(x):
+            return 0
+        v = int(x) & ((1 << dt.bitsize) - 1)
+        if dt.kind == "i" and v >= 1 << (dt.bitsize - 1):
+            v -= 1 << dt.bitsize
+        return v
+    x = float(x)
+    if dt == dtypes.float64:
+        return x
+    if dt == dtypes.bfloat16:
+        return float(bf16_to_f32(f32_to_bf16(np.array([x], np.float32)))[0])
+    return float(np.array([x]).astype(to_np_dtype(dt))[0])
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to bfloat16 bit patterns (round to nearest even), kept as uint16."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = np.isnan(x)
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, np.uint16(0x7FC0), rounded)
+
+
+def bf16_to_f32(x: np.ndarray) -> np.ndarray:
+    """Expand bfloat16 bit patterns (uint16) to float32."""
+    return (np.asarray(x, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)

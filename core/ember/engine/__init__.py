@@ -1,0 +1,1 @@
+"""Execution: ExecItem, run_schedule, and (later) the jit."""

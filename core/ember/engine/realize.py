@@ -1,0 +1,125 @@
+"""Lowering ScheduleItems to runnable ExecItems, and running them.
+
+A kernel AST is compiled once per device: ``method_cache`` maps (device, ast) to a
+:class:`CompiledRunner`, and the device's compiler keeps its own memory + disk cache keyed by
+source, so a second process compiles nothing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from ember.codegen import ProgramSpec, get_program
+from ember.device.buffer import Buffer
+from ember.device.registry import Device
+from ember.graph.uop import Ops, UOp
+from ember.helpers import DEBUG, GlobalCounters, colored
+from ember.schedule import ScheduleItem
+
+
+class Runner:
+    """Something an ExecItem can run: a compiled kernel or a copy."""
+
+    display_name: str = ""
+    device: str = ""
+    estimated_ops: int = 0
+    estimated_mem: int = 0
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+        raise NotImplementedError
+
+
+class CompiledRunner(Runner):
+    """A kernel compiled for one device."""
+
+    def __init__(self, device: str, spec: ProgramSpec):
+        self.device, self.spec = device, spec
+        self.display_name = spec.name
+        self.estimated_ops, self.estimated_mem = spec.estimated_ops, spec.estimated_mem
+        dev = Device[device]
+        if DEBUG >= 4:
+            print(spec.src)
+        self.binary = dev.compiler.compile_cached(spec.src)
+        self.program = dev.runtime(spec.name, self.binary)
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+        return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
+                            local_size=self.spec.local_size, vals=(), wait=wait)
+
+
+class BufferCopy(Runner):
+    """Copy between devices (through the host unless the allocator can transfer directly)."""
+
+    def __init__(self, nbytes: int, dest_device: str, src_device: str):
+        self.nbytes, self.device, self.src_device = nbytes, dest_device, src_device
+        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
+        self.estimated_mem = nbytes
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+        dest, src = bufs
+        st = time.perf_counter()
+        dest.allocate()
+        Device[src.device].synchronize()
+        try:  # zero-copy host view of the source when its allocator offers one
+            host = src.allocator.as_buffer(src._buf)
+        except (NotImplementedError, AttributeError):
+            host = memoryview(src.as_bytes())
+        dest.copyin(host)
+        if wait:
+            Device[dest.device].synchronize()
+            return time.perf_counter() - st
+        return None
+
+
+method_cache: dict[tuple[str, UOp], CompiledRunner] = {}
+
+
+def get_runner(device: str, ast: UOp) -> CompiledRunner:
+    """The compiled kernel for ``ast`` on ``device`` (compiled at most once per process)."""
+    key = (device, ast)
+    if (hit := method_cache.get(key)) is not None:
+        return hit
+    spec = get_program(ast, Device[device].renderer)
+    runner = method_cache[key] = CompiledRunner(device, spec)
+    return runner
+
+
+@dataclass
+class ExecItem:
+    """A runner bound to its buffers."""
+
+    prg: Runner
+    bufs: list[Buffer]
+    metadata: list[str] = field(default_factory=list)
+
+    def run(self, wait: bool = False) -> float | None:
+        for b in self.bufs:
+            b.allocate()
+        et = self.prg(self.bufs, wait=wait or DEBUG >= 2)
+        GlobalCounters.kernel_count += isinstance(self.prg, CompiledRunner)
+        GlobalCounters.global_ops += self.prg.estimated_ops
+        GlobalCounters.global_mem += self.prg.estimated_mem
+        if et is not None:
+            GlobalCounters.time_sum_s += et
+        if DEBUG >= 2:
+            t = et or 1e-9
+            name = self.prg.display_name
+            color = "yellow" if isinstance(self.prg, BufferCopy) else ("green" if name.startswith("r_") else "cyan")
+            print(f"*** {self.prg.device[:7]:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:32s}', color)} "
+                  f"arg {len(self.bufs):2d} mem {GlobalCounters.mem_used / 1e9:5.2f} GB "
+                  f"tm {t * 1e6:9.2f}us/{GlobalCounters.time_sum_s * 1e3:9.2f}ms "
+                  f"({self.prg.estimated_ops / t / 1e9:8.2f} GFLOPS {self.prg.estimated_mem / t / 1e9:7.2f} GB/s)")
+        return et
+
+
+def lower_schedule_item(si: ScheduleItem) -> ExecItem:
+    """Turn one ScheduleItem into an ExecItem (compiling on first sight)."""
+    bufs = list(si.bufs)
+    if si.ast.op is Ops.COPY:
+        return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device), bufs)
+    return ExecItem(get_runner(bufs[0].device, si.ast), bufs)
+
+
+def run_schedule(schedule: list[ScheduleItem], wait: bool = False) -> None:
+    """Lower and run every item in order."""
+    for si in schedule:
+        lower_schedule_item(si).run(wait=wait)

@@ -1,0 +1,95 @@
+"""Properties of tensor-graph UOps: shape, device, base/view, and the buffers behind BUFFER nodes.
+
+In the tensor graph a *base* node computes into a contiguous buffer of its shape, and a
+VIEW(base, ShapeTracker) is a movement of it. A VIEW never has a VIEW as its source: movement
+ops compose their ShapeTrackers.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+from ember.dtype import DType
+from ember.graph.shapetracker import ShapeTracker
+from ember.graph.uop import Ops, UOp
+
+_buffer_ids = itertools.count()
+#: the Buffer object behind each live BUFFER node
+buffers: weakref.WeakKeyDictionary[UOp, Any] = weakref.WeakKeyDictionary()
+#: computed node -> VIEW(BUFFER) holding its value, once realized
+realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def shape_of(u: UOp) -> tuple[int, ...]:
+    """Logical shape of a tensor-graph node (memoized on the node)."""
+    d = u.__dict__
+    if "_shape" in d:
+        return d["_shape"]
+    if u.op is Ops.VIEW:
+        out = u.arg.shape
+    elif u.op is Ops.BUFFER:
+        out = (u.arg[2],)
+    elif u.op in (Ops.CONST, Ops.DEVICE):
+        out = ()
+    elif u.op is Ops.REDUCE_AXIS:
+        s = shape_of(u.src[0])
+        out = tuple(1 if i in u.arg[1] else x for i, x in enumerate(s))
+    else:
+        out = shape_of(u.src[0])
+    d["_shape"] = out
+    return out
+
+
+def device_of(u: UOp) -> str:
+    """The device a tensor-graph node lives on."""
+    d = u.__dict__
+    if "_device" in d:
+        return d["_device"]
+    if u.op is Ops.DEVICE:
+        out = u.arg
+    elif u.op is Ops.BUFFER:
+        out = u.arg[1]
+    elif u.op is Ops.COPY:
+        out = u.src[1].arg
+    elif u.op is Ops.CONST:
+        out = u.src[0].arg
+    else:
+        out = device_of(u.src[0])
+    d["_device"] = out
+    return out
+
+
+def base_of(u: UOp) -> UOp:
+    return u.src[0] if u.op is Ops.VIEW else u
+
+
+def new_buffer(device: str, size: int, dtype: DType, buf: Any = None) -> UOp:
+    """A fresh BUFFER node (unique) owning ``buf`` (a :class:`ember.device.buffer.Buffer`)."""
+    from ember.device.buffer import Buffer
+
+    node = UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+    buffers[node] = buf if buf is not None else Buffer(device, size, dtype)
+    return node
+
+
+def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
+    """VIEW of a BUFFER node as a contiguous tensor of ``shape``."""
+    return UOp(Ops.VIEW, buf.dtype, (buf,), ShapeTracker.from_shape((buf.arg[2],)).reshape(tuple(shape)))
+
+
+def make_view(x: UOp, st: ShapeTracker) -> UOp:
+    """VIEW of ``x`` composing with an existing view so a VIEW never wraps a VIEW."""
+    if x.op is Ops.VIEW:
+        inner: ShapeTracker = x.arg
+        if st.contiguous and st.shape == inner.shape:
+            return x
+        return UOp(Ops.VIEW, x.dtype, (x.src[0],), inner + st)
+    if st.contiguous and st.shape == shape_of(x):
+        return x
+    return UOp(Ops.VIEW, x.dtype, (x,), st)
+
+
+def is_realized(u: UOp) -> bool:
+    """True for a BUFFER or a VIEW of one."""
+    return base_of(u).op is Ops.BUFFER

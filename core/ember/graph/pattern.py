@@ -1,0 +1,126 @@
+"""A small pattern matcher and bottom-up graph rewriter for UOps.
+
+``UPat`` describes a shape of subgraph; ``PatternMatcher`` maps patterns to functions that
+return a replacement (or None to decline); ``graph_rewrite`` applies a matcher everywhere in
+a graph until nothing changes.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+from ember.dtype import DType
+from ember.graph.uop import GroupOp, Ops, UOp, toposort
+
+
+class UPat:
+    """A pattern over UOps. ``name`` binds the matched node for the rewrite function.
+
+    ``op`` may be one op or a set; ``src`` a tuple of sub-patterns (commutative ops also try the
+    swapped order); ``arg`` must equal when given; ``dtype`` may be a DType or a set of kinds
+    (``"f"``, ``"i"`` ...).
+    """
+
+    __slots__ = ("ops", "src", "arg", "name", "dtype", "kinds")
+
+    def __init__(self, op: Ops | frozenset[Ops] | set[Ops] | None = None, src: tuple[UPat, ...] | None = None,
+                 arg: Any = None, name: str | None = None, dtype: DType | None = None, kinds: str | None = None):
+        self.ops = None if op is None else (frozenset({op}) if isinstance(op, Ops) else frozenset(op))
+        self.src, self.arg, self.name, self.dtype, self.kinds = src, arg, name, dtype, kinds
+
+    @staticmethod
+    def var(name: str | None = None, kinds: str | None = None) -> UPat:
+        """Match any node."""
+        return UPat(name=name, kinds=kinds)
+
+    @staticmethod
+    def cvar(name: str | None = None, kinds: str | None = None) -> UPat:
+        """Match a constant."""
+        return UPat(Ops.CONST, name=name, kinds=kinds)
+
+    def match(self, u: UOp, store: dict[str, UOp]) -> bool:
+        """Try to match ``u``; on success ``store`` holds the named bindings."""
+        if self.ops is not None and u.op not in self.ops:
+            return False
+        if self.arg is not None and u.arg != self.arg:
+            return False
+        if self.dtype is not None and u.dtype != self.dtype:
+            return False
+        if self.kinds is not None and not (isinstance(u.dtype, DType) and u.dtype.kind in self.kinds):
+            return False
+        if self.name is not None:
+            if self.name in store and store[self.name] is not u:
+                return False
+            store[self.name] = u
+        if self.src is None:
+            return True
+        if len(self.src) != len(u.src):
+            return False
+        orders = [self.src]
+        if u.op in GroupOp.Commutative and len(self.src) == 2:
+            orders.append((self.src[1], self.src[0]))
+        for order in orders:
+            trial = dict(store)
+            if all(p.match(s, trial) for p, s in zip(order, u.src)):
+                store.clear()
+                store.update(trial)
+                return True
+        return False
+
+
+RewriteFn = Callable[..., "UOp | None"]
+
+
+class PatternMatcher:
+    """An ordered list of (pattern, function) rules, indexed by root op for speed."""
+
+    def __init__(self, rules: list[tuple[UPat, RewriteFn]]):
+        self.rules = rules
+        self.by_op: dict[Ops, list[tuple[UPat, RewriteFn]]] = {}
+        self.any_op: list[tuple[UPat, RewriteFn]] = []
+        for pat, fn in rules:
+            if pat.ops is None:
+                self.any_op.append((pat, fn))
+            else:
+                for op in pat.ops:
+                    self.by_op.setdefault(op, []).append((pat, fn))
+
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(self.rules + other.rules)
+
+    def rewrite(self, u: UOp) -> UOp | None:
+        """The first rule's replacement for ``u``, or None."""
+        for pat, fn in itertools.chain(self.by_op.get(u.op, ()), self.any_op):
+            store: dict[str, UOp] = {}
+            if pat.match(u, store):
+                out = fn(**store)
+                if out is not None and out is not u:
+                    return out
+        return None
+
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
+    """Rewrite every node bottom-up with ``pm`` until a fixed point; returns the new root."""
+    memo: dict[UOp, UOp] = {}
+
+    def rebuild(node: UOp) -> UOp:
+        for _ in range(max_iters):
+            new_src = tuple(memo[s] for s in node.src)
+            if any(a is not b for a, b in zip(new_src, node.src)):
+                node = UOp(node.op, node.dtype, new_src, node.arg)
+            replaced = pm.rewrite(node)
+            if replaced is None:
+                return node
+            # the replacement may contain nodes not yet rewritten
+            for n in toposort([replaced]):
+                if n not in memo:
+                    memo[n] = n  # placeholder so rebuild sees its sources
+                    memo[n] = rebuild(n)
+            node = memo[replaced]
+            if pm.rewrite(node) is None:
+                return node
+        raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
+
+    for n in toposort([root]):
+        memo[n] = rebuild(n)
+    return memo[root]

@@ -1,0 +1,273 @@
+"""Views: how a logical shape maps onto a flat buffer, and stacks of them (ShapeTracker).
+
+A :class:`View` is (shape, strides, offset, mask): element ``idx`` lives at
+``offset + sum(idx[i] * strides[i])`` and is valid (else reads as 0) when every
+``mask[i][0] <= idx[i] < mask[i][1]``. Movement ops (reshape, permute, expand, pad, shrink,
+flip) make new views without touching data. When a reshape cannot be expressed as one view,
+a :class:`ShapeTracker` stacks views; codegen composes them into one index expression.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ember.dtype import DType, dtypes
+from ember.graph.symbolic import simplify
+from ember.graph.uop import Ops, UOp
+from ember.helpers import prod
+
+Mask = tuple[tuple[int, int], ...]
+
+
+def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, with 0 for size-1 dims (they never move the index)."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc if s != 1 else 0)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class View:
+    """One affine view with an optional validity mask. Build with :meth:`create`."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    mask: Mask | None
+    contiguous: bool
+
+    @staticmethod
+    @functools.cache
+    def create(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0,
+               mask: Mask | None = None) -> View:
+        """Canonicalize and build a view (size-1 strides are 0, full masks are dropped)."""
+        strides = strides_for_shape(shape) if strides is None else tuple(0 if s == 1 else st
+                                                                          for s, st in zip(shape, strides))
+        if mask is not None:
+            if all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)):
+                mask = None
+            elif any(lo >= hi for lo, hi in mask):
+                # nothing valid: normalise so equal views compare equal
+                mask, strides, offset = tuple((0, 0) for _ in shape), (0,) * len(shape), 0
+        contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
+        return View(shape, strides, offset, mask, contiguous)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    def permute(self, order: tuple[int, ...]) -> View:
+        return View.create(tuple(self.shape[i] for i in order), tuple(self.strides[i] for i in order), self.offset,
+                           tuple(self.mask[i] for i in order) if self.mask else None)
+
+    def expand(self, new_shape: tuple[int, ...]) -> View:
+        mask = None
+        if self.mask:
+            mask = tuple(m if s == ns else ((0, ns) if m != (0, 0) else (0, 0))
+                         for m, s, ns in zip(self.mask, self.shape, new_shape))
+        return View.create(new_shape, tuple(st if s == ns else 0 for st, s, ns in zip(self.strides, self.shape, new_shape)),
+                           self.offset, mask)
+
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
+        offset = self.offset + sum(lo * st for (lo, _), st in zip(arg, self.strides))
+        mask = None
+        if self.mask:
+            mask = tuple((max(mlo, lo) - lo, max(min(mhi, hi), max(mlo, lo)) - lo)
+                         for (mlo, mhi), (lo, hi) in zip(self.mask, arg))
+        return View.create(tuple(hi - lo for lo, hi in arg), self.strides, offset, mask)
+
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> View:
+        if all(b == 0 and a == 0 for b, a in arg):
+            return self
+        new_shape = tuple(s + b + a for s, (b, a) in zip(self.shape, arg))
+        base_mask = self.mask or tuple((0, s) for s in self.shape)
+        mask = tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(base_mask, arg))
+        offset = self.offset - sum(b * st for (b, _), st in zip(arg, self.strides))
+        return View.create(new_shape, self.strides, offset, mask)
+
+    def flip(self, axes: tuple[int, ...]) -> View:
+        strides = list(self.strides)
+        offset = self.offset
+        mask = list(self.mask) if self.mask else None
+        for ax in axes:
+            s = self.shape[ax]
+            if s == 0:
+                continue
+            offset += (s - 1) * strides[ax]
+            strides[ax] = -strides[ax]
+            if mask is not None:
+                lo, hi = mask[ax]
+                mask[ax] = (s - hi, s - lo)
+        return View.create(self.shape, tuple(strides), offset, tuple(mask) if mask else None)
+
+    def reshape(self, new_shape: tuple[int, ...]) -> View | None:
+        """The same elements in a new shape as one view, or None if that needs a second view."""
+        if self.shape == new_shape:
+            return self
+        if self.contiguous or prod(new_shape) == 0:
+            return View.create(new_shape)
+        old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask or [None] * len(self.shape))]
+        # drop size-1 dims; they carry no stride and a mask there is (0,1) or empty
+        if self.mask and any(s == 1 and m == (0, 0) for s, _, m in old):
+            return None
+        core = [(s, st, m) for s, st, m in old if s != 1]
+        new_core = [s for s in new_shape if s != 1]
+        if [s for s, _, _ in core] == new_core:
+            it = iter(core)
+            strides, mask = [], []
+            for s in new_shape:
+                if s == 1:
+                    strides.append(0)
+                    mask.append((0, 1))
+                else:
+                    _, st, m = next(it)
+                    strides.append(st)
+                    mask.append(m if m is not None else (0, s))
+            return View.create(new_shape, tuple(strides), self.offset, tuple(mask) if self.mask else None)
+        if self.mask:
+            return None
+        # merge/split dims without a mask: walk groups of equal element count
+        strides_out: list[int] = []
+        i = 0
+        olds = [(s, st) for s, st, _ in core]
+        j = 0
+        news = new_core
+        while i < len(olds) or j < len(news):
+            if i >= len(olds) or j >= len(news):
+                return None
+            group_old = [olds[i]]
+            group_new = [news[j]]
+            po, pn = olds[i][0], news[j]
+            i += 1
+            j += 1
+            while po != pn:
+                if po < pn:
+                    if i >= len(olds):
+                        return None
+                    group_old.append(olds[i])
+                    po *= olds[i][0]
+                    i += 1
+                else:
+                    if j >= len(news):
+                        return None
+                    group_new.append(news[j])
+                    pn *= news[j]
+                    j += 1
+            # the old group must be mergeable: each dim's stride = next stride * next size
+            for (s0, st0), (s1, st1) in zip(group_old, group_old[1:]):
+                if st0 != st1 * s1:
+                    return None
+            inner = group_old[-1][1]
+            acc = inner
+            gs: list[int] = []
+            for s in reversed(group_new):
+                gs.append(acc)
+                acc *= s
+            strides_out.extend(reversed(gs))
+        it2 = iter(strides_out)
+        full = tuple(0 if s == 1 else next(it2) for s in new_shape)
+        return View.create(new_shape, full, self.offset, None)
+
+    def to_index(self, idxs: list[UOp], idx_dtype: DType) -> tuple[UOp, UOp]:
+        """The flat index and the validity condition for logical indices ``idxs``."""
+        idx = UOp.const(idx_dtype, self.offset)
+        for i, st in zip(idxs, self.strides):
+            if st != 0:
+                idx = idx + i * UOp.const(idx_dtype, st)
+        valid = UOp.const(dtypes.bool, True)
+        if self.mask:
+            for i, (lo, hi), s in zip(idxs, self.mask, self.shape):
+                if lo > 0:
+                    valid = valid.logical_and(UOp.const(idx_dtype, lo - 1).lt(i))
+                if hi < s:
+                    valid = valid.logical_and(i.lt(UOp.const(idx_dtype, hi)))
+        return idx, valid
+
+
+@dataclass(frozen=True)
+class ShapeTracker:
+    """A stack of views; the last one is what the user sees, the first one addresses memory."""
+
+    views: tuple[View, ...]
+
+    @staticmethod
+    def from_shape(shape: tuple[int, ...]) -> ShapeTracker:
+        return ShapeTracker((View.create(tuple(shape)),))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.views[-1].shape
+
+    @property
+    def size(self) -> int:
+        return self.views[-1].size
+
+    @property
+    def contiguous(self) -> bool:
+        return len(self.views) == 1 and self.views[0].contiguous
+
+    def _replace_last(self, v: View) -> ShapeTracker:
+        return ShapeTracker(self.views[:-1] + (v,))
+
+    def reshape(self, new_shape: tuple[int, ...]) -> ShapeTracker:
+        new = self.views[-1].reshape(tuple(new_shape))
+        if new is not None:
+            return self._replace_last(new)
+        return ShapeTracker(self.views + (View.create(tuple(new_shape)),))
+
+    def permute(self, order: tuple[int, ...]) -> ShapeTracker:
+        return self._replace_last(self.views[-1].permute(tuple(order)))
+
+    def expand(self, new_shape: tuple[int, ...]) -> ShapeTracker:
+        return self._replace_last(self.views[-1].expand(tuple(new_shape)))
+
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+        return self._replace_last(self.views[-1].pad(tuple(arg)))
+
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+        return self._replace_last(self.views[-1].shrink(tuple(arg)))
+
+    def flip(self, axes: tuple[int, ...]) -> ShapeTracker:
+        return self._replace_last(self.views[-1].flip(tuple(axes)))
+
+    def __add__(self, other: ShapeTracker) -> ShapeTracker:
+        """Compose: ``other`` is a view of the tensor that ``self`` describes."""
+        out = self
+        for v in other.views:
+            if v.contiguous:
+                out = out.reshape(v.shape)
+            else:
+                out = ShapeTracker(out.views + (v,))
+        return out
+
+    def real_size(self) -> int:
+        """How many elements of the underlying buffer this may touch (max index + 1)."""
+        v = self.views[0]
+        if v.size == 0 or (v.mask and any(lo >= hi for lo, hi in v.mask)):
+            return 0
+        lo_hi = v.mask or tuple((0, s) for s in v.shape)
+        hi = v.offset + sum((h - 1) * st if st > 0 else (lo) * st for (lo, h), st in zip(lo_hi, v.strides))
+        return hi + 1
+
+    def to_index(self, idxs: list[UOp], idx_dtype: DType = dtypes.int32) -> tuple[UOp, UOp]:
+        """Compose every view into (flat index, validity) for logical indices ``idxs``."""
+        idx, valid = self.views[-1].to_index(idxs, idx_dtype)
+        for v in reversed(self.views[:-1]):
+            idx = simplify(idx)
+            sub: list[UOp] = []
+            acc = 1
+            for s in reversed(v.shape):
+                sub.append((idx // acc) % s if s != 1 else UOp.const(idx_dtype, 0))
+                acc *= s
+            sub = [simplify(x) for x in reversed(sub)]
+            idx, v_valid = v.to_index(sub, idx_dtype)
+            valid = valid.logical_and(v_valid)
+        return simplify(idx), simplify(valid)
+
+
+def view_uop_shape(u: UOp) -> tuple[int, ...]:
+    """Shape of a VIEW node (kept here so callers need not know the arg type)."""
+    assert u.op is Ops.VIEW
+    return u.arg.shape

@@ -1,0 +1,193 @@
+"""Symbolic simplification of integer index expressions and boolean validity masks.
+
+Codegen builds indices like ``((r0*12 + r1*4 + r2) // 4) % 3`` from views; these rules use
+each node's bounds (``vmin``/``vmax``, known exactly for loop variables) to fold such
+expressions back to ``r1``. All rules are exact for the values the bounds allow.
+"""
+from __future__ import annotations
+
+import math
+
+from ember.dtype import dtypes
+from ember.graph.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.graph.uop import GroupOp, Ops, UOp, exec_alu
+
+
+def _is_int(u: UOp) -> bool:
+    return u.dtype is not None and getattr(u.dtype, "kind", "") in "iu"
+
+
+def split_terms(u: UOp) -> list[UOp]:
+    """Flatten nested ADDs into their terms."""
+    if u.op is Ops.ADD:
+        return split_terms(u.src[0]) + split_terms(u.src[1])
+    return [u]
+
+
+def term_coeff(t: UOp) -> tuple[UOp | None, int]:
+    """Split a term into (variable part, integer coefficient); constants give (None, c)."""
+    if t.op is Ops.CONST:
+        return None, t.arg
+    if t.op is Ops.MUL and t.src[1].op is Ops.CONST:
+        return t.src[0], t.src[1].arg
+    if t.op is Ops.MUL and t.src[0].op is Ops.CONST:
+        return t.src[1], t.src[0].arg
+    return t, 1
+
+
+def _sum(terms: list[UOp], dtype) -> UOp:  # type: ignore[no-untyped-def]
+    if not terms:
+        return UOp.const(dtype, 0)
+    out = terms[0]
+    for t in terms[1:]:
+        out = UOp(Ops.ADD, dtype, (out, t))
+    return out
+
+
+def _mk(var: UOp | None, coeff: int, dtype) -> UOp:  # type: ignore[no-untyped-def]
+    if var is None:
+        return UOp.const(dtype, coeff)
+    return var if coeff == 1 else UOp(Ops.MUL, dtype, (var, UOp.const(dtype, coeff)))
+
+
+def _canonical_sum(x: UOp) -> UOp | None:
+    """Combine like terms and constants of a nested sum; None when already canonical."""
+    terms = split_terms(x)
+    if len(terms) < 2:
+        return None
+    coeffs: dict[UOp | None, int] = {}
+    order: list[UOp | None] = []
+    for t in terms:
+        v, c = term_coeff(t)
+        if v not in coeffs:
+            order.append(v)
+            coeffs[v] = 0
+        coeffs[v] += c
+    new_terms = [_mk(v, coeffs[v], x.dtype) for v in order if v is not None and coeffs[v] != 0]
+    const = coeffs.get(None, 0)
+    if const != 0:
+        new_terms.append(UOp.const(x.dtype, const))
+    out = _sum(new_terms, x.dtype)
+    return None if out is x else out
+
+
+def _div_mod_sum(x: UOp, c: UOp, is_mod: bool) -> UOp | None:
+    """Pull terms whose coefficient is a multiple of c out of ``x // c`` / ``x % c``."""
+    d = c.arg
+    if not isinstance(d, int) or d <= 0 or x.vmin < 0:
+        return None
+    terms = split_terms(x)
+    outside: list[UOp] = []
+    inside: list[UOp] = []
+    changed = False
+    for t in terms:
+        v, k = term_coeff(t)
+        if k % d == 0:
+            if not is_mod:
+                outside.append(_mk(v, k // d, x.dtype))
+            changed = True
+        elif k > d and not is_mod and v is not None and v.vmin >= 0:
+            # k = q*d + r: move q*v out, keep r*v inside
+            q, r = divmod(k, d)
+            outside.append(_mk(v, q, x.dtype))
+            inside.append(_mk(v, r, x.dtype))
+            changed = True
+        elif is_mod and k > d:
+            inside.append(_mk(v, k % d, x.dtype))
+            changed = True
+        else:
+            inside.append(t)
+    if not changed:
+        return None
+    rest = _sum(inside, x.dtype)
+    if rest.vmin < 0:
+        return None
+    if is_mod:
+        return UOp(Ops.MOD, x.dtype, (rest, c))
+    return _sum(outside + [UOp(Ops.IDIV, x.dtype, (rest, c))], x.dtype)
+
+
+def _fold_by_bounds(x: UOp) -> UOp | None:
+    """Replace an int/bool node whose bounds pin a single value with that constant."""
+    if x.op is Ops.CONST or x.dtype is None or getattr(x.dtype, "kind", "") not in "iub":
+        return None
+    lo, hi = x.vmin, x.vmax
+    if lo == hi and not (isinstance(lo, float) and math.isinf(lo)):
+        return UOp.const(x.dtype, lo)
+    return None
+
+
+def _const_fold(x: UOp) -> UOp | None:
+    if x.op in GroupOp.ALU and x.src and all(s.op is Ops.CONST for s in x.src) and x.dtype is not None:
+        return UOp.const(x.dtype, exec_alu(x.op, x.dtype, tuple(s.arg for s in x.src)))
+    return None
+
+
+def _lt_sum(x: UOp, c: UOp) -> UOp | None:
+    """``a*k + b < c`` with 0 <= b < k folds to ``a < ceil(c / k)`` style bounds checks."""
+    if not isinstance(c.arg, int):
+        return None
+    terms = split_terms(x)
+    if len(terms) < 2:
+        return None
+    parts = [term_coeff(t) for t in terms]
+    g = 0
+    for _, k in parts:
+        g = math.gcd(g, k)
+    if g <= 1:
+        return None
+    # all coefficients share g: x < c  <=>  x/g < ceil(c/g)
+    if any(v is not None and v.vmin < 0 for v, _ in parts):
+        return None
+    scaled = _sum([_mk(v, k // g, x.dtype) for v, k in parts], x.dtype)
+    return UOp(Ops.CMPLT, dtypes.bool, (scaled, UOp.const(x.dtype, -(-c.arg // g))))
+
+
+_I = "iu"
+
+symbolic = PatternMatcher([
+    (UPat(GroupOp.ALU, name="x"), _const_fold),
+    (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_by_bounds),
+    # identities (ints and bools only: for floats x*0 is not 0 when x is nan or inf)
+    (UPat(Ops.ADD, src=(UPat.var("x"), UPat(Ops.CONST, arg=0)), kinds=_I), lambda x: x),
+    (UPat(Ops.MUL, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), kinds=_I), lambda x: x),
+    (UPat(Ops.MUL, src=(UPat.var("x", kinds=_I), UPat(Ops.CONST, arg=0)), name="m"),
+     lambda x, m: UOp.const(m.dtype, 0)),
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1))), lambda x: x),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), name="m"), lambda x, m: UOp.const(m.dtype, 0)),
+    # nested sums and products of constants
+    (UPat(Ops.ADD, kinds=_I, name="x"), _canonical_sum),
+    (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2")), kinds=_I),
+     lambda x, c1, c2: UOp(Ops.MUL, x.dtype, (x, UOp.const(x.dtype, c1.arg * c2.arg)))),
+    (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), UPat.cvar("c")), kinds=_I),
+     lambda x, y, c: UOp(Ops.ADD, x.dtype, (UOp(Ops.MUL, x.dtype, (x, c)), UOp(Ops.MUL, x.dtype, (y, c))))),
+    # div and mod by bounds
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c")), kinds=_I),
+     lambda x, c: x if isinstance(c.arg, int) and 0 <= x.vmin and x.vmax < c.arg else None),
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c")), kinds=_I),
+     lambda x, c: UOp.const(x.dtype, 0) if isinstance(c.arg, int) and 0 <= x.vmin and x.vmax < c.arg else None),
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c")), kinds=_I), lambda x, c: _div_mod_sum(x, c, False)),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c")), kinds=_I), lambda x, c: _div_mod_sum(x, c, True)),
+    (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
+     lambda x, a, b: UOp(Ops.IDIV, x.dtype, (x, UOp.const(x.dtype, a.arg * b.arg)))
+     if x.vmin >= 0 and a.arg > 0 and b.arg > 0 else None),
+    (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
+     lambda x, a, b: UOp(Ops.MOD, x.dtype, (x, b)) if x.vmin >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
+    (UPat(Ops.IDIV, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
+     lambda x, a, b: UOp(Ops.MOD, x.dtype, (UOp(Ops.IDIV, x.dtype, (x, b)), UOp.const(x.dtype, a.arg // b.arg)))
+     if x.vmin >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
+    # comparisons and boolean algebra
+    (UPat(Ops.CMPLT, src=(UPat.var("x", kinds=_I), UPat.cvar("c"))), _lt_sum),
+    (UPat(Ops.AND, src=(UPat.var("x"), UPat(Ops.CONST, arg=True)), dtype=dtypes.bool), lambda x: x),
+    (UPat(Ops.AND, src=(UPat.var("x"), UPat(Ops.CONST, arg=False)), dtype=dtypes.bool),
+     lambda x: UOp.const(dtypes.bool, False)),
+    (UPat(Ops.AND, src=(UPat.var("x"), UPat.var("x")), dtype=dtypes.bool), lambda x: x),
+    (UPat(Ops.WHERE, src=(UPat(Ops.CONST, arg=True), UPat.var("a"), UPat.var("b"))), lambda a, b: a),
+    (UPat(Ops.WHERE, src=(UPat(Ops.CONST, arg=False), UPat.var("a"), UPat.var("b"))), lambda a, b: b),
+    (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("a"))), lambda c, a: a),
+])
+
+
+def simplify(u: UOp) -> UOp:
+    """Simplify an expression graph with the symbolic rules."""
+    return graph_rewrite(u, symbolic)

@@ -1,0 +1,379 @@
+"""The UOp: one immutable, hash-consed DAG node used at every level of ember.
+
+The same class describes the tensor graph (BUFFER, VIEW, ALU, REDUCE_AXIS, COPY ...), the
+kernel AST the scheduler hands to codegen (DEFINE_GLOBAL, LOAD, STORE, SINK ...), and the
+linear program a renderer turns into source (RANGE, ENDRANGE, DEFINE_ACC, ASSIGN ...).
+
+Hash-consing means ``UOp(op, dtype, src, arg)`` returns the existing node when an identical
+one is alive, so structural equality is identity: ``a is b`` iff they describe the same
+computation. That makes every cache keyed by UOps cheap and exact.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from enum import Enum, auto
+from typing import Any, Callable, Iterator
+
+from ember.dtype import DType, PtrDType, dtypes, truncate
+
+
+class Ops(Enum):
+    """Every node kind. Groups below say where each kind appears."""
+
+    # tensor graph
+    BUFFER = auto()        # arg=(uid, device, size); a realized allocation, shape (size,)
+    DEVICE = auto()        # arg=device name; a src of CONST and COPY in the tensor graph
+    VIEW = auto()          # src=(x,), arg=ShapeTracker: a movement of x
+    COPY = auto()          # src=(x, DEVICE): x moved to another device
+    CONTIGUOUS = auto()    # src=(x,): force x into its own buffer
+    REDUCE_AXIS = auto()   # src=(x,), arg=(Ops.ADD|MAX|MUL, axes): reduced axes keep size 1
+    DETACH = auto()        # src=(x,): same value, no gradient flows through
+
+    # kernel AST and linear program
+    SINK = auto()          # src=stores (AST) or the end of a linear program
+    DEFINE_GLOBAL = auto() # dtype=PtrDType, arg=(param index, element count)
+    DEFINE_VAR = auto()    # arg=(name, min, max): a symbolic int passed at launch
+    LOAD = auto()          # AST: src=(DEFINE_GLOBAL,), shape (size,); linear: src=(buf, idx[, gate])
+    STORE = auto()         # AST: src=(DEFINE_GLOBAL, value), arg=ShapeTracker; linear: src=(buf, idx, value[, gate])
+    CONST = auto()         # arg=python value (tensor graph: src=(DEVICE,))
+    SPECIAL = auto()       # arg=(name, size): a hardware index such as gidx0 (GPU renderers)
+    RANGE = auto()         # src=(start, end), arg=(id, kind) kind in ("global", "reduce", "loop")
+    ENDRANGE = auto()      # src=(RANGE,)
+    REDUCE = auto()        # lowered reduce: src=(value, *ranges), arg=Ops.ADD|MAX|MUL
+    DEFINE_ACC = auto()    # src=(init CONST,), arg=id: an accumulator variable
+    ASSIGN = auto()        # src=(acc, value): acc = value
+    BARRIER = auto()
+    DEFINE_LOCAL = auto()
+
+    # elementwise (shared by every level)
+    CAST = auto()          # src=(x,), dtype=target: value conversion
+    BITCAST = auto()       # src=(x,), dtype=target: reinterpret bits (same itemsize)
+    NEG = auto()
+    RECIP = auto()
+    SQRT = auto()
+    EXP = auto()
+    LOG = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    TRUNC = auto()         # round toward zero (floats)
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    FDIV = auto()          # true division of floats
+    IDIV = auto()          # integer division truncating toward zero (C semantics)
+    MOD = auto()           # integer remainder with the sign of the dividend (C semantics)
+    MAX = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    CMPEQ = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()
+    POW = auto()           # floats only
+    WHERE = auto()         # src=(cond, a, b)
+
+
+class GroupOp:
+    """Sets of ops with a shared property."""
+
+    Unary = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC})
+    Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+                        Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW})
+    Ternary = frozenset({Ops.WHERE})
+    ALU = Unary | Binary | Ternary
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+    Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
+    Movement = frozenset({Ops.VIEW})
+
+
+def exec_alu(op: Ops, dtype: DType, srcs: tuple[Any, ...]) -> Any:
+    """Evaluate one ALU op on Python scalars with the semantics of ``dtype`` (constant folding)."""
+    fn = _PY_ALU[op]
+    try:
+        out = fn(*srcs)
+    except (ZeroDivisionError, OverflowError, ValueError):
+        if dtype.kind != "f":
+            return 0
+        a = srcs[0]
+        if op is Ops.FDIV:
+            b = srcs[1]
+            out = math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+        elif op is Ops.RECIP:
+            out = math.copysign(math.inf, a)
+        elif op is Ops.LOG or op is Ops.LOG2:
+            out = -math.inf if a == 0 else math.nan
+        elif op is Ops.EXP or op is Ops.EXP2:
+            out = math.inf
+        elif op is Ops.POW:
+            out = math.inf
+        else:
+            out = math.nan
+    return truncate(dtype, out)
+
+
+def _c_idiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _c_mod(a: int, b: int) -> int:
+    return a - _c_idiv(a, b) * b
+
+
+def _safe_sqrt(x: float) -> float:
+    return math.sqrt(x) if x >= 0 else math.nan
+
+
+def _safe_log(x: float, f: Callable[[float], float]) -> float:
+    if math.isnan(x) or x < 0:
+        return math.nan
+    if x == 0:
+        return -math.inf
+    return f(x)
+
+
+def _safe_sin(x: float) -> float:
+    return math.sin(x) if math.isfinite(x) else math.nan
+
+
+def _fdiv(a: float, b: float) -> float:
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+_PY_ALU: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: lambda x: -x if not isinstance(x, bool) else not x,
+    Ops.RECIP: lambda x: _fdiv(1.0, x), Ops.SQRT: _safe_sqrt,
+    Ops.EXP: lambda x: math.exp(x) if x < 710 else math.inf,
+    Ops.LOG: lambda x: _safe_log(x, math.log), Ops.EXP2: lambda x: 2.0 ** x if x < 1025 else math.inf,
+    Ops.LOG2: lambda x: _safe_log(x, math.log2), Ops.SIN: _safe_sin,
+    Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
+    Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
+    Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,
+    Ops.MAX: lambda a, b: a if (isinstance(a, float) and math.isnan(a)) else max(a, b),
+    Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b, Ops.CMPEQ: lambda a, b: a == b,
+    Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
+    Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.POW: lambda a, b: float(a) ** b,
+    Ops.WHERE: lambda c, a, b: a if c else b,
+}
+
+
+class UOpMeta(type):
+    """Hash-conses UOp construction: identical (op, dtype, src, arg) give the same live object."""
+
+    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType | PtrDType | None = None, src: tuple[UOp, ...] = (),
+                 arg: Any = None) -> UOp:
+        key = (op, dtype, src, arg)
+        try:
+            hit = UOpMeta.cache.get(key)
+        except TypeError as e:  # an unhashable arg is a bug in the caller: say which
+            raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} for {op}") from e
+        if hit is not None:
+            return hit
+        node = super().__call__(op, dtype, src, arg)
+        UOpMeta.cache[key] = node
+        return node
+
+
+class UOp(metaclass=UOpMeta):
+    """One immutable DAG node. Build with ``UOp(op, dtype, src, arg)``; compare with ``is``."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+
+    def __init__(self, op: Ops, dtype: DType | PtrDType | None, src: tuple[UOp, ...], arg: Any):
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+
+    # identity semantics: hash-consing makes this structural
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __reduce__(self) -> tuple:
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def __repr__(self) -> str:
+        return self.pretty(depth=3)
+
+    def pretty(self, depth: int = 100, indent: int = 0) -> str:
+        """A readable, indented dump of this node and ``depth`` levels of sources."""
+        pad = "  " * indent
+        head = f"{pad}UOp({self.op.name}, {self.dtype}, arg={self.arg!r}"
+        if not self.src:
+            return head + ")"
+        if depth <= 0:
+            return head + ", src=(...))"
+        inner = ",\n".join(s.pretty(depth - 1, indent + 1) for s in self.src)
+        return f"{head}, src=(\n{inner}))"
+
+    # --- construction helpers -------------------------------------------------------------
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        """A scalar constant converted to ``dtype``."""
+        return UOp(Ops.CONST, dtype, (), truncate(dtype, value))
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        """Apply an ALU op; comparisons give bool, others keep ``self``'s dtype."""
+        out_dtype = dtypes.bool if op in GroupOp.Comparison else (others[-1].dtype if op is Ops.WHERE else self.dtype)
+        return UOp(op, out_dtype, (self, *others))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def _other(self, x: UOp | int | float | bool) -> UOp:
+        return x if isinstance(x, UOp) else UOp.const(self.dtype, x)  # type: ignore[arg-type]
+
+    def __add__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.ADD, self._other(x))
+
+    def __radd__(self, x: int) -> UOp:
+        return self._other(x).alu(Ops.ADD, self)
+
+    def __mul__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MUL, self._other(x))
+
+    def __rmul__(self, x: int) -> UOp:
+        return self._other(x).alu(Ops.MUL, self)
+
+    def __sub__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.SUB, self._other(x))
+
+    def __floordiv__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.IDIV, self._other(x))
+
+    def __mod__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MOD, self._other(x))
+
+    def __neg__(self) -> UOp:
+        return self.alu(Ops.NEG)
+
+    def lt(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.CMPLT, self._other(x))
+
+    def ne(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.CMPNE, self._other(x))
+
+    def logical_and(self, x: UOp | bool) -> UOp:
+        return self.alu(Ops.AND, self._other(x))
+
+    def where(self, a: UOp, b: UOp) -> UOp:
+        return self.alu(Ops.WHERE, a, b)
+
+    def maximum(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MAX, self._other(x))
+
+    # --- graph walking ----------------------------------------------------------------------
+    def toposort(self) -> list[UOp]:
+        """All nodes reachable from self, sources before users (iterative, no recursion limit)."""
+        return toposort([self])
+
+    def sparents(self) -> set[UOp]:
+        return set(self.toposort())
+
+    # --- integer bounds, used by symbolic simplification ----------------------------------
+    @property
+    def vmin(self) -> int | float:
+        return self._bounds()[0]
+
+    @property
+    def vmax(self) -> int | float:
+        return self._bounds()[1]
+
+    def _bounds(self) -> tuple[Any, Any]:
+        try:
+            return self.__dict__["_b"]
+        except KeyError:
+            b = self.__dict__["_b"] = _bounds(self)
+            return b
+
+    @property
+    def is_const(self) -> bool:
+        return self.op is Ops.CONST
+
+
+def toposort(roots: list[UOp], stop: Callable[[UOp], bool] | None = None) -> list[UOp]:
+    """Nodes reachable from ``roots`` in dependency order. ``stop(n)`` keeps n but not its sources."""
+    order: list[UOp] = []
+    seen: set[int] = set()
+    stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if stop is None or not stop(node):
+            for s in reversed(node.src):
+                if id(s) not in seen:
+                    stack.append((s, False))
+    return order
+
+
+def iter_srcs(node: UOp) -> Iterator[UOp]:
+    yield from node.src
+
+
+def _bounds(u: UOp) -> tuple[Any, Any]:
+    """Conservative [min, max] of an integer-valued node; (-inf, inf) when unknown."""
+    dt = u.dtype
+    if isinstance(dt, DType) and dt.kind == "b":
+        lo_hi: tuple[Any, Any] = (False, True)
+    elif isinstance(dt, DType) and dt.kind in "iu":
+        lo_hi = (dtypes.min(dt), dtypes.max(dt))
+    else:
+        lo_hi = (-math.inf, math.inf)
+    if u.op is Ops.CONST:
+        return u.arg, u.arg
+    if u.op is Ops.RANGE:
+        return u.src[0].vmin, u.src[1].vmax - 1
+    if u.op is Ops.SPECIAL:
+        return 0, u.arg[1] - 1
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg[1], u.arg[2]
+    if not u.src or u.op not in GroupOp.ALU:
+        return lo_hi
+    s0 = u.src[0]
+    if u.op is Ops.ADD:
+        return s0.vmin + u.src[1].vmin, s0.vmax + u.src[1].vmax
+    if u.op is Ops.SUB:
+        return s0.vmin - u.src[1].vmax, s0.vmax - u.src[1].vmin
+    if u.op is Ops.NEG:
+        return -s0.vmax, -s0.vmin
+    if u.op is Ops.MUL:
+        vals = [a * b for a in (s0.vmin, s0.vmax) for b in (u.src[1].vmin, u.src[1].vmax)
+                if not (math.isinf(a) or math.isinf(b)) or (a != 0 and b != 0)]
+        return (min(vals), max(vals)) if vals else lo_hi
+    if u.op is Ops.MAX:
+        return max(s0.vmin, u.src[1].vmin), max(s0.vmax, u.src[1].vmax)
+    if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and isinstance(u.src[1].arg, int) and u.src[1].arg > 0:
+        c = u.src[1].arg
+        if u.op is Ops.MOD:
+            return (0, min(c - 1, s0.vmax)) if s0.vmin >= 0 else (-(c - 1), c - 1)
+        if s0.vmin >= 0 and not math.isinf(s0.vmax):
+            return s0.vmin // c, s0.vmax // c
+        return lo_hi
+    if u.op in GroupOp.Comparison:
+        if u.op is Ops.CMPLT:
+            if s0.vmax < u.src[1].vmin:
+                return True, True
+            if s0.vmin >= u.src[1].vmax:
+                return False, False
+        return False, True
+    if u.op is Ops.AND and isinstance(dt, DType) and dt.kind == "b":
+        return s0.vmin and u.src[1].vmin, s0.vmax and u.src[1].vmax
+    if u.op is Ops.WHERE:
+        return min(u.src[1].vmin, u.src[2].vmin), max(u.src[1].vmax, u.src[2].vmax)
+    return lo_hi

@@ -1,0 +1,181 @@
+"""Small shared utilities: environment knobs, counters, caching paths and tiny functional helpers.
+
+Nothing here imports from the rest of ember, so every layer may use it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import pathlib
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def getenv(key: str, default: Any = 0) -> Any:
+    """Read an environment knob, converting it to the type of ``default``.
+
+    Values set through :class:`Context` take precedence over the process environment.
+    """
+    if key in ContextVar.by_key:
+        return ContextVar.by_key[key].value
+    raw = os.environ.get(key)
+    if raw is None:
+        return default
+    return type(default)(raw) if not isinstance(default, bool) else raw not in ("", "0", "false", "False")
+
+
+class ContextVar:
+    """A process-wide knob such as ``DEBUG``, overridable with ``with Context(DEBUG=2):``."""
+
+    by_key: dict[str, ContextVar] = {}
+
+    def __init__(self, key: str, default: int):
+        self.key, self.value = key, getenv(key, default)
+        ContextVar.by_key[key] = self
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, other: int) -> bool:
+        return self.value >= other
+
+    def __gt__(self, other: int) -> bool:
+        return self.value > other
+
+    def __lt__(self, other: int) -> bool:
+        return self.value < other
+
+    def __le__(self, other: int) -> bool:
+        return self.value <= other
+
+    def __eq__(self, other: object) -> bool:
+        return self.value == other
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __repr__(self) -> str:
+        return f"ContextVar({self.key}={self.value})"
+
+
+DEBUG = ContextVar("DEBUG", 0)
+NOOPT = ContextVar("NOOPT", 0)
+BEAM = ContextVar("BEAM", 0)
+CACHELEVEL = ContextVar("CACHELEVEL", 2)
+PARALLEL = ContextVar("PARALLEL", 1)
+
+
+class Context(contextlib.ContextDecorator):
+    """Temporarily override knobs: ``with Context(DEBUG=2): ...``."""
+
+    def __init__(self, **kwargs: int):
+        self.kwargs = kwargs
+        self.saved: dict[str, Any] = {}
+
+    def __enter__(self) -> Context:
+        for k, v in self.kwargs.items():
+            var = ContextVar.by_key.get(k) or ContextVar(k, v)
+            self.saved[k] = var.value
+            var.value = v
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            ContextVar.by_key[k].value = v
+
+
+class GlobalCounters:
+    """Counters that tests and benchmarks read: kernels run and compiled, ops, memory moved."""
+
+    kernel_count: int = 0
+    kernels_compiled: int = 0
+    global_ops: int = 0
+    global_mem: int = 0
+    time_sum_s: float = 0.0
+    mem_used: int = 0
+
+    @staticmethod
+    def reset() -> None:
+        """Zero the per-run counters (not ``mem_used``, which tracks live allocations)."""
+        GlobalCounters.kernel_count = GlobalCounters.kernels_compiled = 0
+        GlobalCounters.global_ops = GlobalCounters.global_mem = 0
+        GlobalCounters.time_sum_s = 0.0
+
+
+def prod(xs: Iterable[int]) -> int:
+    """Product of an iterable of ints (1 for an empty one)."""
+    return math.prod(xs)
+
+
+def argsort(xs: Sequence[Any]) -> list[int]:
+    """Indices that sort ``xs``."""
+    return sorted(range(len(xs)), key=xs.__getitem__)
+
+
+def all_same(xs: Sequence[Any]) -> bool:
+    """True when every element equals the first."""
+    return all(x == xs[0] for x in xs)
+
+
+def dedup(xs: Iterable[T]) -> list[T]:
+    """Remove duplicates, keeping order."""
+    return list(dict.fromkeys(xs))
+
+
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
+    """Flatten one level of nesting."""
+    return [x for xs in xss for x in xs]
+
+
+def round_up(x: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``x``."""
+    return (x + multiple - 1) // multiple * multiple
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels and other caches live (``EMBER_CACHE_DIR`` overrides)."""
+    base = os.environ.get("EMBER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ember")
+    return pathlib.Path(base)
+
+
+@contextlib.contextmanager
+def timed(label: str = "", enabled: bool = True) -> Iterator[None]:
+    """Print how long the block took when ``enabled``."""
+    st = time.perf_counter()
+    yield
+    if enabled:
+        print(f"{label} {(time.perf_counter() - st) * 1e3:.2f} ms")
+
+
+def to_function_name(s: str) -> str:
+    """Make a string safe to use as a C identifier."""
+    return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)
+
+
+def colored(s: str, color: str | None) -> str:
+    """Wrap ``s`` in an ANSI colour when stdout is a terminal-like sink (always, it is cheap)."""
+    codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}
+    return s if color is None else f"\033[{codes[color]}m{s}\033[0m"
+
+
+def memoize_method(fn: Callable[..., T]) -> Callable[..., T]:
+    """Cache a zero-argument method's result on the instance (for immutable objects)."""
+    attr = f"_memo_{fn.__name__}"
+
+    @functools.wraps(fn)
+    def wrapper(self: Any) -> T:
+        try:
+            return self.__dict__[attr]
+        except KeyError:
+            val = self.__dict__[attr] = fn(self)
+            return val
+
+    return wrapper

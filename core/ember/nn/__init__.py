@@ -1,0 +1,1 @@
+"""Neural-network layers, optimizers, weights I/O and datasets."""

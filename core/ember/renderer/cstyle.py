@@ -1,0 +1,222 @@
+"""The C-family renderer shared by the CPU (C), OpenCL, CUDA and Metal dialects.
+
+A dialect subclasses :class:`CStyleRenderer` and overrides the few hooks where the languages
+differ: type names, the kernel signature, how a parallel loop and a barrier are spelled, and
+math function names. Everything else (naming values, loops, accumulators, gated loads and
+stores, literals) is shared.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ember.dtype import DType, PtrDType, dtypes
+from ember.graph.uop import GroupOp, Ops, UOp
+from ember.renderer import Renderer
+
+
+class CStyleRenderer(Renderer):
+    """Renders linear UOps to C-like source. Dialects override the class attributes and hooks."""
+
+    kernel_prefix: str = ""
+    buffer_prefix: str = ""
+    restrict: str = "restrict"
+    type_map: dict[DType, str] = {
+        dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+        dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
+        dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16",
+        dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double"}
+    #: float32 math function names; float64 drops the ``f`` suffix
+    math_fns: dict[Ops, str] = {Ops.SQRT: "sqrtf", Ops.EXP: "expf", Ops.LOG: "logf", Ops.EXP2: "exp2f",
+                                Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf"}
+    preamble: str = ""
+
+    # --- hooks ---------------------------------------------------------------------------------
+    def render_dtype(self, dt: DType) -> str:
+        return self.type_map[dt]
+
+    def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
+                      uops: list[UOp]) -> str:
+        """Wrap the body in a kernel signature; each dialect has its own."""
+        args = ", ".join(f"{self.buffer_prefix}{self.storage_type(dt.base)}* {self.restrict} {n}"
+                         if isinstance(dt, PtrDType) else f"const {self.render_dtype(dt)} {n}" for n, dt in params)
+        return "\n".join([self.preamble, f"{self.kernel_prefix}void {name}({args}) {{", *body, "}", ""])
+
+    def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
+        return [f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
+
+    def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
+        """Reading one element; bfloat16 is stored as 16-bit patterns and widened to float."""
+        if dt == dtypes.bfloat16:
+            return f"ember_bf16_to_f32({buf}[{idx}])"
+        return f"{buf}[{idx}]"
+
+    def render_store_value(self, value: str, dt: DType) -> str:
+        if dt == dtypes.bfloat16:
+            return f"ember_f32_to_bf16({value})"
+        return value
+
+    def storage_type(self, dt: DType) -> str:
+        """The C type of a buffer element (bfloat16 lives in 16-bit unsigned storage)."""
+        return "unsigned short" if dt == dtypes.bfloat16 else self.render_dtype(dt)
+
+    # --- literals and ops -------------------------------------------------------------------
+    def render_const(self, value: object, dt: DType) -> str:
+        if dt.kind == "b":
+            return "1" if value else "0"
+        if dt.kind == "f":
+            v = float(value)  # type: ignore[arg-type]
+            if math.isnan(v):
+                lit = "NAN"
+            elif math.isinf(v):
+                lit = "INFINITY" if v > 0 else "(-INFINITY)"
+            else:
+                lit = repr(v) + ("f" if dt != dtypes.float64 else "")
+            return lit if dt in (dtypes.float32, dtypes.float64, dtypes.bfloat16) else f"(({self.render_dtype(dt)}){lit})"
+        iv = int(value)  # type: ignore[call-overload]
+        if dt.kind == "i" and iv == -(2 ** (dt.bitsize - 1)):
+            return f"(({self.render_dtype(dt)})({iv + 1}ll - 1))"
+        suffix = "ull" if dt.kind == "u" and dt.itemsize == 8 else ("ll" if dt.itemsize == 8 else ("u" if dt.kind == "u" else ""))
+        return f"(({self.render_dtype(dt)}){iv}{suffix})" if dt.itemsize < 4 else f"{iv}{suffix}"
+
+    def math_fn(self, op: Ops, dt: DType) -> Callable[..., str]:
+        fn = self.math_fns[op]
+        if dt == dtypes.float64:
+            fn = fn[:-1]
+        if dt == dtypes.float16:
+            cast = self.render_dtype(dt)
+            return lambda *a: f"(({cast}){fn}({', '.join(f'(float){x}' for x in a)}))"
+        return lambda *a: f"{fn}({', '.join(a)})"
+
+    def render_alu(self, u: UOp, a: list[str]) -> str:
+        op, dt = u.op, u.dtype
+        sdt = u.src[0].dtype
+        assert isinstance(dt, DType) and isinstance(sdt, DType)
+        if op in self.math_fns and sdt.kind == "f":
+            return self.math_fn(op, dt)(*a)
+        if op is Ops.NEG:
+            return f"(!{a[0]})" if dt.kind == "b" else f"(-{a[0]})"
+        if op is Ops.RECIP:
+            return f"(1/{a[0]})"
+        if op is Ops.MAX:
+            if dt.kind == "f":
+                return f"(({a[0]} > {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
+            return f"(({a[0]} > {a[1]}) ? {a[0]} : {a[1]})"
+        if op in (Ops.IDIV, Ops.MOD):
+            sym = "/" if op is Ops.IDIV else "%"
+            if u.src[1].op is Ops.CONST and u.src[1].arg not in (0, -1):
+                return f"({a[0]} {sym} {a[1]})"
+            # no trap on x/0 or INT_MIN/-1: defined as 0 (quotient) and 0 (remainder)
+            return f"(({a[1]} == 0 || {a[1]} == -1) ? ({a[1]} == 0 ? 0 : {'-' + a[0] if sym == '/' else '0'}) " \
+                   f": ({a[0]} {sym} {a[1]}))"
+        if op is Ops.WHERE:
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        binops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+                  Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+        if op in binops:
+            return f"({a[0]} {binops[op]} {a[1]})"
+        raise NotImplementedError(f"{type(self).__name__} cannot render {op} on {dt}")
+
+    def render_cast(self, u: UOp, x: str) -> str:
+        dt, sdt = u.dtype, u.src[0].dtype
+        assert isinstance(dt, DType) and isinstance(sdt, DType)
+        if dt.kind == "b":
+            return f"({x} != 0)"
+        if dt == dtypes.bfloat16:
+            return f"ember_bf16_round((float){x})"
+        return f"(({self.render_dtype(dt)}){x})"
+
+    def render_bitcast(self, u: UOp, x: str) -> str:
+        dt, sdt = u.dtype, u.src[0].dtype
+        assert isinstance(dt, DType) and isinstance(sdt, DType)
+        src_t = self.storage_type(sdt)
+        dst_t = self.storage_type(dt)
+        val = f"ember_f32_to_bf16({x})" if sdt == dtypes.bfloat16 else x
+        out = f"({{ {src_t} s_ = {val}; {dst_t} d_; __builtin_memcpy(&d_, &s_, sizeof(d_)); d_; }})"
+        return f"ember_bf16_to_f32({out})" if dt == dtypes.bfloat16 else out
+
+    # --- the driver ----------------------------------------------------------------------
+    def render(self, name: str, uops: list[UOp]) -> str:
+        r: dict[UOp, str] = {}
+        params: list[tuple[str, DType | PtrDType]] = []
+        body: list[str] = []
+        depth = 1
+        counts: dict[str, int] = {}
+        work = 1
+        for u in uops:
+            if u.op is Ops.RANGE:
+                work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
+        first_global = True
+
+        def fresh(prefix: str) -> str:
+            counts[prefix] = counts.get(prefix, 0) + 1
+            return f"{prefix}{counts[prefix] - 1}"
+
+        def line(s: str) -> None:
+            body.append("  " * depth + s)
+
+        for u in uops:
+            op = u.op
+            if op is Ops.DEFINE_GLOBAL:
+                r[u] = f"data{u.arg[0]}"
+                params.append((r[u], u.dtype))  # type: ignore[arg-type]
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                params.append((r[u], u.dtype))  # type: ignore[arg-type]
+            elif op is Ops.CONST:
+                r[u] = self.render_const(u.arg, u.dtype)  # type: ignore[arg-type]
+            elif op is Ops.RANGE:
+                kind = u.arg[1]
+                var = f"{'gidx' if kind == 'global' else 'ridx'}{u.arg[0]}"
+                r[u] = var
+                parallel = (kind == "global" and first_global and self.parallel_threads > 1
+                            and work >= self.parallel_min_work)
+                if kind == "global":
+                    first_global = False
+                for s in self.render_range_open(u, var, r[u.src[0]], r[u.src[1]], parallel):
+                    line(s)
+                depth += 1
+            elif op is Ops.ENDRANGE:
+                depth -= 1
+                line("}")
+            elif op is Ops.DEFINE_ACC:
+                r[u] = fresh("acc")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[u.src[0]]};")  # type: ignore[arg-type]
+            elif op is Ops.ASSIGN:
+                line(f"{r[u.src[0]]} = {r[u.src[1]]};")
+                r[u] = r[u.src[0]]
+            elif op is Ops.LOAD:
+                buf, idx = r[u.src[0]], r[u.src[1]]
+                val = self.render_load_value(buf, idx, u.dtype)  # type: ignore[arg-type]
+                if len(u.src) > 2:
+                    val = f"({r[u.src[2]]} ? {val} : {self.render_const(0, u.dtype)})"  # type: ignore[arg-type]
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {val};")  # type: ignore[arg-type]
+            elif op is Ops.STORE:
+                buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
+                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].dtype.base)};"  # type: ignore[union-attr]
+                line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
+            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+                srcs = [r[s] for s in u.src]
+                if op is Ops.CAST:
+                    expr = self.render_cast(u, srcs[0])
+                elif op is Ops.BITCAST:
+                    expr = self.render_bitcast(u, srcs[0])
+                else:
+                    expr = self.render_alu(u, srcs)
+                r[u] = fresh("alu")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")  # type: ignore[arg-type]
+            elif op is Ops.SINK:
+                pass
+            else:
+                raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+        return self.render_kernel(name, params, body, uops)
+
+
+C_PREAMBLE = """#include <math.h>
+static inline float ember_bf16_to_f32(unsigned short b) { unsigned int u = ((unsigned int)b) << 16; float f;
+  __builtin_memcpy(&f, &u, 4); return f; }
+static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+"""

@@ -1,0 +1,633 @@
+"""The PYTHON device: a numpy interpreter of linear UOp programs, the reference every other device is checked against.
+
+It is slow and complete. :class:`PythonRenderer` writes the linear program (the table in
+``docs/contracts.md``) as versioned JSON text, :class:`PythonCompiler` keeps that text as bytes, and
+:class:`PythonProgram` decodes it once into a flat instruction list and runs it:
+
+* every "global" RANGE (and SPECIAL, if a program has one) becomes one axis of a numpy grid, so the
+  parallel part of a kernel runs vectorized; values are numpy arrays broadcastable to the grid, or scalars;
+* "reduce" and "loop" RANGEs are real Python loops over the instructions up to their ENDRANGE.
+
+Semantics (C renderers mirror these, so that results agree bit for bit where C defines them):
+
+* integers wrap on overflow in their own width. IDIV truncates toward zero, MOD takes the sign of the
+  dividend, and both give 0 for a zero divisor; ``INT_MIN / -1`` wraps to ``INT_MIN`` and ``INT_MIN % -1``
+  is 0. IDIV of floats is ``trunc(a / b)``, MOD of floats is C ``fmod``, FDIV of integers is IDIV.
+* ``MAX(a, b) = (a > b || a != a) ? a : b``: a NaN in either operand gives NaN, and on a tie (also
+  ``0.0`` against ``-0.0``) the second operand is the result.
+* comparisons follow IEEE (CMPNE with a NaN is true, the others false) and give bool.
+* NEG of a bool is logical not; other arithmetic on bools is done on 0/1 and converted back with ``!= 0``.
+* SHL/SHR work in the operand's width (SHR is arithmetic for signed types, logical for unsigned); a shift
+  amount that is negative or not below the bit width gives 0 (-1 for SHR of a negative signed value).
+* CAST float -> int truncates toward zero; NaN, and a value whose truncation does not fit the target
+  (negative values cast to an unsigned type included), give 0. ``-> bool`` is ``x != 0`` (NaN is true);
+  int -> int wraps; bool -> number gives 0 or 1.
+* float16 results are rounded to float16 after every op (C code that keeps each result in a ``half``
+  variable does the same). bfloat16 values live in float32 registers that always hold an exact bfloat16
+  value: every op and cast producing bfloat16 rounds to nearest even once (a NaN becomes the quiet NaN
+  0x7FC0, as :func:`ember.dtype.f32_to_bf16` does); LOAD, STORE and BITCAST move the 16 bits unchanged.
+* a gated LOAD never reads where the gate is false and gives 0 there; a gated STORE writes only where the
+  gate is true; an index outside the buffer raises ``IndexError`` naming the kernel and the buffer.
+* transcendental functions are numpy's; they may differ from a C libm in the last bit.
+
+``global_size`` and ``local_size`` are ignored: the iteration space comes from the program's RANGEs.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ember.device.allocator import Allocator
+from ember.device.compiled import Compiled
+from ember.device.compiler import Compiler
+from ember.dtype import DTYPES_ALL, DType, PtrDType, dtypes, to_np_dtype, truncate
+from ember.graph.uop import GroupOp, Ops, UOp
+from ember.renderer import Renderer
+
+FORMAT = "ember-python-linear/1"
+"""Version tag written by :class:`PythonRenderer` and checked by :class:`PythonProgram`."""
+
+_DTYPE_BY_NAME: dict[str, DType] = {d.name: d for d in DTYPES_ALL}
+
+# ---------------------------------------------------------------------------------------------
+# serialization
+# ---------------------------------------------------------------------------------------------
+
+
+def _encode_dtype(dt: DType | PtrDType | None) -> str | None:
+    if dt is None:
+        return None
+    if isinstance(dt, PtrDType):
+        return dt.base.name + "*"
+    if isinstance(dt, DType):
+        return dt.name
+    raise TypeError(f"can't encode dtype {dt!r}")
+
+
+def _decode_dtype(s: str | None) -> DType | PtrDType | None:
+    if s is None:
+        return None
+    if s.endswith("*"):
+        return _DTYPE_BY_NAME[s[:-1]].ptr()
+    return _DTYPE_BY_NAME[s]
+
+
+def _encode_arg(a: Any) -> Any:
+    """A JSON value that names its type, so that bools, ints and floats (inf, nan, -0.0) come back exactly."""
+    if a is None:
+        return None
+    if isinstance(a, (bool, np.bool_)):
+        return {"b": bool(a)}
+    if isinstance(a, (int, np.integer)):
+        return {"i": int(a)}
+    if isinstance(a, (float, np.floating)):
+        return {"f": float(a).hex()}
+    if isinstance(a, str):
+        return {"s": a}
+    if isinstance(a, tuple):
+        return {"t": [_encode_arg(x) for x in a]}
+    if isinstance(a, Ops):
+        return {"op": a.name}
+    if isinstance(a, DType):
+        return {"dt": a.name}
+    raise TypeError(f"PYTHON renderer can't encode a UOp arg of type {type(a).__name__}: {a!r}")
+
+
+def _decode_arg(a: Any) -> Any:
+    if a is None:
+        return None
+    (tag, v), = a.items()
+    if tag == "b":
+        return bool(v)
+    if tag == "i":
+        return int(v)
+    if tag == "f":
+        return float.fromhex(v)
+    if tag == "s":
+        return str(v)
+    if tag == "t":
+        return tuple(_decode_arg(x) for x in v)
+    if tag == "op":
+        return Ops[v]
+    if tag == "dt":
+        return _DTYPE_BY_NAME[v]
+    raise ValueError(f"unknown arg tag {tag!r} in a PYTHON program")
+
+
+def encode_program(name: str, uops: Sequence[UOp]) -> str:
+    """The text form of a linear program: a JSON object with one UOp per line, sources as indices."""
+    index: dict[UOp, int] = {}
+    lines: list[str] = []
+    for i, u in enumerate(uops):
+        try:
+            srcs = [index[s] for s in u.src]
+        except KeyError:
+            raise ValueError(f"kernel {name}: uop {i} ({u.op.name}) uses a source that does not come "
+                             "before it") from None
+        index[u] = i
+        lines.append(json.dumps([u.op.name, _encode_dtype(u.dtype), srcs, _encode_arg(u.arg)], allow_nan=False))
+    head = json.dumps({"format": FORMAT, "name": name})[:-1]
+    return head + ', "uops": [\n' + ",\n".join(lines) + "\n]}\n"
+
+
+def decode_program(src: str) -> tuple[str, list[tuple[Ops, DType | PtrDType | None, tuple[int, ...], Any]]]:
+    """Inverse of :func:`encode_program`: the kernel name and ``(op, dtype, src indices, arg)`` per uop."""
+    obj = json.loads(src)
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+        raise ValueError(f"not a PYTHON program of format {FORMAT!r} (got {got!r})")
+    out = []
+    for op, dt, srcs, arg in obj["uops"]:
+        out.append((Ops[op], _decode_dtype(dt), tuple(int(s) for s in srcs), _decode_arg(arg)))
+    return obj["name"], out
+
+
+# ---------------------------------------------------------------------------------------------
+# value semantics
+# ---------------------------------------------------------------------------------------------
+
+_BF16_NAN_BITS = np.uint32(0x7FC00000)
+
+
+def round_to_bf16(x: Any) -> np.ndarray:
+    """float32 values rounded to the nearest-even bfloat16 value, still as float32 (same shape)."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), _BF16_NAN_BITS, rounded).astype(np.uint32).view(np.float32)
+
+
+def _f64_to_f32_round_odd(x: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounding to odd: a later rounding to fewer bits then rounds only once."""
+    y = x.astype(np.float32)
+    bits = y.view(np.uint32)
+    y64 = y.astype(np.float64)
+    inexact = (y64 != x) & np.isfinite(y)
+    up = np.abs(x) > np.abs(y64)  # move one step away from zero, else toward it (sign-magnitude bits)
+    nudged = np.where(up, bits + np.uint32(1), bits - np.uint32(1)).astype(np.uint32)
+    return np.where(inexact & ((bits & np.uint32(1)) == 0), nudged, bits).astype(np.uint32).view(np.float32)
+
+
+def _bf16_bits(x: Any) -> np.ndarray:
+    """The 16 bits of bfloat16 register values (which are exact, so this only drops zero bits)."""
+    return (np.asarray(x, dtype=np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def _from_bf16_bits(bits: Any) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _reg_np(dt: DType) -> Any:
+    """The numpy dtype a register of ``dt`` holds (bfloat16 computes in float32)."""
+    return np.dtype(np.float32) if dt == dtypes.bfloat16 else np.dtype(to_np_dtype(dt))
+
+
+def _as(x: Any, npdt: np.dtype) -> Any:
+    return x if getattr(x, "dtype", None) == npdt else np.asarray(x).astype(npdt)
+
+
+def cast_value(x: Any, src: DType, dst: DType) -> Any:
+    """C value conversion of a register value of dtype ``src`` to dtype ``dst`` (see the module docstring)."""
+    if dst == dtypes.bool:
+        return np.not_equal(x, 0)
+    if dst == dtypes.bfloat16:
+        if src.kind == "b":
+            return np.asarray(x).astype(np.float32)
+        if src in (dtypes.float32, dtypes.bfloat16, dtypes.float16):
+            return round_to_bf16(np.asarray(x).astype(np.float32))
+        # float64 and integers: one rounding (ints up to 32 bits are exact in float64)
+        return round_to_bf16(_f64_to_f32_round_odd(np.asarray(x).astype(np.float64)))
+    npdt = np.dtype(to_np_dtype(dst))
+    if dst.kind in "iu" and src.kind == "f":
+        t = np.trunc(np.asarray(x).astype(np.float64))
+        bits = dst.bitsize
+        lo, hi = (0.0, 2.0 ** bits) if dst.kind == "u" else (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1))
+        ok = (t >= lo) & (t < hi)
+        return np.where(ok, t, 0.0).astype(npdt)
+    return np.asarray(x).astype(npdt)
+
+
+def bitcast_value(x: Any, src: DType, dst: DType) -> Any:
+    """Reinterpret the bits of a register value of ``src`` as ``dst`` (same item size)."""
+    raw = _bf16_bits(x) if src == dtypes.bfloat16 else np.asarray(x).astype(to_np_dtype(src))
+    if dst == dtypes.bfloat16:
+        return _from_bf16_bits(raw.view(np.uint16))
+    if dst == dtypes.bool:
+        return np.not_equal(raw.view(np.uint8), 0)
+    return raw.view(to_np_dtype(dst))
+
+
+def _idiv_int(a: Any, b: Any) -> Any:
+    zero = b == 0
+    bs = np.where(zero, np.ones((), b.dtype), b)
+    q = np.floor_divide(a, bs)
+    if b.dtype.kind == "i":  # floor -> trunc: step back toward zero when the division was inexact
+        r = a - q * bs
+        q = q + ((r != 0) & ((a < 0) != (bs < 0))).astype(q.dtype)
+    return np.where(zero, np.zeros((), q.dtype), q)
+
+
+def _mod_int(a: Any, b: Any) -> Any:
+    zero = b == 0
+    r = np.fmod(a, np.where(zero, np.ones((), b.dtype), b))
+    return np.where(zero, np.zeros((), r.dtype), r)
+
+
+def _max(a: Any, b: Any) -> Any:
+    take_a = a > b
+    if a.dtype.kind == "f":
+        take_a = take_a | (a != a)
+    return np.where(take_a, a, b)
+
+
+def _shift(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def shift(a: Any, b: Any) -> Any:
+        bits = a.dtype.itemsize * 8
+        bad = (b < 0) | (b >= bits)
+        # numpy already gives 0 / sign fill for too large amounts; route negative ones there as well
+        return fn(a, np.where(bad, np.asarray(bits, b.dtype), b))
+    return shift
+
+
+_FLOAT_FNS: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: np.negative, Ops.RECIP: lambda x: np.divide(np.ones((), x.dtype), x), Ops.SQRT: np.sqrt,
+    Ops.EXP: np.exp, Ops.LOG: np.log, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.TRUNC: np.trunc,
+    Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.FDIV: np.divide,
+    Ops.IDIV: lambda a, b: np.trunc(np.divide(a, b)), Ops.MOD: np.fmod, Ops.MAX: _max, Ops.POW: np.power,
+}
+
+_INT_FNS: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: np.negative, Ops.TRUNC: lambda x: x,
+    Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.FDIV: _idiv_int, Ops.IDIV: _idiv_int,
+    Ops.MOD: _mod_int, Ops.MAX: _max, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
+    Ops.SHL: _shift(np.left_shift), Ops.SHR: _shift(np.right_shift),
+}
+
+_CMP_FNS: dict[Ops, Callable[..., Any]] = {Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal}
+
+_FLOAT_ONLY = frozenset({Ops.RECIP, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
+
+
+def _make_alu(op: Ops, dt: DType, src_dts: tuple[DType, ...]) -> Callable[..., Any]:
+    """A function computing ``op`` on register values, giving a register value of ``dt``."""
+    out_np = _reg_np(dt)
+    if op in _CMP_FNS:
+        return _CMP_FNS[op]
+    if op is Ops.WHERE:
+        def where(c: Any, a: Any, b: Any) -> Any:
+            return _as(np.where(_as(c, np.dtype(np.bool_)), _as(a, out_np), _as(b, out_np)), out_np)
+        return where
+    if dt == dtypes.bool:
+        if op is Ops.NEG:
+            return np.logical_not
+        if op in (Ops.AND, Ops.OR, Ops.XOR):
+            fn = _INT_FNS[op]
+            return lambda *xs: fn(*(_as(x, out_np) for x in xs))
+        # other arithmetic on bools: compute on 0/1 ints, then back to bool
+        int_fn = _make_alu(op, dtypes.int32, tuple(dtypes.int32 for _ in src_dts))
+        return lambda *xs: np.not_equal(int_fn(*(_as(x, np.dtype(np.int32)) for x in xs)), 0)
+    if dt.kind == "f":
+        if op not in _FLOAT_FNS:
+            raise TypeError(f"{op.name} is not defined for {dt.name}")
+        fn = _FLOAT_FNS[op]
+        if dt == dtypes.bfloat16:
+            return lambda *xs: round_to_bf16(fn(*(_as(x, out_np) for x in xs)))
+        return lambda *xs: _as(fn(*(_as(x, out_np) for x in xs)), out_np)
+    # integers
+    if op in _FLOAT_ONLY:  # as C would: compute in double, convert back
+        ffn = _FLOAT_FNS[op]
+        f64 = np.dtype(np.float64)
+        return lambda *xs: cast_value(ffn(*(_as(x, f64) for x in xs)), dtypes.float64, dt)
+    if op not in _INT_FNS:
+        raise TypeError(f"{op.name} is not defined for {dt.name}")
+    fn = _INT_FNS[op]
+    return lambda *xs: _as(fn(*(_as(x, out_np) for x in xs)), out_np)
+
+
+def _const_value(dt: DType, value: Any) -> Any:
+    v = truncate(dt, value)
+    return np.asarray(v, dtype=_reg_np(dt))[()]
+
+
+# ---------------------------------------------------------------------------------------------
+# the program
+# ---------------------------------------------------------------------------------------------
+
+# instruction kinds
+_K_ALU, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP, _K_SINK = range(10)
+
+_NOP_OPS = frozenset({Ops.BARRIER})
+
+
+class PythonProgram:
+    """A linear program decoded once and run with numpy: ``PythonProgram(name, lib)(*bufs, vals=...)``."""
+
+    def __init__(self, name: str, lib: bytes):
+        self.name = name
+        prog_name, uops = decode_program(lib.decode() if isinstance(lib, (bytes, bytearray, memoryview)) else lib)
+        self.kernel_name = prog_name
+        n = len(uops)
+        reg = list(range(n))  # ASSIGN writes (and its users read) its accumulator's register
+        self._init_regs: list[Any] = [None] * n
+        self._globals: list[tuple[int, int, DType, int | None]] = []  # (register, param index, dtype, size)
+        self._vars: list[tuple[int, DType, str, Any, Any]] = []  # (register, dtype, name, min, max)
+        self._code: list[tuple[int, int, tuple[int, ...], Any, Any]] = []  # (kind, out register, srcs, fn, aux)
+        self._grid_axes = 0
+        open_ranges: list[tuple[int, int, bool]] = []  # (uop index, code position, is global)
+        range_pos: dict[int, int] = {}
+        dts: list[Any] = [dt for _, dt, _, _ in uops]
+
+        def fail(i: int, msg: str) -> ValueError:
+            return ValueError(f"kernel {prog_name}: uop {i} ({uops[i][0].name}): {msg}")
+
+        for i, (op, dt, srcs, arg) in enumerate(uops):
+            if any(s >= i or s < 0 for s in srcs):
+                raise fail(i, "a source does not come before its user")
+            rs = tuple(reg[s] for s in srcs)
+            if op is Ops.DEFINE_GLOBAL:
+                if not isinstance(dt, PtrDType):
+                    raise fail(i, f"DEFINE_GLOBAL needs a pointer dtype, got {dt!r}")
+                idx, size = (arg, None) if isinstance(arg, int) else (arg[0], arg[1])
+                self._globals.append((i, idx, dt.base, size))
+            elif op is Ops.DEFINE_VAR:
+                self._vars.append((i, dt, *arg[:3]))
+            elif op is Ops.CONST:
+                self._init_regs[i] = _const_value(dt, arg)
+            elif op is Ops.SPECIAL:
+                if open_ranges and not all(g for _, _, g in open_ranges):
+                    raise fail(i, "SPECIAL inside a sequential loop")
+                self._code.append((_K_GRID, i, (), None, (self._grid_axes, int(arg[1]), None)))
+                self._grid_axes += 1
+            elif op is Ops.RANGE:
+                kind = arg[1] if isinstance(arg, tuple) and len(arg) > 1 else "loop"
+                if kind == "global":
+                    if open_ranges and not all(g for _, _, g in open_ranges):
+                        raise fail(i, "a global RANGE inside a sequential loop")
+                    open_ranges.append((i, len(self._code), True))
+                    self._code.append((_K_GRID, i, rs, None, [self._grid_axes, _reg_np(dt), None]))
+                    self._grid_axes += 1
+                else:
+                    open_ranges.append((i, len(self._code), False))
+                    self._code.append((_K_LOOP, i, rs, None, [None, _reg_np(dt).type]))
+                range_pos[i] = len(self._code) - 1
+            elif op is Ops.ENDRANGE:
+                if not open_ranges or open_ranges[-1][0] != srcs[0]:
+                    raise fail(i, "ENDRANGE does not close the innermost open RANGE")
+                _, start_pos, is_global = open_ranges.pop()
+                end_pos = len(self._code)
+                if is_global:  # an empty global range skips past its ENDRANGE
+                    self._code[start_pos][4][2] = end_pos + 1
+                    self._code.append((_K_NOP, i, (), None, None))
+                else:
+                    self._code[start_pos][4][0] = end_pos + 1
+                    self._code.append((_K_ENDLOOP, reg[srcs[0]], (), None, (start_pos, _reg_np(dts[srcs[0]]).type)))
+            elif op is Ops.DEFINE_ACC:
+                self._code.append((_K_ACC, i, rs, None, _reg_np(dt)))
+            elif op is Ops.ASSIGN:
+                reg[i] = rs[0]
+                acc_dt = dts[srcs[0]]
+                self._code.append((_K_ASSIGN, rs[0], rs[1:], None, _reg_np(acc_dt)))
+            elif op is Ops.LOAD:
+                if not isinstance(dts[srcs[0]], PtrDType):
+                    raise fail(i, "LOAD from something that is not a buffer")
+                self._code.append((_K_LOAD, i, rs, None, (dts[srcs[0]].base, dt, prog_name)))
+            elif op is Ops.STORE:
+                if not isinstance(dts[srcs[0]], PtrDType):
+                    raise fail(i, "STORE to something that is not a buffer")
+                self._code.append((_K_STORE, i, rs, None, (dts[srcs[0]].base, dts[srcs[2]], prog_name)))
+            elif op is Ops.CAST or op is Ops.BITCAST:
+                sdt, ddt = dts[srcs[0]], dt
+                if op is Ops.BITCAST and sdt.itemsize != ddt.itemsize:
+                    raise fail(i, f"BITCAST between sizes {sdt.itemsize} and {ddt.itemsize}")
+                conv = cast_value if op is Ops.CAST else bitcast_value
+                self._code.append((_K_ALU, i, rs, functools.partial(conv, src=sdt, dst=ddt), None))
+            elif op in GroupOp.ALU:
+                try:
+                    fn = _make_alu(op, dt, tuple(dts[s] for s in srcs))
+                except TypeError as e:
+                    raise fail(i, str(e)) from None
+                self._code.append((_K_ALU, i, rs, fn, None))
+            elif op in _NOP_OPS:
+                pass
+            elif op is Ops.SINK:
+                self._code.append((_K_SINK, i, (), None, None))
+            else:
+                raise fail(i, "not supported by the PYTHON device")
+        if open_ranges:
+            raise fail(open_ranges[-1][0], "RANGE without ENDRANGE")
+        self._reg_of_uop = reg
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] | None = None,
+                 vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
+        """Run the program on ``bufs`` (opaque PYTHON buffers, numpy arrays or writable buffers).
+
+        ``vals`` gives the DEFINE_VARs in program order. Returns the elapsed seconds when ``wait`` is true.
+        """
+        start = time.perf_counter()
+        regs = list(self._init_regs)
+        for r, idx, dt, size in self._globals:
+            if idx >= len(bufs):
+                raise ValueError(f"kernel {self.kernel_name}: buffer parameter {idx} missing, got {len(bufs)} buffers")
+            regs[r] = _typed_view(bufs[idx], dt, size, self.kernel_name, idx)
+        if len(vals) != len(self._vars):
+            raise ValueError(f"kernel {self.kernel_name}: expected {len(self._vars)} vals "
+                             f"({', '.join(v[2] for v in self._vars)}), got {len(vals)}")
+        for (r, dt, vname, lo, hi), v in zip(self._vars, vals):
+            if not lo <= int(v) <= hi:
+                raise ValueError(f"kernel {self.kernel_name}: variable {vname}={v} is outside [{lo}, {hi}]")
+            regs[r] = _const_value(dt, int(v))
+        with np.errstate(all="ignore"):
+            self._run(regs)
+        return time.perf_counter() - start if wait else None
+
+    def _run(self, regs: list[Any]) -> None:
+        code = self._code
+        ndim = self._grid_axes
+        loop_end: dict[int, int] = {}
+        pc, n = 0, len(code)
+        while pc < n:
+            kind, out, srcs, fn, aux = code[pc]
+            pc += 1
+            if kind == _K_ALU:
+                regs[out] = fn(*[regs[s] for s in srcs])
+            elif kind == _K_LOAD:
+                regs[out] = _load(regs, srcs, *aux)
+            elif kind == _K_STORE:
+                _store(regs, srcs, *aux)
+            elif kind == _K_ACC:
+                regs[out] = _as(regs[srcs[0]], aux)
+            elif kind == _K_ASSIGN:
+                regs[out] = _as(regs[srcs[0]], aux)
+            elif kind == _K_ENDLOOP:
+                start_pos, scalar_type = aux
+                nxt = int(regs[out]) + 1
+                if nxt < loop_end[out]:
+                    regs[out] = scalar_type(nxt)
+                    pc = start_pos + 1
+            elif kind == _K_LOOP:
+                lo, hi = (_scalar_bound(regs[s], self.kernel_name) for s in srcs)
+                if lo >= hi:
+                    pc = aux[0]
+                else:
+                    regs[out] = aux[1](lo)
+                    loop_end[out] = hi
+            elif kind == _K_GRID:
+                axis, extra, skip_to = aux
+                if srcs:
+                    lo, hi = (_scalar_bound(regs[s], self.kernel_name) for s in srcs)
+                    rng = np.arange(lo, max(lo, hi), dtype=extra)
+                else:  # SPECIAL: 0 .. extent
+                    rng = np.arange(extra, dtype=np.int32)
+                if rng.size == 0:
+                    if skip_to is None:
+                        return
+                    pc = skip_to
+                    continue
+                shape = [1] * ndim
+                shape[axis] = rng.size
+                regs[out] = rng.reshape(shape)
+            elif kind == _K_SINK:
+                return
+
+
+def _scalar_bound(x: Any, kernel: str) -> int:
+    if np.ndim(x) != 0:
+        raise ValueError(f"kernel {kernel}: a RANGE bound differs between grid points; the PYTHON device "
+                         "needs bounds that are the same for every global index")
+    return int(x)
+
+
+def _typed_view(buf: Any, dt: DType, size: int | None, kernel: str, idx: int) -> np.ndarray:
+    """A 1-D numpy view of ``size`` elements of ``dt`` over an opaque buffer (bfloat16 as uint16 bits)."""
+    raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if not raw.flags.c_contiguous:
+        raise ValueError(f"kernel {kernel}: buffer {idx} is not contiguous")
+    raw = raw.reshape(-1).view(np.uint8)
+    npdt = np.dtype(to_np_dtype(dt))
+    count = raw.size // npdt.itemsize
+    if size is None:
+        size = count
+    if count < size:
+        raise ValueError(f"kernel {kernel}: buffer {idx} holds {raw.size} bytes, needs {size} x {dt.name}")
+    return raw[: size * npdt.itemsize].view(npdt)
+
+
+def _check_bounds(idx: Any, size: int, what: str, kernel: str, buf_param: str) -> None:
+    if np.size(idx) == 0:
+        return
+    lo, hi = np.min(idx), np.max(idx)
+    if lo < 0 or hi >= size:
+        bad = lo if lo < 0 else hi
+        raise IndexError(f"kernel {kernel}: {what} index {int(bad)} is outside buffer {buf_param} of size {size}")
+
+
+def _load(regs: list[Any], srcs: tuple[int, ...], dt: DType, out_dt: DType, kernel: str) -> Any:
+    buf, idx = regs[srcs[0]], regs[srcs[1]]
+    if len(srcs) == 2:
+        _check_bounds(idx, buf.size, "LOAD", kernel, str(srcs[0]))
+        v = buf[idx]
+    else:
+        gate = _as(regs[srcs[2]], np.dtype(np.bool_))
+        zero = np.zeros((), buf.dtype)
+        if buf.size == 0:
+            v = np.broadcast_to(zero, np.broadcast_shapes(np.shape(idx), np.shape(gate)))
+        else:
+            safe = np.where(gate, idx, np.zeros((), np.asarray(idx).dtype))
+            _check_bounds(safe, buf.size, "gated LOAD", kernel, str(srcs[0]))
+            v = np.where(gate, buf[safe], zero)
+    if dt == dtypes.bfloat16:
+        v = _from_bf16_bits(v)
+    return v if out_dt == dt else cast_value(v, dt, out_dt)
+
+
+def _store(regs: list[Any], srcs: tuple[int, ...], dt: DType, val_dt: DType, kernel: str) -> None:
+    buf, idx, val = regs[srcs[0]], regs[srcs[1]], regs[srcs[2]]
+    if val_dt != dt:  # a store converts like a C assignment
+        val = cast_value(val, val_dt, dt)
+    val = _bf16_bits(val) if dt == dtypes.bfloat16 else _as(val, buf.dtype)
+    if len(srcs) == 3:
+        idx_b, val_b = np.broadcast_arrays(idx, val)
+        idx_f, val_f = idx_b.reshape(-1), val_b.reshape(-1)
+    else:
+        gate = _as(regs[srcs[3]], np.dtype(np.bool_))
+        idx_b, val_b, gate_b = np.broadcast_arrays(idx, val, gate)
+        idx_f, val_f = idx_b[gate_b], val_b[gate_b]
+    _check_bounds(idx_f, buf.size, "STORE", kernel, str(srcs[0]))
+    buf[idx_f] = val_f
+
+
+# ---------------------------------------------------------------------------------------------
+# the device
+# ---------------------------------------------------------------------------------------------
+
+
+class PythonRenderer(Renderer):
+    """Serializes linear programs for :class:`PythonProgram` (no source language: versioned JSON)."""
+
+    device = "PYTHON"
+    supports_float16 = True
+    has_local = False
+    global_max = None
+    local_max = None
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        """The program text: :data:`FORMAT`, the kernel name and one ``[op, dtype, srcs, arg]`` per line."""
+        return encode_program(name, uops)
+
+
+class PythonCompiler(Compiler):
+    """Nothing to compile: the binary is the program text as UTF-8."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def compile(self, src: str) -> bytes:
+        """``src`` encoded as UTF-8 (checked to decode, so a malformed program fails here)."""
+        decode_program(src)
+        return src.encode()
+
+
+class PythonAllocator(Allocator):
+    """Host memory as numpy ``uint8`` arrays; ``as_buffer`` and ``offset`` are zero-copy views."""
+
+    def _alloc(self, size: int, options: Any = None) -> np.ndarray:
+        return np.zeros(size, dtype=np.uint8)
+
+    def _free(self, opaque: np.ndarray, size: int, options: Any = None) -> None:
+        pass
+
+    def as_buffer(self, opaque: np.ndarray) -> memoryview:
+        """A writable memoryview of the whole buffer, sharing its memory."""
+        return memoryview(opaque).cast("B")
+
+    def copyin(self, dest: np.ndarray, src: memoryview) -> None:
+        """Copy the bytes of host memory ``src`` into the start of buffer ``dest``."""
+        data = np.frombuffer(memoryview(src).cast("B"), dtype=np.uint8)
+        if data.size > dest.size:
+            raise ValueError(f"copyin of {data.size} bytes into a buffer of {dest.size} bytes")
+        dest[:data.size] = data
+
+    def copyout(self, dest: memoryview, src: np.ndarray) -> None:
+        """Fill the writable host memory ``dest`` from the start of buffer ``src``."""
+        out = np.frombuffer(memoryview(dest).cast("B"), dtype=np.uint8)
+        if out.size > src.size:
+            raise ValueError(f"copyout of {out.size} bytes from a buffer of {src.size} bytes")
+        out[:] = src[:out.size]
+
+    def offset(self, opaque: np.ndarray, byte_offset: int, nbytes: int) -> np.ndarray:
+        """A view of ``nbytes`` bytes of ``opaque`` starting at ``byte_offset`` (shares memory)."""
+        if byte_offset < 0 or byte_offset + nbytes > opaque.size:
+            raise ValueError(f"offset view [{byte_offset}, {byte_offset + nbytes}) outside a {opaque.size} byte buffer")
+        return opaque[byte_offset:byte_offset + nbytes]
+
+
+class PythonDevice(Compiled):
+    """The built-in PYTHON device: complete, slow, and the oracle other devices are tested against."""
+
+    def __init__(self, name: str = "PYTHON"):
+        super().__init__(name, PythonAllocator(), PythonRenderer(), PythonCompiler(), PythonProgram, None)

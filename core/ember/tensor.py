@@ -1,0 +1,897 @@
+"""The Tensor frontend: a PyTorch/tinygrad-like API that only builds lazy graph nodes.
+
+Nothing executes until ``realize()``/``numpy()``/``item()``: then the scheduler cuts the
+graph into kernels and the engine runs them on the tensor's device.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ember.device.registry import Device
+from ember.dtype import (
+    DType,
+    bf16_to_f32,
+    dtypes,
+    f32_to_bf16,
+    from_np_dtype,
+    least_upper_dtype,
+    result_type_scalar,
+    to_dtype,
+    to_np_dtype,
+    truncate,
+)
+from ember.engine.realize import run_schedule
+from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
+from ember.graph.shapetracker import ShapeTracker
+from ember.graph.uop import Ops, UOp
+from ember.helpers import prod
+from ember.schedule import create_schedule
+
+Scalar = int | float | bool
+Shape = tuple[int, ...]
+
+
+def _broadcast_shape(*shapes: Shape) -> Shape:
+    """numpy/torch broadcasting; a mismatch raises RuntimeError naming the shapes."""
+    ndim = max((len(s) for s in shapes), default=0)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for i, dims in enumerate(zip(*padded)):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise RuntimeError(f"The size of tensor a ({dims[0]}) must match the size of tensor b ({dims[1]}) at "
+                               f"non-singleton dimension {i}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
+                               f"cannot be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+class Tensor:
+    """An n-dimensional array on a device, with lazy evaluation.
+
+    ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,
+    (nested) lists and tuples, numpy arrays, ``bytes`` (as uint8) and graph nodes.
+    """
+
+    __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
+    __hash__ = object.__hash__  # __eq__ builds a tensor, so hash by identity
+    training: bool = False
+    no_grad: bool = False
+    _seed: int = 0
+    _rng: np.random.Generator = np.random.default_rng(0)
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
+                 requires_grad: bool | None = None):
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dt = to_dtype(dtype) if dtype is not None else None
+        self.grad: Tensor | None = None
+        self.requires_grad = requires_grad
+        self._ctx: Any = None
+        if isinstance(data, UOp):
+            self.lazydata = data
+            if dt is not None and data.dtype != dt:
+                self.lazydata = data.cast(dt) if data.op is not Ops.CONST else UOp(Ops.CONST, dt, data.src, truncate(dt, data.arg))
+            return
+        if isinstance(data, Tensor):
+            self.lazydata = (data.to(dev) if device is not None else data).lazydata
+            if dt is not None:
+                self.lazydata = Tensor(self.lazydata).cast(dt).lazydata
+            return
+        if isinstance(data, (bool, int, float, np.generic)) and not isinstance(data, np.ndarray):
+            dt = dt or (from_np_dtype(data.dtype) if isinstance(data, np.generic) else dtypes.from_py(data))
+            self.lazydata = _const(data.item() if isinstance(data, np.generic) else data, dt, dev)
+            return
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            arr = np.frombuffer(bytes(data), dtype=np.uint8)
+            dt = dt or dtypes.uint8
+        elif isinstance(data, (list, tuple)):
+            dt = dt or dtypes.from_py(data)
+            try:
+                arr = np.array(data, dtype=np.float64 if dt.kind == "f" else to_np_dtype(dt) if dt != dtypes.bfloat16
+                               else np.float32)
+            except (ValueError, OverflowError) as e:
+                raise ValueError(f"cannot build a {dt} tensor from {type(data).__name__}: {e}") from e
+        elif isinstance(data, np.ndarray):
+            arr = data
+            if dt is None:
+                dt = from_np_dtype(arr.dtype)
+        elif data is None:
+            arr = np.zeros((0,), np.float32)
+            dt = dt or dtypes.default_float
+        else:
+            raise TypeError(f"can't create a Tensor from {type(data).__name__}")
+        self.lazydata = _from_numpy(arr, dt, dev)
+
+    # --- properties ----------------------------------------------------------------------
+    @property
+    def shape(self) -> Shape:
+        return shape_of(self.lazydata)
+
+    @property
+    def dtype(self) -> DType:
+        return self.lazydata.dtype  # type: ignore[return-value]
+
+    @property
+    def device(self) -> str:
+        return device_of(self.lazydata)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        """Number of elements."""
+        return prod(self.shape)
+
+    def size(self, dim: int | None = None) -> Shape | int:
+        """The shape, or the size of one dimension."""
+        return self.shape if dim is None else self.shape[self._axis(dim)]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.shape} {self.dtype} on {self.device}>"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    # --- realization and data out -----------------------------------------------------------
+    @staticmethod
+    def realize_all(*tensors: Tensor) -> None:
+        """Realize several tensors with one schedule (shared work runs once)."""
+        roots = [t.lazydata for t in tensors]
+        schedule, becomes = create_schedule(roots)
+        run_schedule(schedule)
+        for t in tensors:
+            t.lazydata = becomes[t.lazydata] if t.lazydata in becomes else t.lazydata
+
+    def realize(self, *others: Tensor) -> Tensor:
+        """Compute this tensor (and ``others``) now; returns self."""
+        Tensor.realize_all(self, *others)
+        return self
+
+    def schedule(self, *others: Tensor) -> list[Any]:
+        """The ScheduleItems that realizing would run (nothing runs)."""
+        return create_schedule([t.lazydata for t in (self, *others)])[0]
+
+    def _buffer(self) -> Any:
+        """The realized contiguous Buffer holding exactly this tensor's elements."""
+        x = self.lazydata
+        if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
+                                  and x.arg.size == x.src[0].arg[2]):
+            return buffers[base_of(x)]
+        t = Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,))).realize()
+        return buffers[base_of(t.lazydata)]
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the values (bfloat16 comes back as float32)."""
+        if self.numel() == 0:
+            return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype))
+        buf = self._buffer()
+        raw = np.frombuffer(buf.as_bytes(), dtype=to_np_dtype(self.dtype))
+        if self.dtype == dtypes.bfloat16:
+            raw = bf16_to_f32(raw)
+        return raw.reshape(self.shape).copy()
+
+    def tolist(self) -> Any:
+        """Nested Python lists (a scalar for 0-d tensors)."""
+        return self.numpy().tolist()
+
+    def item(self) -> Scalar:
+        """The single value of a one-element tensor as a Python scalar."""
+        if self.numel() != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
+        return self.numpy().reshape(()).item()
+
+    def data(self) -> memoryview:
+        return memoryview(self.numpy())
+
+    def to(self, device: str | None) -> Tensor:
+        """This tensor on ``device`` (a lazy copy; the same tensor when already there)."""
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        if dev == self.device:
+            return self
+        Device[dev]  # fail now, naming the device, rather than at realize time
+        x = self.lazydata
+        if base_of(x).op is Ops.CONST:
+            return Tensor(_retarget_const(x, dev))
+        out = Tensor(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
+        out.requires_grad = self.requires_grad
+        return out
+
+    def contiguous(self) -> Tensor:
+        """A tensor whose elements are laid out row-major in their own buffer."""
+        x = self.lazydata
+        if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
+                                  and x.arg.size == x.src[0].arg[2]):
+            return self
+        return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))
+
+    def detach(self) -> Tensor:
+        return Tensor(self.lazydata, requires_grad=False)
+
+    def clone(self) -> Tensor:
+        return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.lazydata,)))
+
+    # --- creation -----------------------------------------------------------------------
+    @staticmethod
+    def _shape_arg(shape: Sequence[Any]) -> Shape:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        out = tuple(int(s) for s in shape)
+        if any(s < 0 for s in out):
+            raise RuntimeError(f"negative dimension in shape {out}")
+        return out
+
+    @staticmethod
+    def full(shape: Shape | int, fill_value: Scalar, dtype: DType | str | None = None, device: str | None = None,
+             **kwargs: Any) -> Tensor:
+        """A tensor of ``shape`` filled with ``fill_value``."""
+        shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        c = Tensor(_const(fill_value, dt, dev), **kwargs)
+        return c.reshape((1,) * len(shp)).expand(shp) if shp else c
+
+    @staticmethod
+    def zeros(*shape: Any, **kwargs: Any) -> Tensor:
+        """A tensor of zeros (float32 unless ``dtype`` is given)."""
+        kwargs.setdefault("dtype", dtypes.default_float)
+        return Tensor.full(Tensor._shape_arg(shape), 0, **kwargs)
+
+    @staticmethod
+    def ones(*shape: Any, **kwargs: Any) -> Tensor:
+        """A tensor of ones (float32 unless ``dtype`` is given)."""
+        kwargs.setdefault("dtype", dtypes.default_float)
+        return Tensor.full(Tensor._shape_arg(shape), 1, **kwargs)
+
+    @staticmethod
+    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None, **kwargs: Any) -> Tensor:
+        """An uninitialized tensor (its own buffer, contents unspecified)."""
+        shp = Tensor._shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        return Tensor(buffer_view(new_buffer(dev, prod(shp), dt), shp), **kwargs)
+
+    def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
+        kwargs.setdefault("dtype", self.dtype)
+        kwargs.setdefault("device", self.device)
+        return Tensor.full(self.shape, fill_value, **kwargs)
+
+    def zeros_like(self, **kwargs: Any) -> Tensor:
+        return self.full_like(0, **kwargs)
+
+    def ones_like(self, **kwargs: Any) -> Tensor:
+        return self.full_like(1, **kwargs)
+
+    @staticmethod
+    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Tensor:
+        """Values from ``start`` to ``stop`` (exclusive) by ``step``, like ``torch.arange``."""
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise RuntimeError("arange: step must be nonzero")
+        n = max(0, math.ceil((stop - start) / step))
+        dt = to_dtype(kwargs.pop("dtype")) if "dtype" in kwargs and kwargs["dtype"] is not None else \
+            (dtypes.default_float if any(isinstance(x, float) for x in (start, stop, step)) else dtypes.default_int)
+        kwargs.pop("dtype", None)
+        values = start + np.arange(n, dtype=np.float64 if dt.kind == "f" else np.int64) * step
+        return Tensor(values.astype(np.float64 if dt.kind == "f" else np.int64), dtype=dt, **kwargs)
+
+    @staticmethod
+    def manual_seed(seed: int = 0) -> None:
+        """Seed the random number generator."""
+        Tensor._seed = seed
+        Tensor._rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def rand(*shape: Any, dtype: DType | str | None = None, **kwargs: Any) -> Tensor:
+        """Uniform random values in [0, 1)."""
+        shp = Tensor._shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        arr = Tensor._rng.random(shp, dtype=np.float32)
+        return Tensor(arr, **kwargs).cast(dt)
+
+    @staticmethod
+    def randn(*shape: Any, dtype: DType | str | None = None, **kwargs: Any) -> Tensor:
+        """Standard normal random values."""
+        shp = Tensor._shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        arr = Tensor._rng.standard_normal(shp, dtype=np.float32)
+        return Tensor(arr, **kwargs).cast(dt)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, **kwargs: Any) -> Tensor:
+        """The identity matrix (n x m)."""
+        m = n if m is None else m
+        kwargs.setdefault("dtype", dtypes.default_float)
+        diag = Tensor.ones(n, 1, **kwargs).pad(((0, 0), (0, n))).reshape(n * (n + 1))[: n * n].reshape(n, n)
+        return diag[:, :m] if m <= n else diag.pad(((0, 0), (0, m - n)))
+
+    # --- movement ------------------------------------------------------------------------
+    def _axis(self, ax: int, ndim: int | None = None) -> int:
+        nd = self.ndim if ndim is None else ndim
+        lo, hi = (-1, 0) if nd == 0 else (-nd, nd - 1)
+        if not lo <= ax <= hi:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {ax})")
+        return ax + nd if ax < 0 else ax
+
+    def _view(self, fn: Callable[[ShapeTracker], ShapeTracker]) -> Tensor:
+        x = self.lazydata
+        base, st = (x.src[0], x.arg) if x.op is Ops.VIEW else (x, ShapeTracker.from_shape(shape_of(x)))
+        new = fn(st)
+        if new.contiguous and new.shape == shape_of(base):
+            out = Tensor(base)
+        else:
+            out = Tensor(UOp(Ops.VIEW, x.dtype, (base,), new))
+        out.requires_grad = self.requires_grad
+        return out
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """Same elements, new shape (one dimension may be -1)."""
+        shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        shp = [int(s) if s is not None else self.shape[i] for i, s in enumerate(shp)]
+        if shp.count(-1) > 1:
+            raise RuntimeError("only one dimension can be inferred")
+        if -1 in shp:
+            known = prod(s for s in shp if s != -1)
+            if known == 0 or self.numel() % known:
+                raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
+            shp[shp.index(-1)] = self.numel() // known
+        if any(s < 0 for s in shp) or prod(shp) != self.numel():
+            raise RuntimeError(f"shape '{list(shp)}' is invalid for input of size {self.numel()}")
+        new = tuple(shp)
+        return self if new == self.shape else self._view(lambda st: st.reshape(new))
+
+    def view(self, *shape: Any) -> Tensor:
+        return self.reshape(*shape)
+
+    def permute(self, *order: Any) -> Tensor:
+        """Reorder dimensions."""
+        o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+        o = tuple(self._axis(a) for a in o)
+        if sorted(o) != list(range(self.ndim)):
+            raise RuntimeError(f"permute order {o} is not a permutation of the {self.ndim} dims of {self.shape}")
+        return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o))
+
+    def expand(self, *shape: Any) -> Tensor:
+        """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size)."""
+        shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if len(shp) < self.ndim:
+            raise RuntimeError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
+                               f"dimensions of the tensor ({self.ndim})")
+        x = self.reshape((1,) * (len(shp) - self.ndim) + self.shape) if len(shp) > self.ndim else self
+        new = tuple(s if n == -1 else n for s, n in zip(x.shape, shp))
+        for s, n in zip(x.shape, new):
+            if s != n and s != 1:
+                raise RuntimeError(f"expand: the expanded size {n} must match the existing size {s} of shape "
+                                   f"{self.shape} (target {tuple(shp)})")
+        return x if new == x.shape else x._view(lambda st: st.expand(new))
+
+    def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
+        """Pad with ``value``. ``padding`` is per-dim ``((before, after), ...)`` or torch's flat form."""
+        if mode != "constant":
+            raise NotImplementedError(f"pad mode {mode!r} is not supported yet")
+        if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
+            flat = list(padding)
+            if len(flat) % 2 or len(flat) // 2 > self.ndim:
+                raise RuntimeError(f"padding {tuple(flat)} does not fit a tensor of {self.ndim} dims")
+            pairs = [(0, 0)] * (self.ndim - len(flat) // 2) + [(flat[i], flat[i + 1]) for i in
+                                                                range(len(flat) - 2, -1, -2)]
+        else:
+            if len(padding) != self.ndim:
+                raise RuntimeError(f"padding has {len(padding)} entries for a tensor of {self.ndim} dims")
+            pairs = [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
+        if all(b == 0 and a == 0 for b, a in pairs):
+            return self
+        x = self
+        if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
+            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
+            pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
+        arg = tuple(pairs)
+        out = x._view(lambda st: st.pad(arg))
+        if value == 0:
+            return out
+        mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._view(lambda st: st.pad(arg))
+        return mask.where(out, value)
+
+    def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
+        """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole)."""
+        a = tuple((0, s) if r is None else (int(r[0]), int(r[1])) for r, s in zip(arg, self.shape))
+        for (lo, hi), s in zip(a, self.shape):
+            if not 0 <= lo <= hi <= s:
+                raise RuntimeError(f"shrink {a} is out of bounds for shape {self.shape}")
+        return self if all(r == (0, s) for r, s in zip(a, self.shape)) else self._view(lambda st: st.shrink(a))
+
+    def flip(self, *axis: Any) -> Tensor:
+        """Reverse the order of elements along ``axis``."""
+        ax = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else tuple(axis)
+        axes = tuple(self._axis(a) for a in ax)
+        return self._view(lambda st: st.flip(axes)) if axes else self
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        order = list(range(self.ndim))
+        a, b = self._axis(dim0), self._axis(dim1)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = self._axis(start_dim), self._axis(end_dim)
+        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = self._axis(dim)
+        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = self._axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def __getitem__(self, indices: Any) -> Tensor:
+        """Basic indexing: ints, slices (any step), None and ``...``."""
+        idx = list(indices) if isinstance(indices, tuple) else [indices]
+        if any(isinstance(i, Tensor) or isinstance(i, (list, np.ndarray)) for i in idx):
+            raise NotImplementedError("indexing with tensors or lists is not supported yet")
+        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+        if Ellipsis in idx:
+            e = idx.index(Ellipsis)
+            idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
+        idx += [slice(None)] * (self.ndim - n_real - (0 if Ellipsis in idx else 0))
+        x = self
+        out_shape: list[int] = []
+        shrink: list[tuple[int, int]] = []
+        flips: list[int] = []
+        strides: list[int] = []
+        dim = 0
+        for i in idx:
+            if i is None:
+                out_shape.append(-1)  # placeholder for a new axis
+                continue
+            size = self.shape[dim]
+            if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+                j = int(i)
+                if not -size <= j < size:
+                    raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
+                j += size if j < 0 else 0
+                shrink.append((j, j + 1))
+                strides.append(1)
+                out_shape.append(-2)  # dropped
+            elif isinstance(i, slice):
+                start, stop, step = i.indices(size)
+                if step > 0:
+                    n = max(0, math.ceil((stop - start) / step))
+                    lo, hi = (start, start + (n - 1) * step + 1) if n else (0, 0)
+                else:
+                    n = max(0, math.ceil((stop - start) / step))
+                    lo, hi = (start + (n - 1) * step, start + 1) if n else (0, 0)
+                    flips.append(dim)
+                shrink.append((lo, hi))
+                strides.append(abs(step))
+                out_shape.append(n)
+            else:
+                raise TypeError(f"invalid index type {type(i).__name__}")
+            dim += 1
+        x = x.shrink(shrink) if shrink else x
+        if flips:
+            x = x.flip(flips)
+        if any(s != 1 for s in strides):
+            # take every s-th element: pad to a multiple of s, split the dim, keep offset 0
+            for d, s in enumerate(strides):
+                if s == 1 or x.shape[d] == 0:
+                    continue
+                n = (x.shape[d] + s - 1) // s
+                x = x.pad(tuple((0, n * s - x.shape[d]) if k == d else (0, 0) for k in range(x.ndim)))
+                x = x.reshape(x.shape[:d] + (n, s) + x.shape[d + 1:])
+                x = x.shrink(tuple((0, 1) if k == d + 1 else (0, sz) for k, sz in enumerate(x.shape)))
+                x = x.reshape(x.shape[:d + 1] + x.shape[d + 2:])
+        final: list[int] = []
+        it = iter(x.shape)
+        for o in out_shape:
+            if o == -1:
+                final.append(1)
+            elif o == -2:
+                next(it)
+            else:
+                final.append(next(it))
+        final.extend(it)
+        return x.reshape(tuple(final))
+
+    # --- elementwise ---------------------------------------------------------------------
+    def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        dt = dtype or self.dtype
+        return Tensor(UOp(op, dt, (self.lazydata, *(s.lazydata for s in srcs))))
+
+    def _broadcasted(self, y: Tensor | Scalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
+        x = self
+        if isinstance(y, Tensor):
+            if y.device != x.device:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
+            dt = least_upper_dtype(x.dtype, y.dtype)
+        else:
+            if not isinstance(y, (int, float, bool, np.generic)):
+                raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
+            dt = result_type_scalar(x.dtype, y)
+            y = Tensor(_const(y, dt, x.device))
+        if reverse:
+            x, y = y, x
+        x, y = x.cast(dt), y.cast(dt)
+        shape = _broadcast_shape(x.shape, y.shape)
+        return x._broadcast_to(shape), y._broadcast_to(shape)
+
+    def _broadcast_to(self, shape: Shape) -> Tensor:
+        if self.shape == shape:
+            return self
+        x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if len(shape) > self.ndim else self
+        return x.expand(shape)
+
+    def cast(self, dtype: DType | str) -> Tensor:
+        """Convert values to ``dtype``."""
+        dt = to_dtype(dtype)
+        if dt == self.dtype:
+            return self
+        x = self.lazydata
+        if x.op is Ops.CONST or (x.op is Ops.VIEW and x.src[0].op is Ops.CONST):
+            c = base_of(x)
+            newc = UOp(Ops.CONST, dt, c.src, truncate(dt, c.arg))
+            return Tensor(newc if x is c else UOp(Ops.VIEW, dt, (newc,), x.arg))
+        return Tensor(UOp(Ops.CAST, dt, (x,)))
+
+    def bitcast(self, dtype: DType | str) -> Tensor:
+        """Reinterpret the bits as ``dtype`` (same item size)."""
+        dt = to_dtype(dtype)
+        if dt.itemsize != self.dtype.itemsize:
+            raise RuntimeError(f"bitcast from {self.dtype} to {dt} needs equal item sizes")
+        return Tensor(UOp(Ops.BITCAST, dt, (self.lazydata,)))
+
+    def float(self) -> Tensor:
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        return self.cast(dtypes.float16)
+
+    def double(self) -> Tensor:
+        return self.cast(dtypes.float64)
+
+    def int(self) -> Tensor:
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Tensor:
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Tensor:
+        return self.cast(dtypes.bool)
+
+    def add(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        return a._alu(Ops.ADD, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
+
+    def sub(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype == dtypes.bool:
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                               "Use the `^` or `logical_xor()` operator instead.")
+        return a._alu(Ops.SUB, b)
+
+    def mul(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        return a._alu(Ops.MUL, b) if a.dtype != dtypes.bool else a._alu(Ops.AND, b)
+
+    def div(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """True division; integer inputs give the default float dtype."""
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype.kind != "f":
+            a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+        return a._alu(Ops.FDIV, b)
+
+    def maximum(self, y: Tensor | Scalar) -> Tensor:
+        a, b = self._broadcasted(y)
+        return a._alu(Ops.MAX, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
+
+    def minimum(self, y: Tensor | Scalar) -> Tensor:
+        a, b = self._broadcasted(y)
+        if a.dtype == dtypes.bool:
+            return a._alu(Ops.AND, b)
+        return a.lt_nan(b).where(a, b)
+
+    def lt_nan(self, b: Tensor) -> Tensor:
+        """``a < b`` or ``a`` is nan (so minimum propagates nan like torch)."""
+        lt = self._alu(Ops.CMPLT, b, dtype=dtypes.bool)
+        if self.dtype.kind != "f":
+            return lt
+        return lt._alu(Ops.OR, self._alu(Ops.CMPNE, self, dtype=dtypes.bool))
+
+    def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        """``x`` where self is true, else ``y`` (all broadcast together)."""
+        cond = self.cast(dtypes.bool)
+        if isinstance(x, Tensor):
+            x2, y2 = x._broadcasted(y)
+        elif isinstance(y, Tensor):
+            y2, x2 = y._broadcasted(x)
+        else:
+            dt = dtypes.from_py(x) if dtypes.from_py(x).kind >= dtypes.from_py(y).kind else dtypes.from_py(y)
+            x2, y2 = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
+        shape = _broadcast_shape(cond.shape, x2.shape, y2.shape)
+        c, a, b = cond._broadcast_to(shape), x2._broadcast_to(shape), y2._broadcast_to(shape)
+        return c._alu(Ops.WHERE, a, b, dtype=a.dtype)
+
+    def _cmp(self, op: Ops, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        return a._alu(op, b, dtype=dtypes.bool)
+
+    def __lt__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return self._cmp(Ops.CMPLT, y)
+
+    def __gt__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return self._cmp(Ops.CMPLT, y, reverse=True)
+
+    def __le__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return (self > y).logical_not() if self.dtype.kind != "f" else self._cmp(Ops.CMPLT, y)._alu(
+            Ops.OR, self._cmp(Ops.CMPEQ, y))
+
+    def __ge__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return (self < y).logical_not() if self.dtype.kind != "f" else self._cmp(Ops.CMPLT, y, True)._alu(
+            Ops.OR, self._cmp(Ops.CMPEQ, y))
+
+    def __eq__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return self._cmp(Ops.CMPEQ, y)
+
+    def __ne__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return self._cmp(Ops.CMPNE, y)
+
+    def logical_not(self) -> Tensor:
+        return self.cast(dtypes.bool)._alu(Ops.NEG)
+
+    def neg(self) -> Tensor:
+        if self.dtype == dtypes.bool:
+            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. "
+                               "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+        return self._alu(Ops.NEG)
+
+    def _float_unary(self, op: Ops) -> Tensor:
+        x = self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
+        return x._alu(op)
+
+    def exp(self) -> Tensor:
+        return self._float_unary(Ops.EXP)
+
+    def log(self) -> Tensor:
+        return self._float_unary(Ops.LOG)
+
+    def exp2(self) -> Tensor:
+        return self._float_unary(Ops.EXP2)
+
+    def log2(self) -> Tensor:
+        return self._float_unary(Ops.LOG2)
+
+    def sqrt(self) -> Tensor:
+        return self._float_unary(Ops.SQRT)
+
+    def sin(self) -> Tensor:
+        return self._float_unary(Ops.SIN)
+
+    def cos(self) -> Tensor:
+        x = self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
+        return (math.pi / 2 - x).sin()
+
+    def reciprocal(self) -> Tensor:
+        return self._float_unary(Ops.RECIP)
+
+    def relu(self) -> Tensor:
+        """max(x, 0), with nan passing through."""
+        return self.maximum(0)
+
+    def sigmoid(self) -> Tensor:
+        return (1 + (-self).exp()).reciprocal()
+
+    def tanh(self) -> Tensor:
+        return 2.0 * (2.0 * self).sigmoid() - 1.0
+
+    def abs(self) -> Tensor:
+        if self.dtype.kind in "ub":
+            return self
+        return (self < 0).where(-self, self)
+
+    def trunc(self) -> Tensor:
+        return self._alu(Ops.TRUNC) if self.dtype.kind == "f" else self
+
+    def square(self) -> Tensor:
+        return self * self
+
+    def pow(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype.kind != "f":
+            raise NotImplementedError("integer pow is not supported yet")
+        return a._alu(Ops.POW, b)
+
+    def __neg__(self) -> Tensor:
+        return self.neg()
+
+    def __add__(self, y: Tensor | Scalar) -> Tensor:
+        return self.add(y)
+
+    def __radd__(self, y: Scalar) -> Tensor:
+        return self.add(y, True)
+
+    def __sub__(self, y: Tensor | Scalar) -> Tensor:
+        return self.sub(y)
+
+    def __rsub__(self, y: Scalar) -> Tensor:
+        return self.sub(y, True)
+
+    def __mul__(self, y: Tensor | Scalar) -> Tensor:
+        return self.mul(y)
+
+    def __rmul__(self, y: Scalar) -> Tensor:
+        return self.mul(y, True)
+
+    def __truediv__(self, y: Tensor | Scalar) -> Tensor:
+        return self.div(y)
+
+    def __rtruediv__(self, y: Scalar) -> Tensor:
+        return self.div(y, True)
+
+    def __pow__(self, y: Tensor | Scalar) -> Tensor:
+        return self.pow(y)
+
+    def __rpow__(self, y: Scalar) -> Tensor:
+        return self.pow(y, True)
+
+    def __matmul__(self, y: Tensor) -> Tensor:
+        return self.matmul(y)
+
+    def __rmatmul__(self, y: Tensor) -> Tensor:
+        return y.matmul(self)
+
+    def __invert__(self) -> Tensor:
+        if self.dtype == dtypes.bool:
+            return self.logical_not()
+        return self._alu(Ops.XOR, Tensor(_const(-1, self.dtype, self.device))._broadcast_to(self.shape))
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    # --- reductions ----------------------------------------------------------------------
+    def _reduce_axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        return tuple(sorted({self._axis(a) for a in axes}))
+
+    def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
+        axes = self._reduce_axes(axis)
+        if self.ndim == 0:
+            return self
+        red = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.lazydata,), (op, axes)))
+        if keepdim:
+            return red
+        return red.reshape(tuple(s for i, s in enumerate(red.shape) if i not in axes))
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
+            dtype: DType | str | None = None) -> Tensor:
+        """Sum over ``axis`` (all axes when None). Bool and int inputs sum as int64, like torch."""
+        if dtype is not None:
+            out_dt = to_dtype(dtype)
+        elif self.dtype.kind in "bi" or (self.dtype.kind == "u"):
+            out_dt = dtypes.int64 if self.dtype.kind in "bi" else dtypes.uint64 if self.dtype.itemsize == 8 else dtypes.int64
+        else:
+            out_dt = self.dtype
+        acc_dt = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
+        return self.cast(acc_dt)._reduce(Ops.ADD, axis, keepdim).cast(out_dt)
+
+    def prod(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        out_dt = dtypes.int64 if self.dtype.kind in "bi" else self.dtype
+        return self.cast(out_dt)._reduce(Ops.MUL, axis, keepdim)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Maximum over ``axis``; nan propagates."""
+        self._check_nonempty_reduce(axis, "max")
+        if self.dtype == dtypes.bool:
+            return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Minimum over ``axis``; nan propagates."""
+        self._check_nonempty_reduce(axis, "min")
+        if self.dtype == dtypes.bool:
+            return self.logical_not().max(axis, keepdim).logical_not()
+        if self.dtype.kind == "f":
+            return -((-self).max(axis, keepdim))
+        return ~((~self).max(axis, keepdim))
+
+    def _check_nonempty_reduce(self, axis: int | Sequence[int] | None, name: str) -> None:
+        axes = self._reduce_axes(axis)
+        if any(self.shape[a] == 0 for a in axes) or (self.ndim and self.numel() == 0 and axis is None):
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                             f"Specify the reduction dim with the 'dim' argument.")
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Arithmetic mean over ``axis``."""
+        if self.dtype.kind != "f":
+            raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point "
+                               f"or complex dtype. Got: {self.dtype.name}")
+        axes = self._reduce_axes(axis)
+        n = prod(self.shape[a] for a in axes)
+        s = self.sum(axis, keepdim)
+        return s.div(n) if n else s * math.nan
+
+    # --- linear algebra ------------------------------------------------------------------
+    def dot(self, w: Tensor) -> Tensor:
+        return self.matmul(w)
+
+    def matmul(self, w: Tensor) -> Tensor:
+        """Matrix product with numpy/torch semantics for 1-D and batched inputs."""
+        x = self
+        if x.ndim == 0 or w.ndim == 0:
+            raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {x.ndim}D and {w.ndim}D")
+        k_x = x.shape[-1]
+        k_w = w.shape[-2] if w.ndim > 1 else w.shape[0]
+        if k_x != k_w:
+            xs = "x".join(map(str, x.shape if x.ndim > 1 else (1,) + x.shape))
+            ws = "x".join(map(str, w.shape))
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
+        x2 = x.reshape(*x.shape[:-1], 1, k_x)
+        w2 = w.reshape(1, k_w, *w.shape[-1:]) if w.ndim == 1 else w
+        w2 = w2.transpose(-1, -2)  # (..., m, k)
+        if w.ndim == 1:
+            w2 = w.reshape(1, k_w)
+        out = (x2 * w2).sum(-1)
+        if w.ndim == 1:
+            out = out.reshape(out.shape[:-1])
+        return out
+
+    # --- indexing helpers kept small here; the full API grows in later modules ----------
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise NotImplementedError("__setitem__ is not supported yet")
+
+
+def _const(value: Scalar, dtype: DType, device: str) -> UOp:
+    return UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, None, (), device),), truncate(dtype, value))
+
+
+def _retarget_const(x: UOp, device: str) -> UOp:
+    c = base_of(x)
+    newc = UOp(Ops.CONST, c.dtype, (UOp(Ops.DEVICE, None, (), device),), c.arg)
+    return newc if x is c else UOp(Ops.VIEW, x.dtype, (newc,), x.arg)
+
+
+def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
+    shape = tuple(arr.shape)
+    if dt == dtypes.bfloat16:
+        host = f32_to_bf16(np.asarray(arr, dtype=np.float32))
+    else:
+        host = np.asarray(arr).astype(to_np_dtype(dt), copy=False)
+    host = np.ascontiguousarray(host)
+    node = new_buffer(device, prod(shape), dt)
+    if host.size:
+        buffers[node].copyin(memoryview(host.reshape(-1)).cast("B"))
+    return buffer_view(node, shape)
+
+
+__all__ = ["Tensor"]

@@ -1,0 +1,1 @@
+"""The device conformance suite (a pytest plugin)."""

@@ -1,0 +1,496 @@
+"""The CPU device below the renderer: C compiler, loader, launches, allocator and batch graph.
+
+Kernels here are hand-written C in the uniform signature ``void NAME(void **bufs, const long long *vals)``.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from ember.device.compiler import CompileError
+from ember.helpers import GlobalCounters
+from ember_cpu import compiler as cpu_compiler
+from ember_cpu.allocator import ALIGNMENT, CPUAllocator, CPUBuffer
+from ember_cpu.compiler import CPUCompiler, find_cc
+from ember_cpu.device import CPUDevice
+from ember_cpu.graph import CPUGraph
+from ember_cpu.runtime import CPUProgram
+
+pytestmark = pytest.mark.skipif(find_cc() is None, reason="no C compiler found")
+
+ADD_SRC = """
+void add(void **bufs, const long long *vals) {
+  float *out = (float *)bufs[0];
+  const float *a = (const float *)bufs[1];
+  const float *b = (const float *)bufs[2];
+  for (long long i = 0; i < vals[0]; i++) out[i] = a[i] + b[i];
+}
+"""
+
+MUL_SRC = """
+void mul(void **bufs, const long long *vals) {
+  float *out = (float *)bufs[0];
+  const float *a = (const float *)bufs[1];
+  const float *b = (const float *)bufs[2];
+  for (long long i = 0; i < vals[0]; i++) out[i] = a[i] * b[i];
+}
+"""
+
+SUB_SRC = """
+void sub(void **bufs, const long long *vals) {
+  float *out = (float *)bufs[0];
+  const float *a = (const float *)bufs[1];
+  const float *b = (const float *)bufs[2];
+  for (long long i = 0; i < vals[0]; i++) out[i] = a[i] - b[i];
+}
+"""
+
+OMP_SRC = """
+#include <math.h>
+#include <omp.h>
+void omp_sqrt(void **bufs, const long long *vals) {
+  float *out = (float *)bufs[0];
+  const float *a = (const float *)bufs[1];
+  int *threads = (int *)bufs[2];
+  #pragma omp parallel for
+  for (long long i = 0; i < vals[0]; i++) {
+    out[i] = sqrtf(a[i]) * 2.0f;
+    if (i == 0) threads[0] = omp_get_num_threads();
+  }
+  threads[1] = omp_get_max_threads();
+}
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache_dir(tmp_path_factory):
+    """Keep the compile cache of these tests out of the user's cache folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def dev() -> CPUDevice:
+    return CPUDevice("CPU")
+
+
+def build(dev: CPUDevice, name: str, src: str) -> CPUProgram:
+    return dev.runtime(name, dev.compiler.compile_cached(src))
+
+
+def to_device(dev: CPUDevice, arr: np.ndarray) -> CPUBuffer:
+    buf = dev.allocator.alloc(arr.nbytes)
+    dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(arr)))
+    return buf
+
+
+def from_device(dev: CPUDevice, buf: CPUBuffer, dtype, count: int) -> np.ndarray:
+    out = np.empty(count, dtype)
+    dev.allocator.copyout(memoryview(out), buf)
+    return out
+
+
+def random_floats(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+# ---- device object ----
+
+def test_device_object_contract(dev):
+    assert dev.device == "CPU"
+    assert isinstance(dev.allocator, CPUAllocator)
+    assert isinstance(dev.compiler, CPUCompiler)
+    assert dev.runtime is CPUProgram and dev.graph is CPUGraph
+    dev.synchronize()
+
+
+# ---- compile and run ----
+
+def test_add_matches_numpy(dev):
+    n = 1000
+    a, b = random_floats(n, 0), random_floats(n, 1)
+    prg = build(dev, "add", ADD_SRC)
+    out, da, db = dev.allocator.alloc(n * 4), to_device(dev, a), to_device(dev, b)
+    assert prg(out, da, db, global_size=(1, 1, 1), vals=(n,)) is None
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, n), a + b)
+
+
+def test_vals_select_the_work(dev):
+    n = 64
+    a, b = random_floats(n, 2), random_floats(n, 3)
+    prg = build(dev, "add", ADD_SRC)
+    out, da, db = to_device(dev, np.zeros(n, np.float32)), to_device(dev, a), to_device(dev, b)
+    prg(out, da, db, vals=(10,))
+    expected = np.zeros(n, np.float32)
+    expected[:10] = a[:10] + b[:10]
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, n), expected)
+    prg(out, da, db, vals=[n])  # a list works too
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, n), a + b)
+
+
+def test_wait_returns_seconds(dev):
+    prg = build(dev, "add", ADD_SRC)
+    bufs = [dev.allocator.alloc(16) for _ in range(3)]
+    elapsed = prg(*bufs, vals=(4,), wait=True)
+    assert isinstance(elapsed, float) and 0 <= elapsed < 5
+
+
+def test_ieee_semantics_are_kept(dev):
+    # -ffast-math would fold the NaN test away and break inf arithmetic
+    src = """
+    void ieee(void **bufs, const long long *vals) {
+      float *out = (float *)bufs[0];
+      const float *a = (const float *)bufs[1];
+      for (long long i = 0; i < vals[0]; i++) {
+        float x = a[i] / 0.0f;
+        out[2 * i] = (x != x) ? 1.0f : 0.0f;
+        out[2 * i + 1] = x;
+      }
+    }
+    """
+    a = np.array([1.0, -1.0, 0.0], np.float32)
+    prg = build(dev, "ieee", src)
+    out = dev.allocator.alloc(6 * 4)
+    prg(out, to_device(dev, a), vals=(3,))
+    got = from_device(dev, out, np.float32, 6)
+    assert list(got[0::2]) == [0.0, 0.0, 1.0]
+    assert got[1] == np.inf and got[3] == -np.inf and np.isnan(got[5])
+
+
+def test_int_kernel_with_several_vars(dev):
+    src = """
+    void affine(void **bufs, const long long *vals) {
+      int *out = (int *)bufs[0];
+      for (long long i = 0; i < vals[0]; i++) out[i] = (int)(i * vals[1] + vals[2]);
+    }
+    """
+    prg = build(dev, "affine", src)
+    out = dev.allocator.alloc(8 * 4)
+    prg(out, vals=(8, 3, -5))
+    np.testing.assert_array_equal(from_device(dev, out, np.int32, 8), np.arange(8) * 3 - 5)
+
+
+def test_openmp_kernel(dev):
+    if not dev.compiler.openmp:
+        pytest.skip(f"{dev.compiler.cc[0]} cannot build OpenMP code")
+    assert "-fopenmp" in dev.compiler.flags
+    n = 1 << 20
+    a = np.abs(random_floats(n, 4))
+    prg = build(dev, "omp_sqrt", OMP_SRC)
+    out, threads = dev.allocator.alloc(n * 4), to_device(dev, np.zeros(2, np.int32))
+    prg(out, to_device(dev, a), threads, vals=(n,))
+    np.testing.assert_allclose(from_device(dev, out, np.float32, n), np.sqrt(a) * 2, rtol=1e-6)
+    used, available = from_device(dev, threads, np.int32, 2)
+    assert available >= 1 and used == available
+
+
+def test_openmp_off_still_compiles_pragmas(dev):
+    plain = CPUCompiler(openmp=False)
+    assert "-fopenmp" not in plain.flags and plain.cachekey != dev.compiler.cachekey
+    src = OMP_SRC.replace("#include <omp.h>", "static int omp_get_num_threads(void) { return 1; }\n"
+                                               "static int omp_get_max_threads(void) { return 1; }")
+    prg = CPUProgram("omp_sqrt", plain.compile_cached(src))
+    a = np.abs(random_floats(100, 5))
+    out, threads = dev.allocator.alloc(400), to_device(dev, np.zeros(2, np.int32))
+    prg(out, to_device(dev, a), threads, vals=(100,))
+    np.testing.assert_allclose(from_device(dev, out, np.float32, 100), np.sqrt(a) * 2, rtol=1e-6)
+    assert list(from_device(dev, threads, np.int32, 2)) == [1, 1]
+
+
+def test_compiler_without_openmp_is_detected(tmp_path, dev):
+    gcc = cpu_compiler.shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    script = tmp_path / "no-omp-cc"
+    script.write_text("#!/bin/sh\n"
+                      'for a in "$@"; do [ "$a" = "-fopenmp" ] && { echo "no -fopenmp" >&2; exit 1; }; done\n'
+                      f'exec {gcc} "$@"\n')
+    script.chmod(0o755)
+    before = GlobalCounters.kernels_compiled
+    comp = CPUCompiler([str(script)])
+    assert not comp.openmp and "-fopenmp" not in comp.flags
+    assert GlobalCounters.kernels_compiled == before  # probing is not counted as a kernel compile
+    prg = CPUProgram("add", comp.compile_cached("#pragma omp parallel for\n" + ADD_SRC))
+    a, b = random_floats(8, 8), random_floats(8, 9)
+    out = dev.allocator.alloc(32)
+    prg(out, to_device(dev, a), to_device(dev, b), vals=(8,))
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, 8), a + b)
+
+
+def test_compile_error_shows_source_and_compiler_output(dev):
+    src = ("void broken(void **bufs, const long long *vals) {\n"
+           "  float *o = (float *)bufs[0];\n"
+           "  o[0] = undefined_thing;\n"
+           "}\n")
+    with pytest.raises(CompileError) as info:
+        dev.compiler.compile_cached(src)
+    text = str(info.value)
+    assert "3 |   o[0] = undefined_thing;" in text  # numbered source
+    assert "undefined_thing" in info.value.output and "error" in info.value.output.lower()  # compiler's message
+    assert "kernel.c" in text and "ember-cc-" not in text  # no temporary folder names
+
+
+def test_missing_function_name(dev):
+    binary = dev.compiler.compile_cached(ADD_SRC)
+    with pytest.raises(AttributeError, match="not_there"):
+        CPUProgram("not_there", binary)
+
+
+def test_compiled_binary_is_cached_on_disk(dev):
+    src = ADD_SRC.replace("add(", "add_cached(")
+    dev.compiler.compile_cached(src)
+    before = GlobalCounters.kernels_compiled
+    fresh = CPUCompiler()
+    assert fresh.cachekey == dev.compiler.cachekey
+    binary = fresh.compile_cached(src)
+    assert GlobalCounters.kernels_compiled == before
+    assert binary[:4] == b"\x7fELF"
+
+
+def test_same_name_different_code_loads_separately(dev):
+    # a reused path (/proc/self/fd/N) must never hand back a previously loaded library
+    def const_kernel(value: int) -> CPUProgram:
+        src = f"void const_k(void **bufs, const long long *vals) {{ ((int *)bufs[0])[0] = {value}; }}"
+        return build(dev, "const_k", src)
+
+    out = dev.allocator.alloc(4)
+    alive = []
+    for value in range(6):
+        prg = const_kernel(value)
+        prg(out)
+        assert from_device(dev, out, np.int32, 1)[0] == value
+        if value % 2:
+            alive.append(prg)
+        del prg
+        gc.collect()
+    for value, prg in zip((1, 3, 5), alive):
+        prg(out)
+        assert from_device(dev, out, np.int32, 1)[0] == value
+
+
+def test_loads_from_a_temporary_file_without_memfd(dev, monkeypatch):
+    def no_memfd(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    prg = build(dev, "add", ADD_SRC)
+    assert prg.lib.fd is None
+    a, b = random_floats(8, 6), random_floats(8, 7)
+    out = dev.allocator.alloc(32)
+    prg(out, to_device(dev, a), to_device(dev, b), vals=(8,))
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, 8), a + b)
+
+
+def test_cc_override(monkeypatch):
+    gcc = cpu_compiler.shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    monkeypatch.setenv("CC", "gcc")
+    assert find_cc() == [gcc]
+    monkeypatch.setenv("CC", "no-such-compiler-ember")
+    assert find_cc() is None
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        CPUCompiler()
+
+
+# ---- allocator ----
+
+@pytest.mark.parametrize("nbytes", [0, 1, 3, 64, 100, 4096, 1 << 20])
+def test_alignment_and_round_trip(nbytes):
+    alloc = CPUAllocator()
+    buf = alloc.alloc(nbytes)
+    assert buf.address % ALIGNMENT == 0 and buf.nbytes == nbytes
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    alloc.copyin(buf, memoryview(data))
+    out = np.zeros(nbytes, np.uint8)
+    alloc.copyout(memoryview(out), buf)
+    np.testing.assert_array_equal(out, data)
+    assert len(alloc.as_buffer(buf)) == nbytes
+
+
+def test_size_zero_buffer_in_a_kernel(dev):
+    prg = build(dev, "add", ADD_SRC)
+    empty = [dev.allocator.alloc(0) for _ in range(3)]
+    prg(*empty, vals=(0,))
+    dev.allocator.copyin(empty[0], memoryview(b""))
+    dev.allocator.copyout(memoryview(bytearray()), empty[0])
+
+
+def test_copy_size_checks():
+    alloc = CPUAllocator()
+    buf = alloc.alloc(8)
+    with pytest.raises(ValueError, match="copyin"):
+        alloc.copyin(buf, memoryview(bytes(9)))
+    with pytest.raises(ValueError, match="copyout"):
+        alloc.copyout(memoryview(bytearray(9)), buf)
+    with pytest.raises(ValueError, match="writable"):
+        alloc.copyout(memoryview(bytes(4)), buf)
+    with pytest.raises(ValueError, match="contiguous"):
+        alloc.copyin(buf, memoryview(np.zeros(4, np.int16))[::2])
+    with pytest.raises(ValueError):
+        alloc.alloc(-1)
+
+
+def test_copies_of_typed_and_multidimensional_views():
+    alloc = CPUAllocator()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf = alloc.alloc(x.nbytes)
+    alloc.copyin(buf, memoryview(x))
+    y = np.zeros((3, 4), np.float32)
+    alloc.copyout(memoryview(y), buf)
+    np.testing.assert_array_equal(x, y)
+
+
+def test_as_buffer_is_zero_copy():
+    alloc = CPUAllocator()
+    buf = alloc.alloc(16)
+    view = alloc.as_buffer(buf)
+    view[:4] = b"\x01\x02\x03\x04"
+    out = bytearray(4)
+    alloc.copyout(memoryview(out), buf)
+    assert bytes(out) == b"\x01\x02\x03\x04"
+    del buf
+    gc.collect()
+    view[4:8] = b"abcd"  # the view keeps the memory alive
+    assert bytes(view[4:8]) == b"abcd"
+
+
+def test_offset_views(dev):
+    alloc = dev.allocator
+    base = to_device(dev, np.arange(16, dtype=np.float32))
+    sub = alloc.offset(base, 4 * 4, 8 * 4)
+    assert sub.address == base.address + 16 and sub.nbytes == 32
+    np.testing.assert_array_equal(from_device(dev, sub, np.float32, 8), np.arange(4, 12, dtype=np.float32))
+    # a kernel writing through the view changes the base
+    prg = build(dev, "add", ADD_SRC)
+    prg(sub, sub, sub, vals=(8,))
+    expected = np.arange(16, dtype=np.float32)
+    expected[4:12] *= 2
+    np.testing.assert_array_equal(from_device(dev, base, np.float32, 16), expected)
+    nested = alloc.offset(sub, 4, 4)
+    assert from_device(dev, nested, np.float32, 1)[0] == 10.0
+    assert alloc.offset(base, 64, 0).nbytes == 0
+    with pytest.raises(ValueError, match="outside"):
+        alloc.offset(base, 60, 8)
+
+
+def test_lru_reuses_freed_buffers_and_tracks_memory():
+    alloc = CPUAllocator()
+    used = GlobalCounters.mem_used
+    a = alloc.alloc(256)
+    assert GlobalCounters.mem_used == used + 256
+    alloc.free(a, 256)
+    assert GlobalCounters.mem_used == used and alloc.cached_bytes == 256
+    assert alloc.alloc(256) is a
+    assert alloc.alloc(256) is not a
+    b = alloc.alloc(128)
+    alloc.free(b, 128)
+    alloc.free_cache()
+    assert alloc.cached_bytes == 0 and alloc.alloc(128) is not b
+
+
+def test_lru_frees_cache_and_retries_on_oom():
+    class TightAllocator(CPUAllocator):
+        """Fails every real allocation while the cache holds a buffer."""
+
+        def __init__(self):
+            super().__init__()
+            self.freed = 0
+
+        def _alloc(self, nbytes, options):
+            if self.cached_bytes > 0:
+                raise MemoryError("out of memory")
+            return super()._alloc(nbytes, options)
+
+        def _free(self, opaque, nbytes, options):
+            self.freed += 1
+
+    alloc = TightAllocator()
+    alloc.free(alloc.alloc(32), 32)
+    big = alloc.alloc(64)  # first try fails, the cache is emptied, the retry works
+    assert big.nbytes == 64 and alloc.freed == 1 and alloc.cached_bytes == 0
+
+
+def test_transfer():
+    alloc = CPUAllocator()
+    src = alloc.alloc(8)
+    alloc.copyin(src, memoryview(b"12345678"))
+    dest = alloc.alloc(8)
+    alloc.transfer(dest, src, 8, "CPU", "CPU:1")
+    assert bytes(alloc.as_buffer(dest)) == b"12345678"
+
+
+# ---- graph ----
+
+def test_graph_replays_three_kernels(dev):
+    n = 257
+    a, b, c = random_floats(n, 10), random_floats(n, 11), random_floats(n, 12)
+    add, mul, sub = build(dev, "add", ADD_SRC), build(dev, "mul", MUL_SRC), build(dev, "sub", SUB_SRC)
+    da, db, dc = to_device(dev, a), to_device(dev, b), to_device(dev, c)
+    t, u, out = (dev.allocator.alloc(n * 4) for _ in range(3))
+    calls = [(add, (t, da, db), (n,)), (mul, (u, t, dc), (n,)), (sub, (out, u, da), (n,))]
+
+    for prg, bufs, vals in calls:
+        prg(*bufs, vals=vals)
+    sequential = from_device(dev, out, np.float32, n)
+    np.testing.assert_allclose(sequential, (a + b) * c - a, rtol=1e-6)
+
+    dev.allocator.copyin(out, memoryview(np.zeros(n, np.float32)))
+    graph = CPUGraph(calls)
+    assert len(graph) == 3
+    assert graph() is None
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, n), sequential)
+    assert isinstance(graph(wait=True), float)
+
+    # swap the input `a` (used by calls 0 and 2) for another buffer
+    a2 = random_floats(n, 13)
+    da2 = to_device(dev, a2)
+    graph.update_buffer(0, 1, da2)
+    graph.update_buffer(2, 2, da2)
+    graph()
+    np.testing.assert_allclose(from_device(dev, out, np.float32, n), (a2 + b) * c - a2, rtol=1e-6)
+
+    # run only the first half of every kernel
+    for i in range(3):
+        graph.update_vals(i, (n // 2,))
+    dev.allocator.copyin(out, memoryview(np.zeros(n, np.float32)))
+    graph()
+    half = from_device(dev, out, np.float32, n)
+    np.testing.assert_allclose(half[:n // 2], ((a2 + b) * c - a2)[:n // 2], rtol=1e-6)
+    assert not half[n // 2:].any()
+
+    with pytest.raises(IndexError):
+        graph.update_buffer(0, 3, da2)
+    with pytest.raises(ValueError):
+        graph.update_vals(0, (1, 2))
+
+
+def test_graph_without_vals_and_empty_graph(dev):
+    src = "void inc(void **bufs, const long long *vals) { ((int *)bufs[0])[0] += 1; }"
+    inc = build(dev, "inc", src)
+    counter = to_device(dev, np.zeros(1, np.int32))
+    graph = CPUGraph([(inc, (counter,), ())] * 5)
+    graph()
+    graph()
+    assert from_device(dev, counter, np.int32, 1)[0] == 10
+    CPUGraph([])()
+
+
+def test_graph_rejects_foreign_programs(dev):
+    with pytest.raises(TypeError, match="CPUProgram"):
+        CPUGraph([(lambda *a, **k: None, (), ())])
+
+
+# ---- plugin entry point ----
+
+def test_plugin_hooks():
+    plugin = pytest.importorskip("ember_cpu.plugin", exc_type=ImportError)
+    (spec,) = plugin.ember_devices()
+    assert spec.name == "CPU" and spec.factory == "ember_cpu.device:CPUDevice" and spec.priority == 10
+    assert spec.probe() is None
+    (line,) = plugin.ember_report_header()
+    assert line.startswith("CPU: compiler ") and "OpenMP" in line
