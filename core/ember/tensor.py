@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ember.autograd import ALU_RULES, GradFn, Rule, run_backward
 from ember.device.registry import Device
 from ember.dtype import (
     DType,
@@ -204,9 +205,9 @@ class Tensor:
         x = self.lazydata
         if base_of(x).op is Ops.CONST:
             return Tensor(_retarget_const(x, dev))
+        src_dev = self.device
         out = Tensor(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
-        out.requires_grad = self.requires_grad
-        return out
+        return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")
 
     def contiguous(self) -> Tensor:
         """A tensor whose elements are laid out row-major in their own buffer."""
@@ -214,13 +215,46 @@ class Tensor:
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
                                   and x.arg.size == x.src[0].arg[2]):
             return self
-        return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))
+        return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))._record((self,), lambda g, o, p: (g,), "contiguous")
 
     def detach(self) -> Tensor:
+        """The same values with no gradient history."""
         return Tensor(self.lazydata, requires_grad=False)
 
     def clone(self) -> Tensor:
-        return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.lazydata,)))
+        """A copy in its own buffer."""
+        return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.lazydata,)))._record((self,), lambda g, o, p: (g,), "clone")
+
+    # --- autograd ------------------------------------------------------------------------
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate d(self)/d(leaf) into ``.grad`` of every leaf that requires grad."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
+        elif gradient.shape != self.shape:
+            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {gradient.shape} and output has a shape "
+                               f"of {self.shape}")
+        if self._ctx is None and not self.requires_grad:
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+        leaves = {id(t): t for t in _tape_leaves(self)}
+        for tid, g in run_backward(self, gradient).items():
+            leaf = leaves[tid]
+            leaf.grad = g if leaf.grad is None else leaf.grad + g
+        return self
+
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """d(self)/d(target) for each target, without touching ``.grad``."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
+        got = run_backward(self, gradient, targets)
+        missing = [i for i, t in enumerate(targets) if id(t) not in got]
+        if missing:
+            raise RuntimeError(f"One of the differentiated Tensors (index {missing[0]}) appears to not have been used "
+                               f"in the graph")
+        return [got[id(t)] for t in targets]
 
     # --- creation -----------------------------------------------------------------------
     @staticmethod
@@ -325,7 +359,7 @@ class Tensor:
             raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {ax})")
         return ax + nd if ax < 0 else ax
 
-    def _view(self, fn: Callable[[ShapeTracker], ShapeTracker]) -> Tensor:
+    def _view(self, fn: Callable[[ShapeTracker], ShapeTracker], backward: Callable[[Tensor], Tensor]) -> Tensor:
         x = self.lazydata
         base, st = (x.src[0], x.arg) if x.op is Ops.VIEW else (x, ShapeTracker.from_shape(shape_of(x)))
         new = fn(st)
@@ -333,8 +367,13 @@ class Tensor:
             out = Tensor(base)
         else:
             out = Tensor(UOp(Ops.VIEW, x.dtype, (base,), new))
-        out.requires_grad = self.requires_grad
-        return out
+        return out._record((self,), lambda g, o, p: (backward(g),), "view")
+
+    def _record(self, parents: tuple[Tensor, ...], rule: Rule, name: str = "") -> Tensor:
+        """Remember how self was made when a parent needs a gradient (and grad mode is on)."""
+        if not Tensor.no_grad and any(p.requires_grad or p._ctx is not None for p in parents):
+            self._ctx = GradFn(parents, rule, name)
+        return self
 
     def reshape(self, *shape: Any) -> Tensor:
         """Same elements, new shape (one dimension may be -1)."""
@@ -350,7 +389,8 @@ class Tensor:
         if any(s < 0 for s in shp) or prod(shp) != self.numel():
             raise RuntimeError(f"shape '{list(shp)}' is invalid for input of size {self.numel()}")
         new = tuple(shp)
-        return self if new == self.shape else self._view(lambda st: st.reshape(new))
+        old = self.shape
+        return self if new == old else self._view(lambda st: st.reshape(new), lambda g: g.reshape(old))
 
     def view(self, *shape: Any) -> Tensor:
         return self.reshape(*shape)
@@ -361,7 +401,8 @@ class Tensor:
         o = tuple(self._axis(a) for a in o)
         if sorted(o) != list(range(self.ndim)):
             raise RuntimeError(f"permute order {o} is not a permutation of the {self.ndim} dims of {self.shape}")
-        return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o))
+        inv = tuple(sorted(range(len(o)), key=o.__getitem__))
+        return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o), lambda g: g.permute(inv))
 
     def expand(self, *shape: Any) -> Tensor:
         """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size)."""
@@ -375,7 +416,8 @@ class Tensor:
             if s != n and s != 1:
                 raise RuntimeError(f"expand: the expanded size {n} must match the existing size {s} of shape "
                                    f"{self.shape} (target {tuple(shp)})")
-        return x if new == x.shape else x._view(lambda st: st.expand(new))
+        axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, new)) if s != n)
+        return x if new == x.shape else x._view(lambda st: st.expand(new), lambda g: g.sum(axes, keepdim=True))
 
     def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
         """Pad with ``value``. ``padding`` is per-dim ``((before, after), ...)`` or torch's flat form."""
@@ -398,10 +440,11 @@ class Tensor:
             x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
             pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
         arg = tuple(pairs)
-        out = x._view(lambda st: st.pad(arg))
+        inner = tuple((b, b + s) for (b, _), s in zip(arg, x.shape))
+        out = x._view(lambda st: st.pad(arg), lambda g: g.shrink(inner))
         if value == 0:
             return out
-        mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._view(lambda st: st.pad(arg))
+        mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._view(lambda st: st.pad(arg), lambda g: g)
         return mask.where(out, value)
 
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
@@ -410,13 +453,15 @@ class Tensor:
         for (lo, hi), s in zip(a, self.shape):
             if not 0 <= lo <= hi <= s:
                 raise RuntimeError(f"shrink {a} is out of bounds for shape {self.shape}")
-        return self if all(r == (0, s) for r, s in zip(a, self.shape)) else self._view(lambda st: st.shrink(a))
+        back = tuple((lo, s - hi) for (lo, hi), s in zip(a, self.shape))
+        return self if all(r == (0, s) for r, s in zip(a, self.shape)) else \
+            self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
 
     def flip(self, *axis: Any) -> Tensor:
         """Reverse the order of elements along ``axis``."""
         ax = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else tuple(axis)
         axes = tuple(self._axis(a) for a in ax)
-        return self._view(lambda st: st.flip(axes)) if axes else self
+        return self._view(lambda st: st.flip(axes), lambda g: g.flip(axes)) if axes else self
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
         order = list(range(self.ndim))
@@ -518,7 +563,11 @@ class Tensor:
     # --- elementwise ---------------------------------------------------------------------
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         dt = dtype or self.dtype
-        return Tensor(UOp(op, dt, (self.lazydata, *(s.lazydata for s in srcs))))
+        out = Tensor(UOp(op, dt, (self.lazydata, *(s.lazydata for s in srcs))))
+        rule = ALU_RULES.get(op)
+        if rule is not None and dt.kind == "f":
+            out._record((self, *srcs), rule, op.name)
+        return out
 
     def _broadcasted(self, y: Tensor | Scalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
         x = self
@@ -553,7 +602,11 @@ class Tensor:
             c = base_of(x)
             newc = UOp(Ops.CONST, dt, c.src, truncate(dt, c.arg))
             return Tensor(newc if x is c else UOp(Ops.VIEW, dt, (newc,), x.arg))
-        return Tensor(UOp(Ops.CAST, dt, (x,)))
+        src_dt = self.dtype
+        out = Tensor(UOp(Ops.CAST, dt, (x,)))
+        if dt.kind == "f" and src_dt.kind == "f":
+            out._record((self,), lambda g, o, p: (g.cast(src_dt),), "cast")
+        return out
 
     def bitcast(self, dtype: DType | str) -> Tensor:
         """Reinterpret the bits as ``dtype`` (same item size)."""
@@ -789,6 +842,15 @@ class Tensor:
         if self.ndim == 0:
             return self
         red = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.lazydata,), (op, axes)))
+        if self.dtype.kind == "f":
+            shape = self.shape
+            if op is Ops.ADD:
+                red._record((self,), lambda g, o, p: (g.expand(shape),), "sum")
+            elif op is Ops.MAX:
+                def max_rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
+                    hit = (p[0] == o.detach().expand(shape)).cast(g.dtype)
+                    return (hit * g.expand(shape) / hit.sum(axes, keepdim=True).expand(shape),)
+                red._record((self,), max_rule, "max")
         if keepdim:
             return red
         return red.reshape(tuple(s for i, s in enumerate(red.shape) if i not in axes))
@@ -869,6 +931,12 @@ class Tensor:
     # --- indexing helpers kept small here; the full API grows in later modules ----------
     def __setitem__(self, key: Any, value: Any) -> None:
         raise NotImplementedError("__setitem__ is not supported yet")
+
+
+def _tape_leaves(root: Tensor) -> list[Tensor]:
+    from ember.autograd import toposort_tape
+
+    return [t for t in toposort_tape(root) if t._ctx is None]
 
 
 def _const(value: Scalar, dtype: DType, device: str) -> UOp:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 
 import numpy as np
 import pytest
 
-from ember.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, to_np_dtype
+from ember.device.compiler import CompileError
+from ember.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, to_np_dtype, truncate
 from ember.graph.uop import Ops, UOp, exec_alu
 from ember.runtime.python import (
     FORMAT,
@@ -275,11 +277,12 @@ def test_idiv_mod_c_semantics():
         assert exec_alu(Ops.MOD, i32, (int(x), int(y))) == rr
 
 
-@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint8])
+@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.uint32, dtypes.int64,
+                                dtypes.uint64])
 @pytest.mark.parametrize("op", [Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR,
                                 Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ])
 def test_int_binary_ops_match_scalar_semantics(dt: DType, op: Ops):
-    rng = np.random.default_rng(hash((dt.name, op.name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{dt.name} {op.name}".encode()))
     lo, hi = dtypes.min(dt), dtypes.max(dt)
     edge = [lo, hi, 0, 1, -1 if lo < 0 else 2, 3]
     vals = edge + [int(v) for v in rng.integers(lo, hi, 20, dtype=np.int64 if dt != dtypes.uint64 else np.uint64,
@@ -291,6 +294,36 @@ def test_int_binary_ops_match_scalar_semantics(dt: DType, op: Ops):
     out_dt = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else dt
     expected = [exec_alu(op, out_dt, (int(x), int(y))) for x, y in zip(a, b)]
     np.testing.assert_array_equal(res, np.array(expected, to_np_dtype(out_dt)))
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64])
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.SQRT, Ops.NEG, Ops.CMPLT, Ops.CMPNE,
+                                Ops.TRUNC])
+def test_float_ops_match_scalar_semantics(dt: DType, op: Ops):
+    # these ops are correctly rounded, so the device and the scalar folding must agree exactly
+    rng = np.random.default_rng(zlib.crc32(f"{dt.name} {op.name}".encode()))
+    special = [0.0, -0.0, 1.0, -1.5, math.inf, -math.inf, math.nan, 3.0, 1e-3, 65504.0]
+    randoms = np.concatenate([rng.standard_normal(30) * 50, rng.standard_normal(10) * 1e-4])
+    vals = special + [float(v) for v in randoms]
+    unary = op in (Ops.SQRT, Ops.NEG, Ops.TRUNC)
+    if unary:
+        pairs = [(x, 0.0) for x in vals]
+    else:
+        pairs = list(itertools.product(special, special)) + list(zip(vals, vals[::-1]))
+    with np.errstate(over="ignore"):
+        xs = [truncate(dt, x) for x, _ in pairs]
+        ys = [truncate(dt, y) for _, y in pairs]
+
+    def to_buf(v: list[float]) -> np.ndarray:
+        return f32_to_bf16(np.array(v, np.float32)) if dt == dtypes.bfloat16 else np.array(v, to_np_dtype(dt))
+
+    res = elementwise(op, dt, to_buf(xs), None if unary else to_buf(ys))
+    if dt == dtypes.bfloat16 and op not in (Ops.CMPLT, Ops.CMPNE):
+        res = bf16_to_f32(res)
+    out_dt = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else dt
+    with np.errstate(over="ignore"):
+        expected = [exec_alu(op, out_dt, (x,) if unary else (x, y)) for x, y in zip(xs, ys)]
+    np.testing.assert_array_equal(res.astype(np.float64) if out_dt != dtypes.bool else res, np.array(expected))
 
 
 def test_shifts():
@@ -629,6 +662,12 @@ def test_malformed_programs_are_rejected():
         PythonProgram("k", encode_program("k", [*r.src, r]).encode())
     with pytest.raises(ValueError, match="before"):
         encode_program("k", [r])
+    bad_bitcast = UOp(Ops.BITCAST, dtypes.int16, (UOp(Ops.CONST, f32, (), 1.0),))
+    with pytest.raises(CompileError, match="BITCAST between sizes"):
+        PythonCompiler().compile(encode_program("k", [bad_bitcast.src[0], bad_bitcast]))
+    with pytest.raises(CompileError, match="not defined"):
+        PythonCompiler().compile(encode_program("k", [UOp(Ops.CONST, f32, (), 1.0),
+                                                      UOp(Ops.XOR, f32, (UOp(Ops.CONST, f32, (), 1.0),) * 2)]))
 
 
 def test_allocator_views_and_copies():

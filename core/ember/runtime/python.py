@@ -25,7 +25,9 @@ Semantics (C renderers mirror these, so that results agree bit for bit where C d
 * float16 results are rounded to float16 after every op (C code that keeps each result in a ``half``
   variable does the same). bfloat16 values live in float32 registers that always hold an exact bfloat16
   value: every op and cast producing bfloat16 rounds to nearest even once (a NaN becomes the quiet NaN
-  0x7FC0, as :func:`ember.dtype.f32_to_bf16` does); LOAD, STORE and BITCAST move the 16 bits unchanged.
+  0x7FC0, as :func:`ember.dtype.f32_to_bf16` does); LOAD, STORE and BITCAST of bfloat16 values move the
+  16 bits unchanged. A LOAD or STORE whose value dtype differs from the buffer's converts like CAST (so a
+  float32 value stored into a bfloat16 buffer rounds to nearest even).
 * a gated LOAD never reads where the gate is false and gives 0 there; a gated STORE writes only where the
   gate is true; an index outside the buffer raises ``IndexError`` naming the kernel and the buffer.
 * transcendental functions are numpy's; they may differ from a C libm in the last bit.
@@ -44,7 +46,7 @@ import numpy as np
 
 from ember.device.allocator import Allocator
 from ember.device.compiled import Compiled
-from ember.device.compiler import Compiler
+from ember.device.compiler import CompileError, Compiler
 from ember.dtype import DTYPES_ALL, DType, PtrDType, dtypes, to_np_dtype, truncate
 from ember.graph.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
@@ -152,6 +154,7 @@ def decode_program(src: str) -> tuple[str, list[tuple[Ops, DType | PtrDType | No
 # ---------------------------------------------------------------------------------------------
 
 _BF16_NAN_BITS = np.uint32(0x7FC00000)
+_BOOL = np.dtype(np.bool_)
 
 
 def round_to_bf16(x: Any) -> np.ndarray:
@@ -273,40 +276,49 @@ _CMP_FNS: dict[Ops, Callable[..., Any]] = {Ops.CMPLT: np.less, Ops.CMPNE: np.not
 _FLOAT_ONLY = frozenset({Ops.RECIP, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
 
 
+def _converter(npdt: np.dtype) -> Callable[[Any], Any]:
+    return lambda r: r if getattr(r, "dtype", None) == npdt else np.asarray(r).astype(npdt)
+
+
+def _typed_call(fn: Callable[..., Any], in_np: np.dtype, post: Callable[[Any], Any], nargs: int) -> Callable[..., Any]:
+    """``post(fn(*operands))`` with every operand converted to ``in_np`` (specialized by arity for speed)."""
+    if nargs == 1:
+        return lambda a: post(fn(_as(a, in_np)))
+    if nargs == 2:
+        return lambda a, b: post(fn(_as(a, in_np), _as(b, in_np)))
+    return lambda *xs: post(fn(*(_as(x, in_np) for x in xs)))
+
+
 def _make_alu(op: Ops, dt: DType, src_dts: tuple[DType, ...]) -> Callable[..., Any]:
     """A function computing ``op`` on register values, giving a register value of ``dt``."""
     out_np = _reg_np(dt)
+    nargs = len(src_dts)
     if op in _CMP_FNS:
         return _CMP_FNS[op]
     if op is Ops.WHERE:
         def where(c: Any, a: Any, b: Any) -> Any:
-            return _as(np.where(_as(c, np.dtype(np.bool_)), _as(a, out_np), _as(b, out_np)), out_np)
+            return _as(np.where(_as(c, _BOOL), _as(a, out_np), _as(b, out_np)), out_np)
         return where
     if dt == dtypes.bool:
         if op is Ops.NEG:
             return np.logical_not
         if op in (Ops.AND, Ops.OR, Ops.XOR):
-            fn = _INT_FNS[op]
-            return lambda *xs: fn(*(_as(x, out_np) for x in xs))
+            return _typed_call(_INT_FNS[op], out_np, _converter(out_np), nargs)
         # other arithmetic on bools: compute on 0/1 ints, then back to bool
         int_fn = _make_alu(op, dtypes.int32, tuple(dtypes.int32 for _ in src_dts))
-        return lambda *xs: np.not_equal(int_fn(*(_as(x, np.dtype(np.int32)) for x in xs)), 0)
+        return _typed_call(int_fn, np.dtype(np.int32), lambda r: np.not_equal(r, 0), nargs)
     if dt.kind == "f":
         if op not in _FLOAT_FNS:
             raise TypeError(f"{op.name} is not defined for {dt.name}")
-        fn = _FLOAT_FNS[op]
-        if dt == dtypes.bfloat16:
-            return lambda *xs: round_to_bf16(fn(*(_as(x, out_np) for x in xs)))
-        return lambda *xs: _as(fn(*(_as(x, out_np) for x in xs)), out_np)
+        post = round_to_bf16 if dt == dtypes.bfloat16 else _converter(out_np)
+        return _typed_call(_FLOAT_FNS[op], out_np, post, nargs)
     # integers
     if op in _FLOAT_ONLY:  # as C would: compute in double, convert back
-        ffn = _FLOAT_FNS[op]
-        f64 = np.dtype(np.float64)
-        return lambda *xs: cast_value(ffn(*(_as(x, f64) for x in xs)), dtypes.float64, dt)
+        return _typed_call(_FLOAT_FNS[op], np.dtype(np.float64),
+                           functools.partial(cast_value, src=dtypes.float64, dst=dt), nargs)
     if op not in _INT_FNS:
         raise TypeError(f"{op.name} is not defined for {dt.name}")
-    fn = _INT_FNS[op]
-    return lambda *xs: _as(fn(*(_as(x, out_np) for x in xs)), out_np)
+    return _typed_call(_INT_FNS[op], out_np, _converter(out_np), nargs)
 
 
 def _const_value(dt: DType, value: Any) -> Any:
@@ -319,13 +331,18 @@ def _const_value(dt: DType, value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 # instruction kinds
-_K_ALU, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP, _K_SINK = range(10)
+(_K_ALU, _K_ALU1, _K_ALU2, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP,
+ _K_SINK) = range(12)
 
 _NOP_OPS = frozenset({Ops.BARRIER})
 
 
 class PythonProgram:
-    """A linear program decoded once and run with numpy: ``PythonProgram(name, lib)(*bufs, vals=...)``."""
+    """A linear program decoded once and run with numpy: ``PythonProgram(name, lib)(*bufs, vals=...)``.
+
+    Construction checks the program (sources before users, matching RANGE/ENDRANGE, supported ops and
+    dtypes) and raises ``ValueError`` naming the kernel and the offending uop.
+    """
 
     def __init__(self, name: str, lib: bytes):
         self.name = name
@@ -339,7 +356,7 @@ class PythonProgram:
         self._code: list[tuple[int, int, tuple[int, ...], Any, Any]] = []  # (kind, out register, srcs, fn, aux)
         self._grid_axes = 0
         open_ranges: list[tuple[int, int, bool]] = []  # (uop index, code position, is global)
-        range_pos: dict[int, int] = {}
+        params: dict[int, int] = {}  # DEFINE_GLOBAL uop index -> parameter index, for error messages
         dts: list[Any] = [dt for _, dt, _, _ in uops]
 
         def fail(i: int, msg: str) -> ValueError:
@@ -354,6 +371,7 @@ class PythonProgram:
                     raise fail(i, f"DEFINE_GLOBAL needs a pointer dtype, got {dt!r}")
                 idx, size = (arg, None) if isinstance(arg, int) else (arg[0], arg[1])
                 self._globals.append((i, idx, dt.base, size))
+                params[i] = idx
             elif op is Ops.DEFINE_VAR:
                 self._vars.append((i, dt, *arg[:3]))
             elif op is Ops.CONST:
@@ -374,7 +392,6 @@ class PythonProgram:
                 else:
                     open_ranges.append((i, len(self._code), False))
                     self._code.append((_K_LOOP, i, rs, None, [None, _reg_np(dt).type]))
-                range_pos[i] = len(self._code) - 1
             elif op is Ops.ENDRANGE:
                 if not open_ranges or open_ranges[-1][0] != srcs[0]:
                     raise fail(i, "ENDRANGE does not close the innermost open RANGE")
@@ -392,14 +409,18 @@ class PythonProgram:
                 reg[i] = rs[0]
                 acc_dt = dts[srcs[0]]
                 self._code.append((_K_ASSIGN, rs[0], rs[1:], None, _reg_np(acc_dt)))
-            elif op is Ops.LOAD:
+            elif op is Ops.LOAD or op is Ops.STORE:
                 if not isinstance(dts[srcs[0]], PtrDType):
-                    raise fail(i, "LOAD from something that is not a buffer")
-                self._code.append((_K_LOAD, i, rs, None, (dts[srcs[0]].base, dt, prog_name)))
-            elif op is Ops.STORE:
-                if not isinstance(dts[srcs[0]], PtrDType):
-                    raise fail(i, "STORE to something that is not a buffer")
-                self._code.append((_K_STORE, i, rs, None, (dts[srcs[0]].base, dts[srcs[2]], prog_name)))
+                    raise fail(i, f"{op.name} with something that is not a buffer")
+                base: DType = dts[srcs[0]].base
+                label = f"buffer {params[srcs[0]]}" if srcs[0] in params else "a buffer"
+                if op is Ops.LOAD:
+                    conv = None if dt == base else functools.partial(cast_value, src=base, dst=dt)
+                    self._code.append((_K_LOAD, i, rs, None, (base == dtypes.bfloat16, conv, prog_name, label)))
+                else:
+                    val_dt = dts[srcs[2]]
+                    conv = None if val_dt == base else functools.partial(cast_value, src=val_dt, dst=base)
+                    self._code.append((_K_STORE, i, rs, None, (base == dtypes.bfloat16, conv, prog_name, label)))
             elif op is Ops.CAST or op is Ops.BITCAST:
                 sdt, ddt = dts[srcs[0]], dt
                 if op is Ops.BITCAST and sdt.itemsize != ddt.itemsize:
@@ -420,13 +441,17 @@ class PythonProgram:
                 raise fail(i, "not supported by the PYTHON device")
         if open_ranges:
             raise fail(open_ranges[-1][0], "RANGE without ENDRANGE")
-        self._reg_of_uop = reg
+        # one- and two-operand ALU ops get their own instruction kinds: they are most of every program
+        arity_kind = {1: _K_ALU1, 2: _K_ALU2}
+        self._code = [(arity_kind.get(len(c[2]), _K_ALU), *c[1:]) if c[0] == _K_ALU else c for c in self._code]
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] | None = None,
                  vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
-        """Run the program on ``bufs`` (opaque PYTHON buffers, numpy arrays or writable buffers).
+        """Run the program on ``bufs`` (opaque PYTHON buffers, contiguous numpy arrays or writable buffers).
 
-        ``vals`` gives the DEFINE_VARs in program order. Returns the elapsed seconds when ``wait`` is true.
+        ``vals`` gives the DEFINE_VARs in program order. ``global_size`` and ``local_size`` are accepted for the
+        common program interface and ignored: the RANGEs decide the iteration space. The run is synchronous;
+        with ``wait`` the elapsed seconds are returned.
         """
         start = time.perf_counter()
         regs = list(self._init_regs)
@@ -453,7 +478,11 @@ class PythonProgram:
         while pc < n:
             kind, out, srcs, fn, aux = code[pc]
             pc += 1
-            if kind == _K_ALU:
+            if kind == _K_ALU2:
+                regs[out] = fn(regs[srcs[0]], regs[srcs[1]])
+            elif kind == _K_ALU1:
+                regs[out] = fn(regs[srcs[0]])
+            elif kind == _K_ALU:
                 regs[out] = fn(*[regs[s] for s in srcs])
             elif kind == _K_LOAD:
                 regs[out] = _load(regs, srcs, *aux)
@@ -517,47 +546,58 @@ def _typed_view(buf: Any, dt: DType, size: int | None, kernel: str, idx: int) ->
     return raw[: size * npdt.itemsize].view(npdt)
 
 
-def _check_bounds(idx: Any, size: int, what: str, kernel: str, buf_param: str) -> None:
-    if np.size(idx) == 0:
-        return
-    lo, hi = np.min(idx), np.max(idx)
+def _check_bounds(idx: Any, size: int, what: str, kernel: str, label: str) -> None:
+    if isinstance(idx, np.generic):  # the common scalar case, without numpy reductions
+        if 0 <= idx < size:
+            return
+        lo = hi = idx
+    else:
+        if idx.size == 0:
+            return
+        lo, hi = idx.min(), idx.max()
     if lo < 0 or hi >= size:
         bad = lo if lo < 0 else hi
-        raise IndexError(f"kernel {kernel}: {what} index {int(bad)} is outside buffer {buf_param} of size {size}")
+        raise IndexError(f"kernel {kernel}: {what} index {int(bad)} is outside {label} of size {size}")
 
 
-def _load(regs: list[Any], srcs: tuple[int, ...], dt: DType, out_dt: DType, kernel: str) -> Any:
+def _load(regs: list[Any], srcs: tuple[int, ...], is_bf16: bool, conv: Callable[[Any], Any] | None,
+          kernel: str, label: str) -> Any:
     buf, idx = regs[srcs[0]], regs[srcs[1]]
     if len(srcs) == 2:
-        _check_bounds(idx, buf.size, "LOAD", kernel, str(srcs[0]))
+        _check_bounds(idx, buf.size, "LOAD", kernel, label)
         v = buf[idx]
     else:
-        gate = _as(regs[srcs[2]], np.dtype(np.bool_))
+        gate = _as(regs[srcs[2]], _BOOL)
         zero = np.zeros((), buf.dtype)
         if buf.size == 0:
             v = np.broadcast_to(zero, np.broadcast_shapes(np.shape(idx), np.shape(gate)))
         else:
             safe = np.where(gate, idx, np.zeros((), np.asarray(idx).dtype))
-            _check_bounds(safe, buf.size, "gated LOAD", kernel, str(srcs[0]))
+            _check_bounds(safe, buf.size, "gated LOAD", kernel, label)
             v = np.where(gate, buf[safe], zero)
-    if dt == dtypes.bfloat16:
+    if is_bf16:
         v = _from_bf16_bits(v)
-    return v if out_dt == dt else cast_value(v, dt, out_dt)
+    return v if conv is None else conv(v)
 
 
-def _store(regs: list[Any], srcs: tuple[int, ...], dt: DType, val_dt: DType, kernel: str) -> None:
+def _store(regs: list[Any], srcs: tuple[int, ...], is_bf16: bool, conv: Callable[[Any], Any] | None,
+           kernel: str, label: str) -> None:
     buf, idx, val = regs[srcs[0]], regs[srcs[1]], regs[srcs[2]]
-    if val_dt != dt:  # a store converts like a C assignment
-        val = cast_value(val, val_dt, dt)
-    val = _bf16_bits(val) if dt == dtypes.bfloat16 else _as(val, buf.dtype)
+    if conv is not None:  # a store converts like a C assignment
+        val = conv(val)
+    val = _bf16_bits(val) if is_bf16 else _as(val, buf.dtype)
     if len(srcs) == 3:
+        if isinstance(idx, np.generic) and np.ndim(val) == 0:
+            _check_bounds(idx, buf.size, "STORE", kernel, label)
+            buf[idx] = val
+            return
         idx_b, val_b = np.broadcast_arrays(idx, val)
         idx_f, val_f = idx_b.reshape(-1), val_b.reshape(-1)
     else:
-        gate = _as(regs[srcs[3]], np.dtype(np.bool_))
+        gate = _as(regs[srcs[3]], _BOOL)
         idx_b, val_b, gate_b = np.broadcast_arrays(idx, val, gate)
         idx_f, val_f = idx_b[gate_b], val_b[gate_b]
-    _check_bounds(idx_f, buf.size, "STORE", kernel, str(srcs[0]))
+    _check_bounds(idx_f, buf.size, "STORE", kernel, label)
     buf[idx_f] = val_f
 
 
@@ -587,8 +627,11 @@ class PythonCompiler(Compiler):
         super().__init__(None)
 
     def compile(self, src: str) -> bytes:
-        """``src`` encoded as UTF-8 (checked to decode, so a malformed program fails here)."""
-        decode_program(src)
+        """``src`` encoded as UTF-8, after checking that it loads; a malformed program raises CompileError."""
+        try:
+            PythonProgram("check", src.encode())
+        except (ValueError, KeyError, TypeError) as e:
+            raise CompileError(src, f"{type(e).__name__}: {e}", "PYTHON program is malformed") from e
         return src.encode()
 
 

@@ -116,7 +116,8 @@ class CPUCompiler(Compiler):
             # relative names (run inside tmp) keep the temporary folder out of error messages
             cmd = [*self.cc, *self.flags, "-o", "kernel.so", "kernel.c", *LINK_FLAGS]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
+                proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False,
+                                      cwd=tmp)
             except OSError as e:
                 raise CompileError(src, str(e), f"cannot run the C compiler {self.cc[0]}") from e
             out_path = os.path.join(tmp, "kernel.so")

@@ -50,6 +50,10 @@ _dl = _open_libdl()
 _RTLD_NOW: int = getattr(os, "RTLD_NOW", 2)
 _RTLD_LOCAL: int = getattr(os, "RTLD_LOCAL", 0)
 _RTLD_NOLOAD: int = getattr(os, "RTLD_NOLOAD", 4)
+_RTLD_NODELETE: int = getattr(os, "RTLD_NODELETE", 0x1000)
+# OpenMP runtimes a kernel may pull in. Once one is loaded it is made permanent: unloading it
+# together with the last kernel that used it would pull the code from under its idle worker threads.
+_OPENMP_RUNTIMES: list[bytes] = [b"libgomp.so.1", b"libomp.so.5", b"libiomp5.so"]
 # entries per program in each argument array cache (cleared when full)
 _ARRAY_CACHE_SIZE = 64
 # memory files whose library could not be unloaded: never closed, so their path is never reused
@@ -70,6 +74,20 @@ def _is_loaded(path: str) -> bool:
     return True
 
 
+def _pin_openmp_runtimes(binary: bytes) -> None:
+    """Make the OpenMP runtimes that ``binary`` links never unloaded (``RTLD_NOLOAD | RTLD_NODELETE``)."""
+    for name in list(_OPENMP_RUNTIMES):
+        if name not in binary:  # the soname is in the dynamic string table of a library that needs it
+            continue
+        handle = _dl.dlopen(name, _RTLD_NOW | _RTLD_NOLOAD | _RTLD_NODELETE)
+        if handle != ffi.NULL:
+            _dl.dlclose(handle)  # the runtime stays: it is pinned for the life of the process
+            try:
+                _OPENMP_RUNTIMES.remove(name)
+            except ValueError:  # another thread pinned it first
+                pass
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -87,6 +105,8 @@ class SharedObject:
             self._load_memfd(binary)
         if self.handle == ffi.NULL:
             self._load_tempfile(binary)
+        if _OPENMP_RUNTIMES:
+            _pin_openmp_runtimes(binary)
 
     def _load_memfd(self, binary: bytes) -> None:
         try:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -186,6 +189,31 @@ def test_openmp_kernel(dev):
     np.testing.assert_allclose(from_device(dev, out, np.float32, n), np.sqrt(a) * 2, rtol=1e-6)
     used, available = from_device(dev, threads, np.int32, 2)
     assert available >= 1 and used == available
+
+
+def test_unloading_openmp_kernels_keeps_the_openmp_runtime(dev):
+    # Unloading the last library that linked the OpenMP runtime used to unload the runtime under its
+    # idle worker threads (a segfault), so this runs in a child process.
+    if not dev.compiler.openmp:
+        pytest.skip(f"{dev.compiler.cc[0]} cannot build OpenMP code")
+    script = textwrap.dedent("""
+        import gc
+        from ember_cpu.device import CPUDevice
+        dev = CPUDevice()
+        src = "#include <omp.h>\\nvoid k(void **b, const long long *v) { int *o = (int *)b[0];\\n" \\
+              "#pragma omp parallel for\\nfor (int i = 0; i < 1000; i++) o[i] = omp_get_thread_num() + 1; }"
+        out = dev.allocator.alloc(4000)
+        for i in range(8):
+            prg = dev.runtime("k", dev.compiler.compile_cached(src + "// %d" % i))
+            prg(out)
+            del prg
+            gc.collect()
+        assert min(dev.allocator.as_buffer(out).cast("i")) >= 1
+        print("done")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
 
 
 def test_openmp_off_still_compiles_pragmas(dev):

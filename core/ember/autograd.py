@@ -1,0 +1,96 @@
+"""Reverse-mode autograd as local derivative rules on a tape of tensors.
+
+Every differentiable primitive a Tensor method builds records a :class:`GradFn`: its parent
+tensors and a function from the output gradient to the parents' gradients. ``backward`` and
+``gradient`` walk that tape in reverse topological order and accumulate. Rules are written
+with Tensor operations, so gradients are lazy graphs like everything else and fuse with the
+optimizer step when realized together.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from ember.graph.uop import Ops
+
+# a rule gets (output gradient, output tensor, parent tensors) and returns one gradient (or None) per parent
+Rule = Callable[[Any, Any, Sequence[Any]], Sequence[Any]]
+
+
+@dataclass
+class GradFn:
+    """How a tensor was made: its parents and the rule for their gradients."""
+
+    parents: tuple[Any, ...]
+    rule: Rule
+    name: str = ""
+
+
+ALU_RULES: dict[Ops, Rule] = {
+    Ops.ADD: lambda g, out, p: (g, g),
+    Ops.SUB: lambda g, out, p: (g, -g),
+    Ops.MUL: lambda g, out, p: (g * p[1], g * p[0]),
+    Ops.FDIV: lambda g, out, p: (g / p[1], -g * out / p[1]),
+    Ops.NEG: lambda g, out, p: (-g,),
+    Ops.RECIP: lambda g, out, p: (-g * out * out,),
+    Ops.SQRT: lambda g, out, p: (g / (out * 2),),
+    Ops.EXP: lambda g, out, p: (g * out,),
+    Ops.EXP2: lambda g, out, p: (g * out * math.log(2),),
+    Ops.LOG: lambda g, out, p: (g / p[0],),
+    Ops.LOG2: lambda g, out, p: (g / (p[0] * math.log(2)),),
+    Ops.SIN: lambda g, out, p: (g * p[0].cos(),),
+    Ops.TRUNC: lambda g, out, p: (g * 0,),
+    # torch splits the gradient evenly between equal inputs
+    Ops.MAX: lambda g, out, p: ((p[0] > p[1]).where(g, (p[0] == p[1]).where(g * 0.5, g * 0)),
+                                (p[1] > p[0]).where(g, (p[0] == p[1]).where(g * 0.5, g * 0))),
+    Ops.WHERE: lambda g, out, p: (None, p[0].where(g, g * 0), p[0].where(g * 0, g)),
+    Ops.POW: lambda g, out, p: (g * p[1] * p[0].pow(p[1] - 1),
+                                g * out * (p[0] == 0).where(p[0] * 0, p[0].log())),
+}
+
+
+def toposort_tape(root: Any) -> list[Any]:
+    """Tensors reachable from ``root`` through recorded GradFns, parents first."""
+    order: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t._ctx is not None:
+            for p in t._ctx.parents:
+                if id(p) not in seen and (p._ctx is not None or p.requires_grad):
+                    stack.append((p, False))
+    return order
+
+
+def run_backward(root: Any, seed: Any, targets: Iterable[Any] | None = None) -> dict[int, Any]:
+    """Propagate ``seed`` from ``root``; returns gradients by id for leaves (or ``targets``)."""
+    want = None if targets is None else {id(t) for t in targets}
+    grads: dict[int, Any] = {id(root): seed}
+    out: dict[int, Any] = {}
+    for t in reversed(toposort_tape(root)):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        if (want is not None and id(t) in want) or (want is None and t._ctx is None and t.requires_grad):
+            out[id(t)] = g if id(t) not in out else out[id(t)] + g
+        if t._ctx is None:
+            continue
+        pgrads = t._ctx.rule(g, t, t._ctx.parents)
+        for p, pg in zip(t._ctx.parents, pgrads):
+            if pg is None or not (p.requires_grad or p._ctx is not None):
+                continue
+            if pg.shape != p.shape:
+                raise RuntimeError(f"gradient rule {t._ctx.name} gave shape {pg.shape} for an input of shape {p.shape}")
+            if pg.dtype != p.dtype:
+                pg = pg.cast(p.dtype)
+            grads[id(p)] = pg if id(p) not in grads else grads[id(p)] + pg
+    return out

@@ -1,0 +1,108 @@
+"""Shared fixtures for the core test suite.
+
+- every test session gets its own empty ``EMBER_CACHE_DIR``, so results never depend on ``~/.cache``;
+- ``device`` runs a test once per device among CPU and PYTHON, skipping (with the reason) a device
+  that is not usable here;
+- a test that takes a ``view`` argument runs once per kind of input layout (contiguous, permuted,
+  flipped, shrunk, padded, expanded), and the ``make`` fixture builds a tensor of that layout from a
+  numpy array together with the numpy array it must equal;
+- ``check`` compares a tensor with its numpy oracle: shape, dtype and values.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from ember import Device, Tensor, dtypes
+from ember.dtype import DType, from_np_dtype, to_np_dtype
+
+BACKEND_DEVICES = ("CPU", "PYTHON")
+
+#: Layouts a tensor given to an op may have. Every one but "contiguous" is a non-contiguous view.
+VIEW_KINDS = ("contiguous", "permuted", "flipped", "shrunk", "padded", "expanded")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Point the kernel cache at a fresh folder for this session (each xdist worker has its own)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
+        yield
+
+
+@pytest.fixture(params=BACKEND_DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """The name of a usable device; the test is skipped with the reason on a device that is not usable."""
+    name = request.param
+    if name not in Device.available():
+        pytest.skip(f"device {name} is not usable here: {Device.probe(name)}")
+    return name
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "view" in metafunc.fixturenames:
+        metafunc.parametrize("view", VIEW_KINDS)
+
+
+def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None = None) -> tuple[Tensor, np.ndarray]:
+    """A tensor laid out as ``view`` and the numpy array with the values it holds (same shape as ``a``).
+
+    A 0-d or size-0 array gets the same movement ops where they apply, so every kind is valid for any input.
+    """
+    nd = a.ndim
+    if view == "contiguous":
+        return Tensor(a, device=device, dtype=dtype), a
+    if view == "permuted":
+        order = tuple(reversed(range(nd)))
+        return Tensor(np.ascontiguousarray(a.transpose(order)), device=device, dtype=dtype).permute(order), a
+    if view == "flipped":
+        axes = tuple(range(nd))
+        return Tensor(np.ascontiguousarray(np.flip(a, axes)), device=device, dtype=dtype).flip(axes), a
+    if view == "shrunk":
+        # ``a`` sits inside a bigger array whose border holds other values
+        big = np.pad(a, [(1, 2)] * nd, mode="wrap") if a.size else np.pad(a, [(1, 2)] * nd)
+        return Tensor(big, device=device, dtype=dtype).shrink(tuple((1, 1 + s) for s in a.shape)), a
+    if view == "padded":
+        # the inside of ``a`` padded back to full size with zeros
+        pads = [(1, 1) if s >= 2 else (0, 0) for s in a.shape]
+        inner = a[tuple(slice(lo, s - hi) for (lo, hi), s in zip(pads, a.shape))]
+        t = Tensor(np.ascontiguousarray(inner), device=device, dtype=dtype).pad(tuple(pads))
+        return t, np.pad(inner, pads)
+    if view == "expanded":
+        # the first entry of every axis broadcast over that axis
+        first = a[tuple(slice(0, min(1, s)) for s in a.shape)]
+        t = Tensor(np.ascontiguousarray(first), device=device, dtype=dtype).expand(a.shape)
+        return t, np.broadcast_to(first, a.shape).copy()
+    raise ValueError(f"unknown view kind {view!r}")
+
+
+@pytest.fixture
+def make(device: str, view: str) -> Callable[..., tuple[Tensor, np.ndarray]]:
+    """``make(a, dtype=None) -> (tensor, expected)`` for this test's device and view kind."""
+    return lambda a, dtype=None: build_view(np.asarray(a), view, device, dtype)
+
+
+def assert_tensor(t: Tensor, expected: Any, dtype: DType | None = None, rtol: float = 1e-5, atol: float = 1e-6,
+                  exact: bool = False) -> None:
+    """``t`` has the shape of ``expected``, the dtype ``dtype`` (default: that of ``expected``), and its values."""
+    exp = np.asarray(expected)
+    want = dtype if dtype is not None else from_np_dtype(exp.dtype)
+    assert t.shape == exp.shape, f"shape {t.shape} != expected {exp.shape}"
+    assert t.dtype == want, f"dtype {t.dtype} != expected {want}"
+    got = t.numpy()
+    assert got.shape == exp.shape
+    if want != dtypes.bfloat16:
+        assert got.dtype == np.dtype(to_np_dtype(want)), f"numpy dtype {got.dtype} for a {want} tensor"
+    if exact or want.kind in "biu":
+        np.testing.assert_array_equal(got, exp)
+    else:
+        np.testing.assert_allclose(got, exp.astype(got.dtype) if exp.dtype.kind in "biuf" else exp, rtol=rtol,
+                                   atol=atol, equal_nan=True)
+
+
+@pytest.fixture
+def check() -> Callable[..., None]:
+    """The :func:`assert_tensor` comparison: ``check(tensor, expected, dtype=None, rtol=..., atol=..., exact=...)``."""
+    return assert_tensor
