@@ -46,8 +46,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("view", VIEW_KINDS)
 
 
-def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None = None) -> tuple[Tensor, np.ndarray]:
+def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None = None,
+               pad_value: float = 0.0) -> tuple[Tensor, np.ndarray]:
     """A tensor laid out as ``view`` and the numpy array with the values it holds (same shape as ``a``).
+
+    The "padded" kind fills its border with ``pad_value``.
 
     A 0-d or size-0 array gets the same movement ops where they apply, so every kind is valid for any input.
     """
@@ -65,11 +68,11 @@ def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None 
         big = np.pad(a, [(1, 2)] * nd, mode="wrap") if a.size else np.pad(a, [(1, 2)] * nd)
         return Tensor(big, device=device, dtype=dtype).shrink(tuple((1, 1 + s) for s in a.shape)), a
     if view == "padded":
-        # the inside of ``a`` padded back to full size with zeros
+        # the inside of ``a`` padded back to full size with ``pad_value``
         pads = [(1, 1) if s >= 2 else (0, 0) for s in a.shape]
         inner = a[tuple(slice(lo, s - hi) for (lo, hi), s in zip(pads, a.shape))]
-        t = Tensor(np.ascontiguousarray(inner), device=device, dtype=dtype).pad(tuple(pads))
-        return t, np.pad(inner, pads)
+        t = Tensor(np.ascontiguousarray(inner), device=device, dtype=dtype).pad(tuple(pads), value=pad_value)
+        return t, np.pad(inner, pads, constant_values=np.asarray(pad_value).astype(a.dtype))
     if view == "expanded":
         # the first entry of every axis broadcast over that axis
         first = a[tuple(slice(0, min(1, s)) for s in a.shape)]
@@ -80,8 +83,8 @@ def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None 
 
 @pytest.fixture
 def make(device: str, view: str) -> Callable[..., tuple[Tensor, np.ndarray]]:
-    """``make(a, dtype=None) -> (tensor, expected)`` for this test's device and view kind."""
-    return lambda a, dtype=None: build_view(np.asarray(a), view, device, dtype)
+    """``make(a, dtype=None, pad_value=0.0) -> (tensor, expected)`` for this test's device and view kind."""
+    return lambda a, dtype=None, pad_value=0.0: build_view(np.asarray(a), view, device, dtype, pad_value)
 
 
 def assert_tensor(t: Tensor, expected: Any, dtype: DType | None = None, rtol: float = 1e-5, atol: float = 1e-6,

@@ -7,8 +7,8 @@ Public API::
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes
 from ember.helpers import DEBUG, Context, GlobalCounters, getenv
-from ember.tensor import Tensor
+from ember.tensor import Tensor, no_grad
 
 __version__ = "0.1.0"
 
-__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "__version__"]
+__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "no_grad", "__version__"]

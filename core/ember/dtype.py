@@ -227,8 +227,12 @@ def truncate(dt: DType, x: Any) -> Any:
     if dt.kind == "b":
         return bool(x)
     if dt.kind in "iu":
-        if isinstance(x, float) and not math.isfinite(x):
-            return 0
+        if isinstance(x, float):
+            # float -> int conversion: truncate; values that do not fit give 0 (as every ember device does)
+            if not math.isfinite(x):
+                return 0
+            t = math.trunc(x)
+            return t if dtypes.min(dt) <= t <= dtypes.max(dt) else 0
         v = int(x) & ((1 << dt.bitsize) - 1)
         if dt.kind == "i" and v >= 1 << (dt.bitsize - 1):
             v -= 1 << dt.bitsize
@@ -238,7 +242,8 @@ def truncate(dt: DType, x: Any) -> Any:
         return x
     if dt == dtypes.bfloat16:
         return float(bf16_to_f32(f32_to_bf16(np.array([x], np.float32)))[0])
-    return float(np.array([x]).astype(to_np_dtype(dt))[0])
+    with np.errstate(all="ignore"):
+        return float(np.array([x]).astype(to_np_dtype(dt))[0])
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:

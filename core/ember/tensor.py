@@ -5,6 +5,7 @@ graph into kernels and the engine runs them on the tensor's device.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,12 @@ from ember.dtype import (
     truncate,
 )
 from ember.engine.realize import run_schedule
+from ember.frontend.creation import CreationMixin
+from ember.frontend.elementwise import ElementwiseMixin
+from ember.frontend.indexing import IndexingMixin
+from ember.frontend.movement import MovementMixin
+from ember.frontend.nn import NNMixin
+from ember.frontend.reduce import ReduceMixin
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.uop import Ops, UOp
@@ -50,7 +57,7 @@ def _broadcast_shape(*shapes: Shape) -> Shape:
     return tuple(out)
 
 
-class Tensor:
+class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, NNMixin):
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,
@@ -224,6 +231,69 @@ class Tensor:
     def clone(self) -> Tensor:
         """A copy in its own buffer."""
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.lazydata,)))._record((self,), lambda g, o, p: (g,), "clone")
+
+    # --- in-place updates -------------------------------------------------------------
+    def assign(self, x: Tensor | Scalar) -> Tensor:
+        """Give this tensor a new value (same shape; cast to its dtype, moved to its device); returns self.
+
+        Other tensors that were computed from the old value keep it: ember graphs are
+        functional, so an update never changes the meaning of a graph already built.
+        """
+        if not isinstance(x, Tensor):
+            x = Tensor.full(self.shape, x, dtype=self.dtype, device=self.device)
+        if x.shape != self.shape:
+            x = x._broadcast_to(_broadcast_shape(self.shape, x.shape)) if x.ndim <= self.ndim else x
+            if x.shape != self.shape:
+                raise RuntimeError(f"assign: the value's shape {x.shape} does not match the tensor's shape {self.shape}")
+        if not Tensor.no_grad and self.requires_grad and self._ctx is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        x = x.to(self.device).cast(self.dtype)
+        if x._ctx is not None:
+            # the new history may mention self; point those edges at a tensor holding the old value
+            old = Tensor(self.lazydata, requires_grad=self.requires_grad)
+            old._ctx = self._ctx
+            from ember.autograd import toposort_tape
+
+            for t in toposort_tape(x):
+                if t._ctx is not None and any(p is self for p in t._ctx.parents):
+                    t._ctx.parents = tuple(old if p is self else p for p in t._ctx.parents)
+        self.lazydata, self._ctx = x.lazydata, x._ctx
+        return self
+
+    def __iadd__(self, y: Tensor | Scalar) -> Tensor:
+        return self.assign(self + y)
+
+    def __isub__(self, y: Tensor | Scalar) -> Tensor:
+        return self.assign(self - y)
+
+    def __imul__(self, y: Tensor | Scalar) -> Tensor:
+        return self.assign(self * y)
+
+    def __itruediv__(self, y: Tensor | Scalar) -> Tensor:
+        return self.assign(self / y)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        return self
+
+    class train(contextlib.ContextDecorator):
+        """``with Tensor.train():`` (or as a decorator) sets ``Tensor.training`` for dropout and norms."""
+
+        def __init__(self, mode: bool = True):
+            self.mode = mode
+
+        def __enter__(self) -> None:
+            self.prev = Tensor.training
+            Tensor.training = self.mode
+
+        def __exit__(self, *exc: object) -> None:
+            Tensor.training = self.prev
+
+    class test(train):
+        """``with Tensor.test():`` evaluation mode (``Tensor.training = False``)."""
+
+        def __init__(self) -> None:
+            super().__init__(False)
 
     # --- autograd ------------------------------------------------------------------------
     def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -933,6 +1003,17 @@ class Tensor:
         raise NotImplementedError("__setitem__ is not supported yet")
 
 
+class no_grad(contextlib.ContextDecorator):
+    """``with no_grad():`` (or as a decorator): build graphs without recording gradients."""
+
+    def __enter__(self) -> None:
+        self.prev = Tensor.no_grad
+        Tensor.no_grad = True
+
+    def __exit__(self, *exc: object) -> None:
+        Tensor.no_grad = self.prev
+
+
 def _tape_leaves(root: Tensor) -> list[Tensor]:
     from ember.autograd import toposort_tape
 
@@ -962,4 +1043,4 @@ def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     return buffer_view(node, shape)
 
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "no_grad"]

@@ -18,7 +18,7 @@ class ProgramSpec:
     name: str
     src: str
     uops: tuple[UOp, ...]
-    global_size: tuple[int, int, int]
+    global_size: tuple[int, ...]  # launch grid, innermost global loop first (see docs/contracts.md)
     local_size: tuple[int, int, int] | None
     estimated_ops: int
     estimated_mem: int
@@ -64,7 +64,7 @@ def _is_index(u: UOp) -> bool:
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> ProgramSpec:
     """Lower, linearize and render one kernel AST for ``renderer``."""
-    sink = lower_ast(ast)
+    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):
@@ -73,8 +73,9 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> Progra
     name = name or kernel_name(ast)
     src = renderer.render(name, uops)
     ops, mem = estimate(uops)
-    gsize = tuple(d for d in global_dims(ast))
     outs = tuple(s.src[0].arg[0] for s in ast.src)
     ins = tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_GLOBAL and u.arg[0] not in outs)
-    g3 = (prod(gsize), 1, 1)
-    return ProgramSpec(name, src, tuple(uops), g3, None, ops, mem, outs, ins)
+    # launch sizes: the innermost global loop is dimension 0
+    sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
+    g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
+    return ProgramSpec(name, src, tuple(uops), g3, None, ops, mem, outs, ins)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from ember.dtype import DType, PtrDType, dtypes
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.symbolic import simplify
 from ember.graph.uop import GroupOp, Ops, UOp
+from ember.helpers import prod
 
 
 def ast_shape(u: UOp, memo: dict[UOp, tuple[int, ...]]) -> tuple[int, ...]:
@@ -116,8 +117,28 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     return out
 
 
-def lower_ast(ast: UOp) -> UOp:
-    """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops."""
+def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: int | None) -> tuple[UOp, ...]:
+    """One global RANGE per output dim; targets with few launch dims get leading dims merged."""
+    dims = [i for i, d in enumerate(out_shape) if d != 1]
+    if max_dims is None or len(dims) <= max_dims:
+        return tuple(ctx.new_range(d, "global") if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in out_shape)
+    merged = dims[: len(dims) - max_dims + 1]
+    flat = ctx.new_range(prod(out_shape[i] for i in merged), "global")
+    idxs: dict[int, UOp] = {}
+    acc = 1
+    for i in reversed(merged):
+        idxs[i] = simplify((flat // acc) % out_shape[i])
+        acc *= out_shape[i]
+    for i in dims[len(merged):]:
+        idxs[i] = ctx.new_range(out_shape[i], "global")
+    return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
+
+
+def lower_ast(ast: UOp, max_global_dims: int | None = None) -> UOp:
+    """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
+
+    ``max_global_dims`` limits how many global loops there are (a GPU launch grid has 3).
+    """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
     biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
     out_shape = ast.src[0].arg.shape
@@ -126,7 +147,7 @@ def lower_ast(ast: UOp) -> UOp:
         work *= max(d, 1)
     idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
     ctx = LoweringContext(idx_dtype)
-    gidx = tuple(ctx.new_range(d, "global") if d != 1 else UOp.const(idx_dtype, 0) for d in out_shape)
+    gidx = _global_indices(ctx, out_shape, max_global_dims)
     stores = []
     for store in ast.src:
         assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"

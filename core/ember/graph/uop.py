@@ -158,7 +158,7 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
     Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
     Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,
-    Ops.MAX: lambda a, b: a if (isinstance(a, float) and math.isnan(a)) else max(a, b),
+    Ops.MAX: lambda a, b: a if (a > b or a != a) else b,
     Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b, Ops.CMPEQ: lambda a, b: a == b,
     Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
     Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.POW: lambda a, b: float(a) ** b,
@@ -173,7 +173,8 @@ class UOpMeta(type):
 
     def __call__(cls, op: Ops, dtype: DType | PtrDType | None = None, src: tuple[UOp, ...] = (),
                  arg: Any = None) -> UOp:
-        key = (op, dtype, src, arg)
+        # -0.0 == 0.0 in Python, but they are different constants
+        key = (op, dtype, src, arg, math.copysign(1.0, arg) if type(arg) is float else 0)
         try:
             hit = UOpMeta.cache.get(key)
         except TypeError as e:  # an unhashable arg is a bug in the caller: say which

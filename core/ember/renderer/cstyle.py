@@ -124,6 +124,12 @@ class CStyleRenderer(Renderer):
             return f"({x} != 0)"
         if dt == dtypes.bfloat16:
             return f"ember_bf16_round((float){x})"
+        if sdt.kind == "f" and dt.kind in "iu":
+            # out-of-range and nan conversions are undefined in C: every ember device gives 0
+            lo = "0.0" if dt.kind == "u" else f"-{2.0 ** (dt.bitsize - 1)!r}"
+            hi = f"{2.0 ** (dt.bitsize if dt.kind == 'u' else dt.bitsize - 1)!r}"
+            t = f"((double){x})"
+            return f"(({t} > {lo} - 1.0 && {t} < {hi}) ? (({self.render_dtype(dt)}){x}) : 0)"
         return f"(({self.render_dtype(dt)}){x})"
 
     def render_bitcast(self, u: UOp, x: str) -> str:

@@ -1,0 +1,8 @@
+"""Elementwise ops of the Tensor API (a mixin of :class:`ember.tensor.Tensor`)."""
+from __future__ import annotations
+
+
+class ElementwiseMixin:
+    """Elementwise methods; see the module docstring."""
+
+    __slots__ = ()

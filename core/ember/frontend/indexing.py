@@ -1,0 +1,8 @@
+"""Indexing ops of the Tensor API (a mixin of :class:`ember.tensor.Tensor`)."""
+from __future__ import annotations
+
+
+class IndexingMixin:
+    """Indexing methods; see the module docstring."""
+
+    __slots__ = ()
