@@ -32,29 +32,12 @@ from ember.frontend.indexing import IndexingMixin
 from ember.frontend.movement import MovementMixin
 from ember.frontend.nn import NNMixin
 from ember.frontend.reduce import ReduceMixin
+from ember.frontend.util import Scalar, Shape, broadcast_shape, make_const
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
 from ember.schedule import create_schedule
-
-Scalar = int | float | bool
-Shape = tuple[int, ...]
-
-
-def _broadcast_shape(*shapes: Shape) -> Shape:
-    """numpy/torch broadcasting; a mismatch raises RuntimeError naming the shapes."""
-    ndim = max((len(s) for s in shapes), default=0)
-    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for i, dims in enumerate(zip(*padded)):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise RuntimeError(f"The size of tensor a ({dims[0]}) must match the size of tensor b ({dims[1]}) at "
-                               f"non-singleton dimension {i}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
-                               f"cannot be broadcast together")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
 
 
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, NNMixin):
@@ -90,7 +73,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
             return
         if isinstance(data, (bool, int, float, np.generic)) and not isinstance(data, np.ndarray):
             dt = dt or (from_np_dtype(data.dtype) if isinstance(data, np.generic) else dtypes.from_py(data))
-            self.lazydata = _const(data.item() if isinstance(data, np.generic) else data, dt, dev)
+            self.lazydata = make_const(data.item() if isinstance(data, np.generic) else data, dt, dev)
             return
         if isinstance(data, (bytes, bytearray, memoryview)):
             arr = np.frombuffer(bytes(data), dtype=np.uint8)
@@ -211,7 +194,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         Device[dev]  # fail now, naming the device, rather than at realize time
         x = self.lazydata
         if base_of(x).op is Ops.CONST:
-            return Tensor(_retarget_const(x, dev))
+            return Tensor(_retargetmake_const(x, dev))
         src_dev = self.device
         out = Tensor(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
         return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")
@@ -242,7 +225,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if not isinstance(x, Tensor):
             x = Tensor.full(self.shape, x, dtype=self.dtype, device=self.device)
         if x.shape != self.shape:
-            x = x._broadcast_to(_broadcast_shape(self.shape, x.shape)) if x.ndim <= self.ndim else x
+            x = x._broadcast_to(broadcast_shape(self.shape, x.shape)) if x.ndim <= self.ndim else x
             if x.shape != self.shape:
                 raise RuntimeError(f"assign: the value's shape {x.shape} does not match the tensor's shape {self.shape}")
         if not Tensor.no_grad and self.requires_grad and self._ctx is None:
@@ -343,7 +326,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
-        c = Tensor(_const(fill_value, dt, dev), **kwargs)
+        c = Tensor(make_const(fill_value, dt, dev), **kwargs)
         return c.reshape((1,) * len(shp)).expand(shp) if shp else c
 
     @staticmethod
@@ -365,61 +348,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
         return Tensor(buffer_view(new_buffer(dev, prod(shp), dt), shp), **kwargs)
-
-    def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
-        kwargs.setdefault("dtype", self.dtype)
-        kwargs.setdefault("device", self.device)
-        return Tensor.full(self.shape, fill_value, **kwargs)
-
-    def zeros_like(self, **kwargs: Any) -> Tensor:
-        return self.full_like(0, **kwargs)
-
-    def ones_like(self, **kwargs: Any) -> Tensor:
-        return self.full_like(1, **kwargs)
-
-    @staticmethod
-    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Tensor:
-        """Values from ``start`` to ``stop`` (exclusive) by ``step``, like ``torch.arange``."""
-        if stop is None:
-            start, stop = 0, start
-        if step == 0:
-            raise RuntimeError("arange: step must be nonzero")
-        n = max(0, math.ceil((stop - start) / step))
-        dt = to_dtype(kwargs.pop("dtype")) if "dtype" in kwargs and kwargs["dtype"] is not None else \
-            (dtypes.default_float if any(isinstance(x, float) for x in (start, stop, step)) else dtypes.default_int)
-        kwargs.pop("dtype", None)
-        values = start + np.arange(n, dtype=np.float64 if dt.kind == "f" else np.int64) * step
-        return Tensor(values.astype(np.float64 if dt.kind == "f" else np.int64), dtype=dt, **kwargs)
-
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        """Seed the random number generator."""
-        Tensor._seed = seed
-        Tensor._rng = np.random.default_rng(seed)
-
-    @staticmethod
-    def rand(*shape: Any, dtype: DType | str | None = None, **kwargs: Any) -> Tensor:
-        """Uniform random values in [0, 1)."""
-        shp = Tensor._shape_arg(shape)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        arr = Tensor._rng.random(shp, dtype=np.float32)
-        return Tensor(arr, **kwargs).cast(dt)
-
-    @staticmethod
-    def randn(*shape: Any, dtype: DType | str | None = None, **kwargs: Any) -> Tensor:
-        """Standard normal random values."""
-        shp = Tensor._shape_arg(shape)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        arr = Tensor._rng.standard_normal(shp, dtype=np.float32)
-        return Tensor(arr, **kwargs).cast(dt)
-
-    @staticmethod
-    def eye(n: int, m: int | None = None, **kwargs: Any) -> Tensor:
-        """The identity matrix (n x m)."""
-        m = n if m is None else m
-        kwargs.setdefault("dtype", dtypes.default_float)
-        diag = Tensor.ones(n, 1, **kwargs).pad(((0, 0), (0, n))).reshape(n * (n + 1))[: n * n].reshape(n, n)
-        return diag[:, :m] if m <= n else diag.pad(((0, 0), (0, m - n)))
 
     # --- movement ------------------------------------------------------------------------
     def _axis(self, ax: int, ndim: int | None = None) -> int:
@@ -533,32 +461,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         axes = tuple(self._axis(a) for a in ax)
         return self._view(lambda st: st.flip(axes), lambda g: g.flip(axes)) if axes else self
 
-    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
-        order = list(range(self.ndim))
-        a, b = self._axis(dim0), self._axis(dim1)
-        order[a], order[b] = order[b], order[a]
-        return self.permute(order)
-
-    @property
-    def T(self) -> Tensor:
-        return self.permute(tuple(reversed(range(self.ndim))))
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        if self.ndim == 0:
-            return self.reshape(1)
-        s, e = self._axis(start_dim), self._axis(end_dim)
-        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
-
-    def squeeze(self, dim: int | None = None) -> Tensor:
-        if dim is None:
-            return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = self._axis(dim)
-        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
-
-    def unsqueeze(self, dim: int) -> Tensor:
-        d = self._axis(dim, self.ndim + 1)
-        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
-
     def __getitem__(self, indices: Any) -> Tensor:
         """Basic indexing: ints, slices (any step), None and ``...``."""
         idx = list(indices) if isinstance(indices, tuple) else [indices]
@@ -570,7 +472,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if Ellipsis in idx:
             e = idx.index(Ellipsis)
             idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
-        idx += [slice(None)] * (self.ndim - n_real - (0 if Ellipsis in idx else 0))
+        else:
+            idx += [slice(None)] * (self.ndim - n_real)
         x = self
         out_shape: list[int] = []
         shrink: list[tuple[int, int]] = []
@@ -649,11 +552,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
             if not isinstance(y, (int, float, bool, np.generic)):
                 raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
             dt = result_type_scalar(x.dtype, y)
-            y = Tensor(_const(y, dt, x.device))
+            y = Tensor(make_const(y, dt, x.device))
         if reverse:
             x, y = y, x
         x, y = x.cast(dt), y.cast(dt)
-        shape = _broadcast_shape(x.shape, y.shape)
+        shape = broadcast_shape(x.shape, y.shape)
         return x._broadcast_to(shape), y._broadcast_to(shape)
 
     def _broadcast_to(self, shape: Shape) -> Tensor:
@@ -685,210 +588,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
             raise RuntimeError(f"bitcast from {self.dtype} to {dt} needs equal item sizes")
         return Tensor(UOp(Ops.BITCAST, dt, (self.lazydata,)))
 
-    def float(self) -> Tensor:
-        return self.cast(dtypes.float32)
-
-    def half(self) -> Tensor:
-        return self.cast(dtypes.float16)
-
-    def double(self) -> Tensor:
-        return self.cast(dtypes.float64)
-
-    def int(self) -> Tensor:
-        return self.cast(dtypes.int32)
-
-    def long(self) -> Tensor:
-        return self.cast(dtypes.int64)
-
-    def bool(self) -> Tensor:
-        return self.cast(dtypes.bool)
-
-    def add(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)
-        return a._alu(Ops.ADD, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
-
-    def sub(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)
-        if a.dtype == dtypes.bool:
-            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                               "Use the `^` or `logical_xor()` operator instead.")
-        return a._alu(Ops.SUB, b)
-
-    def mul(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)
-        return a._alu(Ops.MUL, b) if a.dtype != dtypes.bool else a._alu(Ops.AND, b)
-
-    def div(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """True division; integer inputs give the default float dtype."""
-        a, b = self._broadcasted(y, reverse)
-        if a.dtype.kind != "f":
-            a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
-        return a._alu(Ops.FDIV, b)
-
-    def maximum(self, y: Tensor | Scalar) -> Tensor:
-        a, b = self._broadcasted(y)
-        return a._alu(Ops.MAX, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
-
-    def minimum(self, y: Tensor | Scalar) -> Tensor:
-        a, b = self._broadcasted(y)
-        if a.dtype == dtypes.bool:
-            return a._alu(Ops.AND, b)
-        return a.lt_nan(b).where(a, b)
-
-    def lt_nan(self, b: Tensor) -> Tensor:
-        """``a < b`` or ``a`` is nan (so minimum propagates nan like torch)."""
-        lt = self._alu(Ops.CMPLT, b, dtype=dtypes.bool)
-        if self.dtype.kind != "f":
-            return lt
-        return lt._alu(Ops.OR, self._alu(Ops.CMPNE, self, dtype=dtypes.bool))
-
-    def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
-        """``x`` where self is true, else ``y`` (all broadcast together)."""
-        cond = self.cast(dtypes.bool)
-        if isinstance(x, Tensor):
-            x2, y2 = x._broadcasted(y)
-        elif isinstance(y, Tensor):
-            y2, x2 = y._broadcasted(x)
-        else:
-            dt = dtypes.from_py(x) if dtypes.from_py(x).kind >= dtypes.from_py(y).kind else dtypes.from_py(y)
-            x2, y2 = Tensor(_const(x, dt, self.device)), Tensor(_const(y, dt, self.device))
-        shape = _broadcast_shape(cond.shape, x2.shape, y2.shape)
-        c, a, b = cond._broadcast_to(shape), x2._broadcast_to(shape), y2._broadcast_to(shape)
-        return c._alu(Ops.WHERE, a, b, dtype=a.dtype)
-
-    def _cmp(self, op: Ops, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)
-        return a._alu(op, b, dtype=dtypes.bool)
-
-    def __lt__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return self._cmp(Ops.CMPLT, y)
-
-    def __gt__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return self._cmp(Ops.CMPLT, y, reverse=True)
-
-    def __le__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return (self > y).logical_not() if self.dtype.kind != "f" else self._cmp(Ops.CMPLT, y)._alu(
-            Ops.OR, self._cmp(Ops.CMPEQ, y))
-
-    def __ge__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return (self < y).logical_not() if self.dtype.kind != "f" else self._cmp(Ops.CMPLT, y, True)._alu(
-            Ops.OR, self._cmp(Ops.CMPEQ, y))
-
-    def __eq__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return self._cmp(Ops.CMPEQ, y)
-
-    def __ne__(self, y: Tensor | Scalar) -> Tensor:  # type: ignore[override]
-        return self._cmp(Ops.CMPNE, y)
-
-    def logical_not(self) -> Tensor:
-        return self.cast(dtypes.bool)._alu(Ops.NEG)
-
-    def neg(self) -> Tensor:
-        if self.dtype == dtypes.bool:
-            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. "
-                               "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
-        return self._alu(Ops.NEG)
-
-    def _float_unary(self, op: Ops) -> Tensor:
-        x = self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
-        return x._alu(op)
-
-    def exp(self) -> Tensor:
-        return self._float_unary(Ops.EXP)
-
-    def log(self) -> Tensor:
-        return self._float_unary(Ops.LOG)
-
-    def exp2(self) -> Tensor:
-        return self._float_unary(Ops.EXP2)
-
-    def log2(self) -> Tensor:
-        return self._float_unary(Ops.LOG2)
-
-    def sqrt(self) -> Tensor:
-        return self._float_unary(Ops.SQRT)
-
-    def sin(self) -> Tensor:
-        return self._float_unary(Ops.SIN)
-
-    def cos(self) -> Tensor:
-        x = self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
-        return (math.pi / 2 - x).sin()
-
-    def reciprocal(self) -> Tensor:
-        return self._float_unary(Ops.RECIP)
-
-    def relu(self) -> Tensor:
-        """max(x, 0), with nan passing through."""
-        return self.maximum(0)
-
-    def sigmoid(self) -> Tensor:
-        return (1 + (-self).exp()).reciprocal()
-
-    def tanh(self) -> Tensor:
-        return 2.0 * (2.0 * self).sigmoid() - 1.0
-
-    def abs(self) -> Tensor:
-        if self.dtype.kind in "ub":
-            return self
-        return (self < 0).where(-self, self)
-
-    def trunc(self) -> Tensor:
-        return self._alu(Ops.TRUNC) if self.dtype.kind == "f" else self
-
-    def square(self) -> Tensor:
-        return self * self
-
-    def pow(self, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)
-        if a.dtype.kind != "f":
-            raise NotImplementedError("integer pow is not supported yet")
-        return a._alu(Ops.POW, b)
-
-    def __neg__(self) -> Tensor:
-        return self.neg()
-
-    def __add__(self, y: Tensor | Scalar) -> Tensor:
-        return self.add(y)
-
-    def __radd__(self, y: Scalar) -> Tensor:
-        return self.add(y, True)
-
-    def __sub__(self, y: Tensor | Scalar) -> Tensor:
-        return self.sub(y)
-
-    def __rsub__(self, y: Scalar) -> Tensor:
-        return self.sub(y, True)
-
-    def __mul__(self, y: Tensor | Scalar) -> Tensor:
-        return self.mul(y)
-
-    def __rmul__(self, y: Scalar) -> Tensor:
-        return self.mul(y, True)
-
-    def __truediv__(self, y: Tensor | Scalar) -> Tensor:
-        return self.div(y)
-
-    def __rtruediv__(self, y: Scalar) -> Tensor:
-        return self.div(y, True)
-
-    def __pow__(self, y: Tensor | Scalar) -> Tensor:
-        return self.pow(y)
-
-    def __rpow__(self, y: Scalar) -> Tensor:
-        return self.pow(y, True)
-
-    def __matmul__(self, y: Tensor) -> Tensor:
-        return self.matmul(y)
-
-    def __rmatmul__(self, y: Tensor) -> Tensor:
-        return y.matmul(self)
-
-    def __invert__(self) -> Tensor:
-        if self.dtype == dtypes.bool:
-            return self.logical_not()
-        return self._alu(Ops.XOR, Tensor(_const(-1, self.dtype, self.device))._broadcast_to(self.shape))
-
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"Boolean value of Tensor with {self.numel()} elements is ambiguous")
@@ -901,11 +600,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         return int(self.item())
 
     # --- reductions ----------------------------------------------------------------------
-    def _reduce_axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]:
-        if axis is None:
-            return tuple(range(self.ndim))
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
-        return tuple(sorted({self._axis(a) for a in axes}))
 
     def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
         axes = self._reduce_axes(axis)
@@ -925,83 +619,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
             return red
         return red.reshape(tuple(s for i, s in enumerate(red.shape) if i not in axes))
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
-            dtype: DType | str | None = None) -> Tensor:
-        """Sum over ``axis`` (all axes when None). Bool and int inputs sum as int64, like torch."""
-        if dtype is not None:
-            out_dt = to_dtype(dtype)
-        elif self.dtype.kind in "bi" or (self.dtype.kind == "u"):
-            out_dt = dtypes.int64 if self.dtype.kind in "bi" else dtypes.uint64 if self.dtype.itemsize == 8 else dtypes.int64
-        else:
-            out_dt = self.dtype
-        acc_dt = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
-        return self.cast(acc_dt)._reduce(Ops.ADD, axis, keepdim).cast(out_dt)
-
-    def prod(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        out_dt = dtypes.int64 if self.dtype.kind in "bi" else self.dtype
-        return self.cast(out_dt)._reduce(Ops.MUL, axis, keepdim)
-
-    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        """Maximum over ``axis``; nan propagates."""
-        self._check_nonempty_reduce(axis, "max")
-        if self.dtype == dtypes.bool:
-            return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
-        return self._reduce(Ops.MAX, axis, keepdim)
-
-    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        """Minimum over ``axis``; nan propagates."""
-        self._check_nonempty_reduce(axis, "min")
-        if self.dtype == dtypes.bool:
-            return self.logical_not().max(axis, keepdim).logical_not()
-        if self.dtype.kind == "f":
-            return -((-self).max(axis, keepdim))
-        return ~((~self).max(axis, keepdim))
-
-    def _check_nonempty_reduce(self, axis: int | Sequence[int] | None, name: str) -> None:
-        axes = self._reduce_axes(axis)
-        if any(self.shape[a] == 0 for a in axes) or (self.ndim and self.numel() == 0 and axis is None):
-            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
-                             f"Specify the reduction dim with the 'dim' argument.")
-
-    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        """Arithmetic mean over ``axis``."""
-        if self.dtype.kind != "f":
-            raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point "
-                               f"or complex dtype. Got: {self.dtype.name}")
-        axes = self._reduce_axes(axis)
-        n = prod(self.shape[a] for a in axes)
-        s = self.sum(axis, keepdim)
-        return s.div(n) if n else s * math.nan
-
     # --- linear algebra ------------------------------------------------------------------
-    def dot(self, w: Tensor) -> Tensor:
-        return self.matmul(w)
-
-    def matmul(self, w: Tensor) -> Tensor:
-        """Matrix product with numpy/torch semantics for 1-D and batched inputs."""
-        x = self
-        if x.ndim == 0 or w.ndim == 0:
-            raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {x.ndim}D and {w.ndim}D")
-        k_x = x.shape[-1]
-        k_w = w.shape[-2] if w.ndim > 1 else w.shape[0]
-        if k_x != k_w:
-            xs = "x".join(map(str, x.shape if x.ndim > 1 else (1,) + x.shape))
-            ws = "x".join(map(str, w.shape))
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
-        x2 = x.reshape(*x.shape[:-1], 1, k_x)
-        w2 = w.reshape(1, k_w, *w.shape[-1:]) if w.ndim == 1 else w
-        w2 = w2.transpose(-1, -2)  # (..., m, k)
-        if w.ndim == 1:
-            w2 = w.reshape(1, k_w)
-        out = (x2 * w2).sum(-1)
-        if w.ndim == 1:
-            out = out.reshape(out.shape[:-1])
-        return out
 
     # --- indexing helpers kept small here; the full API grows in later modules ----------
     def __setitem__(self, key: Any, value: Any) -> None:
         raise NotImplementedError("__setitem__ is not supported yet")
-
 
 class no_grad(contextlib.ContextDecorator):
     """``with no_grad():`` (or as a decorator): build graphs without recording gradients."""
@@ -1013,22 +635,15 @@ class no_grad(contextlib.ContextDecorator):
     def __exit__(self, *exc: object) -> None:
         Tensor.no_grad = self.prev
 
-
 def _tape_leaves(root: Tensor) -> list[Tensor]:
     from ember.autograd import toposort_tape
 
     return [t for t in toposort_tape(root) if t._ctx is None]
 
-
-def _const(value: Scalar, dtype: DType, device: str) -> UOp:
-    return UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, None, (), device),), truncate(dtype, value))
-
-
-def _retarget_const(x: UOp, device: str) -> UOp:
+def _retargetmake_const(x: UOp, device: str) -> UOp:
     c = base_of(x)
     newc = UOp(Ops.CONST, c.dtype, (UOp(Ops.DEVICE, None, (), device),), c.arg)
     return newc if x is c else UOp(Ops.VIEW, x.dtype, (newc,), x.arg)
-
 
 def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     shape = tuple(arr.shape)
@@ -1041,6 +656,5 @@ def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     if host.size:
         buffers[node].copyin(memoryview(host.reshape(-1)).cast("B"))
     return buffer_view(node, shape)
-
 
 __all__ = ["Tensor", "no_grad"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
 from ember.codegen import ProgramSpec, get_program
 from ember.device.buffer import Buffer
 from ember.device.registry import Device

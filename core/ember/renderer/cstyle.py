@@ -45,6 +45,10 @@ class CStyleRenderer(Renderer):
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         return [f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
 
+    def render_range_close(self, u: UOp) -> list[str]:
+        """The lines that end the loop opened for RANGE ``u`` (at its ENDRANGE)."""
+        return ["}"]
+
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         """Reading one element; bfloat16 is stored as 16-bit patterns and widened to float."""
         if dt == dtypes.bfloat16:
@@ -184,7 +188,8 @@ class CStyleRenderer(Renderer):
                 depth += 1
             elif op is Ops.ENDRANGE:
                 depth -= 1
-                line("}")
+                for s in self.render_range_close(u.src[0]):
+                    line(s)
             elif op is Ops.DEFINE_ACC:
                 r[u] = fresh("acc")
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[u.src[0]]};")  # type: ignore[arg-type]
