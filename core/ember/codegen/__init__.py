@@ -64,7 +64,11 @@ def _is_index(u: UOp) -> bool:
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> ProgramSpec:
     """Lower, linearize and render one kernel AST for ``renderer``."""
-    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None)
+    from ember.codegen.opts import heuristic_opts
+
+    opts = heuristic_opts(ast, renderer)
+    upcast = {o.axis: o.amount for o in opts if o.op == "UPCAST"}
+    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, upcast)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

@@ -43,6 +43,10 @@ def linearize(sink: UOp) -> list[UOp]:
     global_ranges = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
     program.extend(global_ranges)
 
+    reduces_by_ranges: dict[tuple[UOp, ...], list[UOp]] = {}
+    for n in nodes:
+        if n.op is Ops.REDUCE:
+            reduces_by_ranges.setdefault(n.src[1:], []).append(n)
     sub: dict[UOp, UOp] = {n: n for n in program}
     scopes: list[set[UOp]] = [set(program)]
     open_ranges: set[UOp] = set(global_ranges)
@@ -56,30 +60,41 @@ def linearize(sink: UOp) -> list[UOp]:
         if n in sub and visible(n):
             return sub[n]
         if n.op is Ops.REDUCE:
-            value, ranges = n.src[0], n.src[1:]
-            for m in toposort([value]):
-                if m.op is not Ops.RANGE and rsets[m] <= open_ranges and not (m in sub and visible(m)):
-                    emit(m)
-            dt = n.dtype
-            assert isinstance(dt, DType)
-            acc = UOp(Ops.DEFINE_ACC, dt, (UOp.const(dt, reduce_identity(n.arg, dt)),), acc_count)
-            acc_count += 1
-            program.append(acc)
+            ranges = n.src[1:]
+            # reductions over the same loops (upcast copies) share one loop
+            group = [m for m in reduces_by_ranges[ranges] if not (m in sub and visible(m))
+                     and (rsets[m.src[0]] - frozenset(ranges)) <= open_ranges]
+            if n not in group:
+                group.append(n)
+            for red in group:
+                for m in toposort([red.src[0]]):
+                    if m.op is not Ops.RANGE and rsets[m] <= open_ranges and not (m in sub and visible(m)):
+                        emit(m)
+            accs = []
+            for red in group:
+                dt = red.dtype
+                assert isinstance(dt, DType)
+                acc = UOp(Ops.DEFINE_ACC, dt, (UOp.const(dt, reduce_identity(red.arg, dt)),), acc_count)
+                acc_count += 1
+                program.append(acc)
+                accs.append(acc)
             program.extend(ranges)
             scopes.append(set(ranges))
             sub.update((r, r) for r in ranges)
             open_ranges.update(ranges)
-            v = emit(value)
-            upd = UOp(n.arg, dt, (acc, v))
-            program.append(upd)
-            program.append(UOp(Ops.ASSIGN, dt, (acc, upd)))
+            for red, acc in zip(group, accs):
+                v = emit(red.src[0])
+                upd = UOp(red.arg, acc.dtype, (acc, v))
+                program.append(upd)
+                program.append(UOp(Ops.ASSIGN, acc.dtype, (acc, upd)))
             for r in reversed(ranges):
                 program.append(UOp(Ops.ENDRANGE, None, (r,)))
             open_ranges.difference_update(ranges)
             scopes.pop()
-            sub[n] = acc
-            scopes[-1].add(n)
-            return acc
+            for red, acc in zip(group, accs):
+                sub[red] = acc
+                scopes[-1].add(red)
+            return sub[n]
         new_src = tuple(emit(s) for s in n.src)
         new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
         program.append(new)

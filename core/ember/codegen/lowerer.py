@@ -10,6 +10,7 @@ Optimizations reshape the iteration space before lowering (see :mod:`ember.codeg
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from ember.dtype import DType, PtrDType, dtypes
@@ -55,6 +56,7 @@ class LoweringContext:
     range_count: int = 0
     memo: dict[tuple, UOp] = field(default_factory=dict)
     shapes: dict[UOp, tuple[int, ...]] = field(default_factory=dict)
+    reduce_ranges: dict[tuple[UOp, int], UOp] = field(default_factory=dict)
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
@@ -101,7 +103,10 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             if src_shape[ax] == 1:
                 new_idxs[ax] = UOp.const(ctx.idx_dtype, 0)
                 continue
-            r = ctx.new_range(src_shape[ax], "reduce")
+            # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
+            if (u, ax) not in ctx.reduce_ranges:
+                ctx.reduce_ranges[(u, ax)] = ctx.new_range(src_shape[ax], "reduce")
+            r = ctx.reduce_ranges[(u, ax)]
             ranges.append(r)
             new_idxs[ax] = r
         val = _lower(ctx, u.src[0], tuple(new_idxs), gate)
@@ -134,10 +139,13 @@ def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: 
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
 
 
-def lower_ast(ast: UOp, max_global_dims: int | None = None) -> UOp:
+def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, int] | None = None) -> UOp:
     """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
 
     ``max_global_dims`` limits how many global loops there are (a GPU launch grid has 3).
+    ``upcast`` maps an output dim to a factor u: each loop iteration computes u neighbouring
+    outputs of that dim (unrolled, sharing loads and index math), which lets the compiler keep
+    them in registers and vectorize.
     """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
     biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
@@ -147,15 +155,25 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None) -> UOp:
         work *= max(d, 1)
     idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
     ctx = LoweringContext(idx_dtype)
-    gidx = _global_indices(ctx, out_shape, max_global_dims)
+    upcast = {d: u for d, u in (upcast or {}).items() if u > 1 and out_shape[d] % u == 0}
+    if upcast and max_global_dims is None:
+        loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(out_shape))
+        base = _global_indices(ctx, loop_shape, None)
+        dims = sorted(upcast)
+        combos = list(itertools.product(*[range(upcast[d]) for d in dims]))
+        all_gidx = [tuple(simplify(b * upcast[i] + combo[dims.index(i)]) if i in upcast else b
+                          for i, b in enumerate(base)) for combo in combos]
+    else:
+        all_gidx = [_global_indices(ctx, out_shape, max_global_dims)]
     stores = []
-    for store in ast.src:
-        assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"
-        buf, value = store.src
-        val = _lower(ctx, value, gidx, UOp.const(dtypes.bool, True))
-        idx, valid = store.arg.to_index(list(gidx), idx_dtype)
-        srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
-        stores.append(UOp(Ops.STORE, None, srcs))
+    for gidx in all_gidx:
+        for store in ast.src:
+            assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"
+            buf, value = store.src
+            val = _lower(ctx, value, gidx, UOp.const(dtypes.bool, True))
+            idx, valid = store.arg.to_index(list(gidx), idx_dtype)
+            srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
+            stores.append(UOp(Ops.STORE, None, srcs))
     return simplify(UOp(Ops.SINK, None, tuple(stores)))
 
 
