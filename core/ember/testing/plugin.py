@@ -1,0 +1,9 @@
+"""The pytest plugin ember installs (entry point ``pytest11``): adds ``--device`` to pytest."""
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", action="store", default=None,
+                     help="ember device for the conformance suite (default: DEV= or the best usable device)")

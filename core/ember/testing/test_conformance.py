@@ -1,0 +1,136 @@
+"""Conformance checks every ember device must pass (see the package docstring)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Device, GlobalCounters, Tensor, dtypes
+from ember.dtype import DType, to_np_dtype
+
+REFERENCE = "PYTHON"
+RNG = np.random.default_rng(1234)
+
+
+def _supported(device: str, dt: DType) -> bool:
+    return dt in Device[device].renderer.supported_dtypes
+
+
+def _sample(dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+    if dt.kind == "b":
+        return RNG.random(shape) > 0.5
+    if dt.kind in "iu":
+        lo, hi = (0, 100) if dt.kind == "u" else (-50, 50)
+        return RNG.integers(lo, hi, shape).astype(to_np_dtype(dt))
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _same(device: str, fn, *arrays: np.ndarray, dtype: DType | None = None, rtol: float = 1e-5,
+          atol: float = 1e-6) -> None:
+    """``fn`` on ``device`` equals ``fn`` on the PYTHON reference (and both have equal shape/dtype)."""
+    ours = fn(*[Tensor(a, device=device, dtype=dtype) for a in arrays])
+    ref = fn(*[Tensor(a, device=REFERENCE, dtype=dtype) for a in arrays])
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype
+    got, want = ours.numpy(), ref.numpy()
+    if np.issubdtype(want.dtype, np.floating):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+          "max": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b, "eq": lambda a, b: a == b}
+UNARY = {"exp": Tensor.exp, "log": lambda x: x.abs().add(1).log(), "sqrt": lambda x: x.abs().sqrt(),
+         "sin": Tensor.sin, "neg": Tensor.neg, "relu": Tensor.relu, "recip": lambda x: (x.abs() + 1).reciprocal()}
+NUMERIC = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.float16,
+           dtypes.bfloat16, dtypes.float32, dtypes.float64)
+
+
+@pytest.mark.parametrize("dt", NUMERIC, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", list(BINARY))
+def test_binary_ops(device: str, op: str, dt: DType) -> None:
+    if not _supported(device, dt):
+        pytest.skip(f"{device} does not support {dt}")
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dt in (dtypes.float16, dtypes.bfloat16) else {}
+    _same(device, BINARY[op], _sample(dt, (3, 5)), _sample(dt, (1, 5)), dtype=dt, **tol)
+
+
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary_float_ops(device: str, op: str) -> None:
+    _same(device, UNARY[op], _sample(dtypes.float32, (4, 7)), rtol=2e-6)
+
+
+def test_casts_between_dtypes(device: str) -> None:
+    x = RNG.standard_normal((16,)).astype(np.float32) * 100
+    for dt in NUMERIC + (dtypes.bool,):
+        if _supported(device, dt):
+            _same(device, lambda t, dt=dt: t.cast(dt), x)
+
+
+def test_reductions(device: str) -> None:
+    x = _sample(dtypes.float32, (6, 5, 4))
+    for fn in (lambda t: t.sum(), lambda t: t.sum(1), lambda t: t.max(2, keepdim=True), lambda t: t.min(0),
+               lambda t: t.mean((0, 2))):
+        _same(device, fn, x, rtol=1e-5)
+
+
+def test_movement_and_views(device: str) -> None:
+    x = _sample(dtypes.float32, (4, 6))
+    for fn in (lambda t: t.permute(1, 0) * 2, lambda t: t.flip(0) + 1, lambda t: t.pad(((1, 2), (0, 1))) - 1,
+               lambda t: t.shrink(((1, 3), (2, 5))) * 3, lambda t: t.reshape(2, 12).expand(3, 2, 12) + 0,
+               lambda t: t[::-1, 1::2] + 0):
+        _same(device, fn, x)
+
+
+def test_matmul(device: str) -> None:
+    _same(device, lambda a, b: a @ b, _sample(dtypes.float32, (17, 24)), _sample(dtypes.float32, (24, 9)), rtol=1e-5,
+          atol=1e-5)
+
+
+def test_zero_d_and_size_zero(device: str) -> None:
+    _same(device, lambda t: t * 2 + 1, np.array(3.5, np.float32))
+    _same(device, lambda t: (t * 2).sum(0), np.zeros((0, 3), np.float32))
+    assert Tensor.zeros(0, 4, device=device).numpy().shape == (0, 4)
+
+
+def test_copies_between_devices(device: str) -> None:
+    x = _sample(dtypes.float32, (5, 3))
+    t = Tensor(x, device=device)
+    for other in ("PYTHON", device):
+        back = (t.to(other) * 2).to(device) + 1
+        np.testing.assert_allclose(back.numpy(), x * 2 + 1, rtol=1e-6)
+
+
+def test_autograd_matches_reference(device: str) -> None:
+    x, w = _sample(dtypes.float32, (4, 6)), _sample(dtypes.float32, (6, 3))
+
+    def grads(dev: str) -> list[np.ndarray]:
+        tx, tw = Tensor(x, device=dev, requires_grad=True), Tensor(w, device=dev, requires_grad=True)
+        ((tx @ tw).relu().exp() * 0.1).sum().backward()
+        return [tx.grad.numpy(), tw.grad.numpy()]
+
+    for got, want in zip(grads(device), grads(REFERENCE)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fusion_is_one_kernel(device: str) -> None:
+    a = Tensor(_sample(dtypes.float32, (64,)), device=device).realize()
+    GlobalCounters.reset()
+    ((a * 2 + 1).relu().exp() - a).realize()
+    assert GlobalCounters.kernel_count == 1
+
+
+def test_graph_replay(device: str) -> None:
+    """A device with a batched graph replays a list of kernels with the same results as running them one by one."""
+    from ember.engine.realize import lower_schedule_item
+
+    dev = Device[device]
+    if getattr(dev, "graph", None) is None:
+        pytest.skip(f"{device} has no graph (batched replay) API")
+    a = Tensor(_sample(dtypes.float32, (32,)), device=device).realize()
+    items = [lower_schedule_item(si) for si in ((a * 3 + 1).exp().schedule() + ((a - 2) * a).schedule())]
+    calls = [(ei.prg.program, [b.allocate()._buf for b in ei.bufs], ()) for ei in items]
+    graph = dev.graph(calls)
+    graph(wait=True)
+    outs = [np.frombuffer(ei.bufs[0].as_bytes(), np.float32) for ei in items]
+    np.testing.assert_allclose(outs[0], np.exp(a.numpy() * 3 + 1), rtol=1e-5)
+    np.testing.assert_allclose(outs[1], (a.numpy() - 2) * a.numpy(), rtol=1e-6)
