@@ -76,7 +76,8 @@ def bench_cold_start() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)  # warm the compile cache
     times = [float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
              for _ in range(3)]
-    print(f"cold start, import ember -> first result (warm compile cache): {min(times) * 1e3:7.1f} ms (target < 500 ms)")
+    print(f"cold start, import ember -> first result (warm compile cache): {min(times) * 1e3:7.1f} ms "
+          "(target < 500 ms)")
 
 
 if __name__ == "__main__":

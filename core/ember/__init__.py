@@ -11,4 +11,5 @@ from ember.tensor import Tensor, no_grad
 
 __version__ = "0.1.0"
 
-__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "no_grad", "__version__"]
+__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "no_grad",
+           "__version__"]

@@ -66,7 +66,8 @@ def _targets(roots: list[UOp]) -> list[UOp]:
         if n.op is Ops.COPY:
             src = n.src[0]
             sb = base_of(src)
-            if sb.op is not Ops.BUFFER or not (src.op is Ops.BUFFER or (src.arg.contiguous and src.arg.size == sb.arg[2])):
+            whole = sb.op is Ops.BUFFER and (src.op is Ops.BUFFER or (src.arg.contiguous and src.arg.size == sb.arg[2]))
+            if not whole:
                 # a copy moves a contiguous buffer: materialize its source first
                 targets.add(src if src.op is Ops.VIEW else sb)
     has_reduce: dict[UOp, bool] = {}

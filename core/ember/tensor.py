@@ -64,7 +64,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if isinstance(data, UOp):
             self.lazydata = data
             if dt is not None and data.dtype != dt:
-                self.lazydata = data.cast(dt) if data.op is not Ops.CONST else UOp(Ops.CONST, dt, data.src, truncate(dt, data.arg))
+                self.lazydata = (data.cast(dt) if data.op is not Ops.CONST
+                                 else UOp(Ops.CONST, dt, data.src, truncate(dt, data.arg)))
             return
         if isinstance(data, Tensor):
             self.lazydata = (data.to(dev) if device is not None else data).lazydata
@@ -227,7 +228,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if x.shape != self.shape:
             x = x._broadcast_to(broadcast_shape(self.shape, x.shape)) if x.ndim <= self.ndim else x
             if x.shape != self.shape:
-                raise RuntimeError(f"assign: the value's shape {x.shape} does not match the tensor's shape {self.shape}")
+                raise RuntimeError(f"assign: the value's shape {x.shape} does not match the tensor's shape "
+                                   f"{self.shape}")
         if not Tensor.no_grad and self.requires_grad and self._ctx is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         x = x.to(self.device).cast(self.dtype)
@@ -546,7 +548,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         x = self
         if isinstance(y, Tensor):
             if y.device != x.device:
-                raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {y.device}")
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and "
+                                   f"{y.device}")
             dt = least_upper_dtype(x.dtype, y.dtype)
         else:
             if not isinstance(y, (int, float, bool, np.generic)):

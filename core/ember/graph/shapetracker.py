@@ -67,8 +67,8 @@ class View:
         if self.mask:
             mask = tuple(m if s == ns else ((0, ns) if m != (0, 0) else (0, 0))
                          for m, s, ns in zip(self.mask, self.shape, new_shape))
-        return View.create(new_shape, tuple(st if s == ns else 0 for st, s, ns in zip(self.strides, self.shape, new_shape)),
-                           self.offset, mask)
+        strides = tuple(st if s == ns else 0 for st, s, ns in zip(self.strides, self.shape, new_shape))
+        return View.create(new_shape, strides, self.offset, mask)
 
     def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
         offset = self.offset + sum(lo * st for (lo, _), st in zip(arg, self.strides))
@@ -156,7 +156,7 @@ class View:
                     pn *= news[j]
                     j += 1
             # the old group must be mergeable: each dim's stride = next stride * next size
-            for (s0, st0), (s1, st1) in zip(group_old, group_old[1:]):
+            for (_, st0), (s1, st1) in zip(group_old, group_old[1:]):
                 if st0 != st1 * s1:
                     return None
             inner = group_old[-1][1]

@@ -76,11 +76,16 @@ class CStyleRenderer(Renderer):
                 lit = "INFINITY" if v > 0 else "(-INFINITY)"
             else:
                 lit = repr(v) + ("f" if dt != dtypes.float64 else "")
-            return lit if dt in (dtypes.float32, dtypes.float64, dtypes.bfloat16) else f"(({self.render_dtype(dt)}){lit})"
+            if dt in (dtypes.float32, dtypes.float64, dtypes.bfloat16):
+                return lit
+            return f"(({self.render_dtype(dt)}){lit})"
         iv = int(value)  # type: ignore[call-overload]
         if dt.kind == "i" and iv == -(2 ** (dt.bitsize - 1)):
             return f"(({self.render_dtype(dt)})({iv + 1}ll - 1))"
-        suffix = "ull" if dt.kind == "u" and dt.itemsize == 8 else ("ll" if dt.itemsize == 8 else ("u" if dt.kind == "u" else ""))
+        if dt.itemsize == 8:
+            suffix = "ull" if dt.kind == "u" else "ll"
+        else:
+            suffix = "u" if dt.kind == "u" else ""
         return f"(({self.render_dtype(dt)}){iv}{suffix})" if dt.itemsize < 4 else f"{iv}{suffix}"
 
     def math_fn(self, op: Ops, dt: DType) -> Callable[..., str]:
