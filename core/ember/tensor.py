@@ -161,7 +161,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
                                   and x.arg.size == x.src[0].arg[2]):
             return buffers[base_of(x)]
-        t = Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,))).realize()
+        # a computed base realizes straight into a contiguous buffer; a view needs a copy kernel
+        t = Tensor(x if x.op is not Ops.VIEW else UOp(Ops.CONTIGUOUS, x.dtype, (x,))).realize()
+        if x.op is not Ops.VIEW:
+            self.lazydata = t.lazydata
         return buffers[base_of(t.lazydata)]
 
     def numpy(self) -> np.ndarray:
@@ -445,7 +448,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         if value == 0:
             return out
         mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._view(lambda st: st.pad(arg), lambda g: g)
-        return mask.where(out, value)
+        return mask.where(out, out.full_like(value))
 
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole)."""

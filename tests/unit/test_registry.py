@@ -98,7 +98,7 @@ def _no_dev_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_broken_entry_point_is_contained_and_raised_on_request() -> None:
     original = ImportError("libbroken.so: cannot open shared object file")
     reg = _DeviceRegistry(entry_points=[broken_ep("broken", original), good_ep()])
-    assert set(reg.specs()) == {"PYTHON", "FAKE"}
+    assert set(reg.specs()) == {"PYTHON", "DISK", "FAKE"}
     assert reg["FAKE"].device == "FAKE"
     with pytest.raises(DevicePluginError) as info:
         reg["broken"]
@@ -145,7 +145,7 @@ def test_entry_point_without_required_hook_is_recorded() -> None:
     reg = _DeviceRegistry(entry_points=[FakeEntryPoint("empty", lambda: object(), FakeDist("ember-empty", "1.0"))])
     (failure,) = reg.failures()
     assert failure.stage == "register" and "ember_devices" in str(failure.error)
-    assert set(reg.specs()) == {"PYTHON"}
+    assert set(reg.specs()) == {"PYTHON", "DISK"}
 
 
 def test_import_ember_survives_a_broken_installed_distribution(tmp_path: pathlib.Path) -> None:
@@ -311,7 +311,7 @@ def test_register_plugin_in_process() -> None:
 
 def test_load_entry_point_after_discovery() -> None:
     reg = _DeviceRegistry(entry_points=[])
-    assert reg.specs().keys() == {"PYTHON"}
+    assert reg.specs().keys() == {"PYTHON", "DISK"}
     assert reg.load_entry_point(good_ep()) is True
     assert "FAKE" in reg.specs()
     assert reg.load_entry_point(broken_ep("late", ImportError("late failure"))) is False

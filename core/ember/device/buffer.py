@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 from ember.dtype import DType
-from ember.helpers import GlobalCounters
 
 
 class Buffer:
@@ -14,9 +13,9 @@ class Buffer:
         from ember.device.registry import Device
 
         self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
-        self._buf: Any = None
-        if opaque is not None:
-            self._buf = opaque
+        self._buf: Any = opaque
+        # memory handed in (a view into another buffer, a mapped file) is not ours to free
+        self._owned = opaque is None
 
     @property
     def nbytes(self) -> int:
@@ -34,17 +33,15 @@ class Buffer:
     def allocate(self) -> Buffer:
         """Take device memory now (idempotent)."""
         if self._buf is None:
-            self._buf = self.allocator.alloc(self.nbytes)
-            GlobalCounters.mem_used += self.nbytes
+            self._buf = self.allocator.alloc(self.nbytes)  # the allocator keeps GlobalCounters.mem_used
         return self
 
     def __del__(self) -> None:
         buf = getattr(self, "_buf", None)
-        if buf is None:
+        if buf is None or not getattr(self, "_owned", False):
             return
         try:
             self.allocator.free(buf, self.nbytes)
-            GlobalCounters.mem_used -= self.nbytes
         except Exception:  # interpreter shutdown: the allocator may already be gone
             pass
 

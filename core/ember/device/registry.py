@@ -48,6 +48,8 @@ KNOWN_PLUGINS: dict[str, tuple[str, str]] = {
 BUILTIN_SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("PYTHON", factory="ember.runtime.python:PythonDevice", priority=-100,
                description="pure-Python UOp interpreter: slow, complete, the reference for testing"),
+    DeviceSpec("DISK", factory="ember.runtime.disk:DiskDevice", priority=-1000, compute=False,
+               description="a memory-mapped file, DISK:/path (storage only: move tensors to a compute device)"),
 )
 
 _BUILTIN_PLUGIN_NAME = "ember:builtin"
@@ -412,10 +414,10 @@ class _DeviceRegistry:
         return None
 
     def available(self) -> list[str]:
-        """Names of the usable devices, highest priority first."""
+        """Names of the usable compute devices, highest priority first."""
         specs = self._collect()
         ordered = sorted(specs.values(), key=lambda s: (-s.priority, s.name))
-        return [s.name for s in ordered if self.probe(s.name) is None]
+        return [s.name for s in ordered if s.compute and self.probe(s.name) is None]
 
     # ----- device objects -----
 
@@ -483,6 +485,8 @@ class _DeviceRegistry:
         skipped: list[str] = []
         chosen: str | None = None
         for spec in sorted(specs.values(), key=lambda s: (-s.priority, s.name)):
+            if not spec.compute:
+                continue
             reason = self.probe(spec.name)
             if reason is None:
                 chosen = spec.name

@@ -28,6 +28,8 @@ class DeviceSpec:
         extra: the pip extra of the ``ember`` distribution that installs this plugin
             (``"cpu"`` for ``pip install "ember[cpu]"``), used in error messages.
         description: one line for listings such as ``python -m ember.doctor``.
+        compute: False for storage-only devices (such as DISK) that hold tensors but cannot run
+            kernels; they are never chosen as the default and are not listed as available.
     """
 
     name: str
@@ -37,6 +39,7 @@ class DeviceSpec:
     probe: Callable[[], str | None] | None = None
     extra: str | None = None
     description: str = ""
+    compute: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):

@@ -233,6 +233,7 @@ C_PREAMBLE = """#include <math.h>
 static inline float ember_bf16_to_f32(unsigned short b) { unsigned int u = ((unsigned int)b) << 16; float f;
   __builtin_memcpy(&f, &u, 4); return f; }
 static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u & 0xffffu) ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)(u >> 16);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
 """
