@@ -1,0 +1,319 @@
+"""Convolutions, pooling and interpolation against torch.nn.functional: values, shapes, dtypes, gradients,
+errors and kernel counts.
+
+Convolution inputs are random multiples of 1/8, so every product and partial sum is exact in float32;
+pooling inputs are continuous so that maxima are unique (torch sends a tied max's gradient to one element).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from ember import GlobalCounters, Tensor, dtypes
+from ember.dtype import from_np_dtype
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+FWD = {"rtol": 1e-3, "atol": 1e-6}
+BWD = {"rtol": 1e-3, "atol": 1e-4}
+rng = np.random.default_rng(11)
+
+
+def q(*shape: int) -> np.ndarray:
+    """Random float32 multiples of 1/8 in [-1, 1]."""
+    return (rng.integers(-8, 9, size=shape) / 8).astype(np.float32)
+
+
+def randn(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def build(a: np.ndarray, device: str, layout: str = "contiguous") -> tuple[Tensor, Tensor, Any, Any]:
+    """(ember leaf, ember input, torch leaf, torch input) holding ``a``; the input is ``layout`` of the leaf."""
+    grad = a.dtype.kind == "f"
+    if layout == "permuted":
+        order = tuple(reversed(range(a.ndim)))
+        base = np.ascontiguousarray(a.transpose(order))
+        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
+        return e, e.permute(order), t, t.permute(order)
+    if layout == "flipped":
+        axes = tuple(range(a.ndim))
+        base = np.ascontiguousarray(np.flip(a))
+        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
+        return e, e.flip(axes), t, t.flip(axes)
+    e, t = Tensor(a, device=device, requires_grad=grad), torch.tensor(a, requires_grad=grad)
+    return e, e, t, t
+
+
+def compare(device: str, fn: Callable, tfn: Callable, arrays: list[np.ndarray | None],
+            layouts: list[str] | None = None, backward: bool = True) -> Any:
+    """Run ``fn`` on ember tensors and ``tfn`` on torch tensors (None passes through): same shape, dtype, values and
+    input gradients. Returns the ember output."""
+    layouts = layouts or ["contiguous"] * len(arrays)
+    built = [None if a is None else build(a, device, lay) for a, lay in zip(arrays, layouts)]
+    out = fn(*[None if b is None else b[1] for b in built])
+    tout = tfn(*[None if b is None else b[3] for b in built])
+    outs, touts = (out, tout) if isinstance(out, tuple) else ((out,), (tout,))
+    for o, t in zip(outs, touts):
+        expected = t.detach().numpy()
+        assert o.shape == expected.shape, f"shape {o.shape} != torch {expected.shape}"
+        assert o.dtype == from_np_dtype(expected.dtype), f"dtype {o.dtype} != torch {expected.dtype}"
+        np.testing.assert_allclose(o.numpy(), expected, **FWD)
+    if backward and outs[0].dtype.kind == "f":
+        g = q(*outs[0].shape)
+        (outs[0] * Tensor(g, device=device)).sum().backward()
+        (touts[0] * torch.tensor(g)).sum().backward()
+        for b in built:
+            if b is None or b[2].grad is None:
+                continue
+            assert b[0].grad is not None and b[0].grad.shape == tuple(b[2].grad.shape)
+            np.testing.assert_allclose(b[0].grad.numpy(), b[2].grad.numpy(), **BWD)
+    return out
+
+
+def raises_like(fn: Callable, tfn: Callable) -> None:
+    """``fn`` raises the exception type torch's ``tfn`` raises."""
+    with pytest.raises(Exception) as want:
+        tfn()
+    with pytest.raises(want.type):
+        fn()
+
+
+TORCH_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+TORCH_CONV_T = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}
+
+# --------------------------------------------------------------------------------------------------
+# conv2d (any number of spatial dims)
+# --------------------------------------------------------------------------------------------------
+CONV_CASES = [
+    ((2, 4, 6, 5), (6, 4, 3, 3), {}),
+    ((1, 4, 6, 5), (2, 4, 3, 3), {"bias": False}),
+    ((1, 4, 7, 6), (6, 2, 3, 2), {"groups": 2, "stride": 2, "padding": 1}),
+    ((2, 3, 7, 7), (4, 3, 3, 3), {"dilation": 2, "padding": (2, 1)}),
+    ((1, 4, 8, 7), (4, 1, 3, 3), {"groups": 4, "stride": (2, 3), "dilation": (1, 2), "padding": 2}),
+    ((2, 2, 5, 5), (3, 2, 1, 1), {"stride": 2}),
+    ((2, 3, 4, 4), (2, 3, 4, 4), {}),
+    ((2, 2, 9), (3, 2, 3), {"stride": 2, "padding": 1}),
+    ((1, 2, 4, 4, 3), (2, 2, 2, 2, 2), {"padding": 1}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONV_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CONV_CASES])
+def test_conv2d(device, xs, ws, kw):
+    kw = dict(kw)
+    bias = kw.pop("bias", True)
+    tconv = TORCH_CONV[len(xs)]
+    compare(device, lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: tconv(x, w, b, **kw),
+            [q(*xs), q(*ws), q(ws[0]) if bias else None])
+
+
+def test_conv2d_noncontiguous(device):
+    compare(device, lambda x, w, b: x.conv2d(w, b, padding=1), lambda x, w, b: F.conv2d(x, w, b, padding=1),
+            [q(2, 3, 5, 4), q(4, 3, 3, 3), q(4)], ["permuted", "flipped", "contiguous"])
+
+
+def test_conv2d_padding_forms(device):
+    x, w = q(1, 2, 6, 5), q(3, 2, 3, 2)
+    # flat torch order (left, right, top, bottom)
+    compare(device, lambda x, w: x.conv2d(w, padding=(1, 0, 2, 1)), lambda x, w: F.conv2d(F.pad(x, (1, 0, 2, 1)), w),
+            [x, w])
+    for pad in ("same", "valid"):
+        compare(device, lambda x, w, pad=pad: x.conv2d(w, padding=pad, dilation=(1, 2)),
+                lambda x, w, pad=pad: F.conv2d(x, w, padding=pad, dilation=(1, 2)), [x, w], backward=False)
+
+
+def test_conv2d_unbatched_and_dtypes(device):
+    compare(device, lambda x, w: x.conv2d(w, padding=1), lambda x, w: F.conv2d(x, w, padding=1),
+            [q(2, 4, 4), q(3, 2, 3, 3)])
+    compare(device, lambda x, w: x.conv2d(w), lambda x, w: F.conv2d(x, w),
+            [q(1, 2, 4, 4).astype(np.float64), q(3, 2, 3, 3).astype(np.float64)], backward=False)
+    xi = rng.integers(-3, 4, size=(1, 2, 4, 4)).astype(np.int32)
+    wi = rng.integers(-3, 4, size=(2, 2, 2, 2)).astype(np.int32)
+    out = Tensor(xi).conv2d(Tensor(wi))
+    assert out.dtype == dtypes.int32
+    np.testing.assert_array_equal(out.numpy(), F.conv2d(torch.tensor(xi, dtype=torch.float64),
+                                                        torch.tensor(wi, dtype=torch.float64)).numpy())
+
+
+def test_conv_and_pool_empty_batch(device):
+    x = np.zeros((0, 3, 5, 5), np.float32)
+    for fn, tfn in [(lambda t: t.conv2d(Tensor(q(4, 3, 3, 3), device=device), padding=1),
+                     lambda t: F.conv2d(t, torch.zeros(4, 3, 3, 3), padding=1)),
+                    (lambda t: t.max_pool2d(2), lambda t: F.max_pool2d(t, 2)),
+                    (lambda t: t.avg_pool2d(3, 1, padding=1), lambda t: F.avg_pool2d(t, 3, 1, padding=1))]:
+        out, want = fn(Tensor(x, device=device)), tfn(torch.tensor(x))
+        assert out.shape == tuple(want.shape) and out.numpy().shape == tuple(want.shape)
+
+
+def test_conv2d_kernel_counts(device):
+    x, w, b = Tensor(q(2, 3, 6, 6), device=device), Tensor(q(4, 3, 3, 3), device=device), Tensor(q(4), device=device)
+    for out in (x.conv2d(w, b), x.conv2d(w, b, padding=1), x.conv2d(w, b, stride=2, dilation=2, padding=(1, 2))):
+        GlobalCounters.reset()
+        out.realize()
+        assert GlobalCounters.kernel_count <= 2
+    GlobalCounters.reset()
+    x.conv2d(w, b, padding=1).realize()
+    assert GlobalCounters.kernel_count == 1
+
+
+CONV_ERRORS = [
+    ((1, 5, 6, 6), (4, 3, 3, 3), {}),                     # channel mismatch
+    ((1, 3, 2, 2), (4, 3, 3, 3), {}),                     # kernel larger than the input
+    ((1, 4, 6, 6), (3, 2, 3, 3), {"groups": 2}),          # out channels not divisible by groups
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"groups": 0}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"stride": 0}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"dilation": 0}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"padding": -1}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"padding": (1, 2, 3)}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"padding": "same", "stride": 2}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"padding": "full"}),
+    ((6, 6), (4, 3, 3, 3), {}),                           # wrong input rank
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONV_ERRORS, ids=[str(c[2]) or str(c[0]) for c in CONV_ERRORS])
+def test_conv2d_errors(xs, ws, kw):
+    x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+    raises_like(lambda: Tensor(x).conv2d(Tensor(w), **kw), lambda: F.conv2d(torch.tensor(x), torch.tensor(w), **kw))
+
+
+def test_conv2d_bias_shape_error():
+    x, w, b = np.zeros((1, 3, 5, 5), np.float32), np.zeros((4, 3, 3, 3), np.float32), np.zeros(5, np.float32)
+    raises_like(lambda: Tensor(x).conv2d(Tensor(w), Tensor(b)),
+                lambda: F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b)))
+
+
+# --------------------------------------------------------------------------------------------------
+# conv_transpose2d
+# --------------------------------------------------------------------------------------------------
+CONVT_CASES = [
+    ((2, 4, 4, 3), (4, 3, 3, 2), {}),
+    ((1, 4, 4, 3), (4, 3, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((2, 4, 3, 4), (4, 2, 2, 3), {"groups": 2, "stride": (1, 2), "dilation": (2, 1), "padding": (1, 0)}),
+    ((1, 2, 5), (2, 3, 3), {"stride": 3, "padding": 2}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONVT_CASES, ids=[str(c[2]) for c in CONVT_CASES])
+def test_conv_transpose2d(device, xs, ws, kw):
+    tconv = TORCH_CONV_T[len(xs)]
+    cout = ws[1] * kw.get("groups", 1)
+    compare(device, lambda x, w, b: x.conv_transpose2d(w, b, **kw), lambda x, w, b: tconv(x, w, b, **kw),
+            [q(*xs), q(*ws), q(cout)])
+
+
+@pytest.mark.parametrize("xs,ws,kw", [((1, 3, 4, 4), (3, 2, 3, 3), {"stride": 2, "output_padding": 2}),
+                                      ((1, 4, 4, 4), (3, 2, 3, 3), {}),
+                                      ((1, 3, 4, 4), (3, 2, 3, 3), {"padding": -1})], ids=str)
+def test_conv_transpose2d_errors(xs, ws, kw):
+    x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+    raises_like(lambda: Tensor(x).conv_transpose2d(Tensor(w), **kw),
+                lambda: F.conv_transpose2d(torch.tensor(x), torch.tensor(w), **kw))
+
+
+# --------------------------------------------------------------------------------------------------
+# max / avg pooling
+# --------------------------------------------------------------------------------------------------
+POOL_CASES = [
+    {"kernel_size": 2},
+    {"kernel_size": 3, "stride": 2, "padding": 1},
+    {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+    {"kernel_size": (2, 3), "stride": (1, 2), "padding": (1, 1), "ceil_mode": True},
+    {"kernel_size": (3, 2), "stride": 1},
+]
+
+
+@pytest.mark.parametrize("kw", POOL_CASES, ids=str)
+def test_max_pool2d(device, kw):
+    compare(device, lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), [randn(2, 3, 7, 6)])
+
+
+def test_max_pool2d_dilation_indices_and_views(device):
+    kw = {"kernel_size": (2, 3), "stride": (2, 1), "dilation": (2, 1), "padding": 1, "ceil_mode": True}
+    compare(device, lambda x: x.max_pool2d(**kw, return_indices=True),
+            lambda x: F.max_pool2d(x, **kw, return_indices=True), [randn(1, 2, 7, 6)], ["permuted"])
+    # 3-d input: (C, H, W)
+    compare(device, lambda x: x.max_pool2d(3, 2, padding=1, return_indices=True),
+            lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), [randn(2, 5, 5)], ["flipped"])
+    ints = rng.integers(-50, 50, size=(1, 2, 5, 4)).astype(np.int64)
+    compare(device, lambda x: x.max_pool2d(2, padding=1), lambda x: F.max_pool2d(x, 2, padding=1), [ints])
+
+
+@pytest.mark.parametrize("include_pad", [True, False], ids=["include_pad", "exclude_pad"])
+@pytest.mark.parametrize("kw", [c for c in POOL_CASES if "dilation" not in c][1:4], ids=str)
+def test_avg_pool2d(device, kw, include_pad):
+    compare(device, lambda x: x.avg_pool2d(**kw, count_include_pad=include_pad),
+            lambda x: F.avg_pool2d(x, **kw, count_include_pad=include_pad), [randn(2, 3, 7, 6)])
+
+
+def test_avg_pool2d_defaults_views_and_ints(device):
+    compare(device, lambda x: x.avg_pool2d(), lambda x: F.avg_pool2d(x, 2), [randn(1, 2, 5, 4)], ["flipped"])
+    ints = rng.integers(-50, 50, size=(1, 2, 5, 5)).astype(np.int64)
+    compare(device, lambda x: x.avg_pool2d(3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+            lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False), [ints])
+
+
+@pytest.mark.parametrize("name", ["max_pool2d", "avg_pool2d"])
+@pytest.mark.parametrize("shape,kw", [((1, 3, 5, 5), {"kernel_size": 3, "padding": 2}),
+                                      ((1, 3, 2, 2), {"kernel_size": 3}),
+                                      ((1, 3, 5, 5), {"kernel_size": 2, "stride": 0})], ids=str)
+def test_pool_errors(name, shape, kw):
+    x = np.zeros(shape, np.float32)
+    raises_like(lambda: getattr(Tensor(x), name)(**kw), lambda: getattr(F, name)(torch.tensor(x), **kw))
+
+
+# --------------------------------------------------------------------------------------------------
+# adaptive pooling
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [1, (3, 3), (4, 5), (2, None)], ids=str)
+def test_adaptive_pools(device, size):
+    x = randn(2, 3, 7, 6)
+    compare(device, lambda x: x.adaptive_avg_pool2d(size), lambda x: F.adaptive_avg_pool2d(x, size), [x])
+    compare(device, lambda x: x.adaptive_max_pool2d(size), lambda x: F.adaptive_max_pool2d(x, size), [x])
+    compare(device, lambda x: x.adaptive_max_pool2d(size, return_indices=True),
+            lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), [x], backward=False)
+
+
+def test_adaptive_pool_edge_cases(device):
+    out = Tensor(randn(1, 2, 4, 4), device=device).adaptive_avg_pool2d(0)
+    assert out.shape == (1, 2, 0, 0)
+    x = np.zeros((1, 3, 0, 4), np.float32)
+    raises_like(lambda: Tensor(x).adaptive_avg_pool2d(2), lambda: F.adaptive_avg_pool2d(torch.tensor(x), 2))
+
+
+# --------------------------------------------------------------------------------------------------
+# interpolate
+# --------------------------------------------------------------------------------------------------
+INTERP_CASES = [
+    ("linear", (7, 9), False), ("linear", (3, 2), False), ("linear", (7, 5), True), ("linear", (1, 3), True),
+    ("nearest", (10, 8), False), ("nearest", (3, 3), False), ("nearest", (7, 5), False),
+    ("nearest-exact", (7, 3), False),
+]
+
+
+@pytest.mark.parametrize("mode,size,align", INTERP_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in INTERP_CASES])
+def test_interpolate(device, mode, size, align):
+    tmode = "bilinear" if mode == "linear" else mode
+    kw = {"align_corners": True} if align else {}
+    compare(device, lambda x: x.interpolate(size, mode=mode, **kw),
+            lambda x: F.interpolate(x, size=size, mode=tmode, **kw), [randn(1, 2, 5, 4)])
+
+
+def test_interpolate_1d_views_and_ints(device):
+    compare(device, lambda x: x.interpolate((7,)), lambda x: F.interpolate(x, size=7, mode="linear"),
+            [randn(2, 3, 4)], ["permuted"])
+    compare(device, lambda x: x.interpolate(6, mode="bilinear"), lambda x: F.interpolate(x, size=6, mode="bilinear"),
+            [randn(1, 1, 4, 3)], ["flipped"])
+    img = rng.integers(0, 255, size=(1, 3, 4, 5)).astype(np.uint8)
+    compare(device, lambda x: x.interpolate((6, 7), mode="nearest"), lambda x: F.interpolate(x, (6, 7)), [img])
+
+
+def test_interpolate_errors():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    raises_like(lambda: Tensor(x).interpolate((5, 5), mode="nearest", align_corners=True),
+                lambda: F.interpolate(torch.tensor(x), (5, 5), mode="nearest", align_corners=True))
+    raises_like(lambda: Tensor(x).interpolate((5, 5), mode="cubic-ish"),
+                lambda: F.interpolate(torch.tensor(x), (5, 5), mode="cubic-ish"))
