@@ -109,7 +109,14 @@ class dtypes:
     def from_py(x: Any) -> DType:
         """The dtype torch gives a Python value (nested lists use their widest element)."""
         if isinstance(x, (list, tuple)):
-            return max((dtypes.from_py(v) for v in x), key=lambda d: _CATEGORY[d.kind], default=dtypes.default_float)
+            if not x:
+                return dtypes.default_float
+            out = dtypes.from_py(x[0])
+            for v in x[1:]:
+                out = promote_types(out, dtypes.from_py(v))
+            return out
+        if isinstance(x, np.generic) and not isinstance(x, np.bool_):
+            return from_np_dtype(x.dtype)  # numpy scalars keep their own dtype, as in torch
         if isinstance(x, (bool, np.bool_)):
             return dtypes.bool
         if isinstance(x, (int, np.integer)):

@@ -331,8 +331,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
-        c = Tensor(make_const(fill_value, dt, dev), **kwargs)
-        return c.reshape((1,) * len(shp)).expand(shp) if shp else c
+        c = Tensor(make_const(fill_value, dt, dev))
+        if shp:
+            c = c.reshape((1,) * len(shp)).expand(shp)
+        return Tensor(c.lazydata, **kwargs)  # a fresh leaf, so requires_grad=True gets a .grad
 
     @staticmethod
     def zeros(*shape: Any, **kwargs: Any) -> Tensor:
@@ -422,10 +424,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, new)) if s != n)
         return x if new == x.shape else x._view(lambda st: st.expand(new), lambda g: g.sum(axes, keepdim=True))
 
-    def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
-        """Pad with ``value``. ``padding`` is per-dim ``((before, after), ...)`` or torch's flat form."""
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0.0) -> Tensor:
+        """Pad with ``value`` (or reflect/replicate/circular ``mode``).
+
+        ``padding`` is per-dim ``((before, after), ...)`` or torch's flat form (last dim first).
+        """
         if mode != "constant":
-            raise NotImplementedError(f"pad mode {mode!r} is not supported yet")
+            return self._pad_mode(padding, mode)
         if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
             flat = list(padding)
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
@@ -469,8 +474,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     def __getitem__(self, indices: Any) -> Tensor:
         """Basic indexing: ints, slices (any step), None and ``...``."""
         idx = list(indices) if isinstance(indices, tuple) else [indices]
-        if any(isinstance(i, Tensor) or isinstance(i, (list, np.ndarray)) for i in idx):
-            raise NotImplementedError("indexing with tensors or lists is not supported yet")
+        if any(not (i is None or i is Ellipsis or isinstance(i, slice) or
+                    (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))) for i in idx):
+            return self._getitem_advanced(indices)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
@@ -628,8 +634,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     # --- linear algebra ------------------------------------------------------------------
 
     # --- indexing helpers kept small here; the full API grows in later modules ----------
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise NotImplementedError("__setitem__ is not supported yet")
 
 class no_grad(contextlib.ContextDecorator):
     """``with no_grad():`` (or as a decorator): build graphs without recording gradients."""

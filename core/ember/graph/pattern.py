@@ -7,6 +7,7 @@ a graph until nothing changes.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any, Callable
 
 from ember.dtype import DType
@@ -76,6 +77,8 @@ class PatternMatcher:
 
     def __init__(self, rules: list[tuple[UPat, RewriteFn]]):
         self.rules = rules
+        # rewriting is a pure function of the (immutable, hash-consed) node: remember results
+        self.cache: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
         self.by_op: dict[Ops, list[tuple[UPat, RewriteFn]]] = {}
         self.any_op: list[tuple[UPat, RewriteFn]] = []
         for pat, fn in rules:
@@ -101,6 +104,9 @@ class PatternMatcher:
 
 def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
     """Rewrite every node bottom-up with ``pm`` until a fixed point; returns the new root."""
+    cache = pm.cache
+    if root in cache:
+        return cache[root]
     memo: dict[UOp, UOp] = {}
 
     def rebuild(node: UOp) -> UOp:
@@ -121,6 +127,9 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
                 return node
         raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
 
-    for n in toposort([root]):
-        memo[n] = rebuild(n)
+    for n in toposort([root], stop=lambda u: u in cache):
+        hit = cache.get(n)
+        memo[n] = hit if hit is not None else rebuild(n)
+    for n, out in memo.items():
+        cache[n] = out
     return memo[root]
