@@ -4,13 +4,14 @@
 - ``device`` runs a test once per device among CPU and PYTHON, skipping (with the reason) a device
   that is not usable here;
 - a test that takes a ``view`` argument runs once per kind of input layout (contiguous, permuted,
-  flipped, shrunk, padded, expanded), and the ``make`` fixture builds a tensor of that layout from a
-  numpy array together with the numpy array it must equal;
+  flipped, shrunk, padded, expanded; ``@pytest.mark.views("contiguous", "permuted")`` picks a subset),
+  and the ``make`` fixture builds a tensor of that layout from a numpy array together with the numpy
+  array it must equal;
 - ``check`` compares a tensor with its numpy oracle: shape, dtype and values.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pytest
@@ -41,9 +42,28 @@ def device(request: pytest.FixtureRequest) -> str:
     return name
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "views(*kinds): run a test that takes `view` only for these layout kinds")
+
+
+def _argnames(names: str | Sequence[str]) -> list[str]:
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "view" in metafunc.fixturenames:
-        metafunc.parametrize("view", VIEW_KINDS)
+    explicit = any("view" in _argnames(m.args[0]) for m in metafunc.definition.iter_markers("parametrize"))
+    if "view" in metafunc.fixturenames and not explicit:
+        marker = metafunc.definition.get_closest_marker("views")
+        kinds = marker.args if marker is not None else VIEW_KINDS
+        unknown = set(kinds) - set(VIEW_KINDS)
+        if unknown:
+            raise ValueError(f"unknown view kinds {sorted(unknown)}; known: {VIEW_KINDS}")
+        metafunc.parametrize("view", kinds)
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy that stays 0-d for 0-d input (np.ascontiguousarray would make it 1-d)."""
+    return np.array(a, order="C")
 
 
 def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None = None,
@@ -59,24 +79,28 @@ def build_view(a: np.ndarray, view: str, device: str, dtype: DType | str | None 
         return Tensor(a, device=device, dtype=dtype), a
     if view == "permuted":
         order = tuple(reversed(range(nd)))
-        return Tensor(np.ascontiguousarray(a.transpose(order)), device=device, dtype=dtype).permute(order), a
+        return Tensor(_c_order(a.transpose(order)), device=device, dtype=dtype).permute(order), a
     if view == "flipped":
         axes = tuple(range(nd))
-        return Tensor(np.ascontiguousarray(np.flip(a, axes)), device=device, dtype=dtype).flip(axes), a
+        return Tensor(_c_order(np.flip(a, axes)), device=device, dtype=dtype).flip(axes), a
     if view == "shrunk":
         # ``a`` sits inside a bigger array whose border holds other values
+        if nd == 0:
+            return Tensor(a, device=device, dtype=dtype).shrink(()), a
         big = np.pad(a, [(1, 2)] * nd, mode="wrap") if a.size else np.pad(a, [(1, 2)] * nd)
         return Tensor(big, device=device, dtype=dtype).shrink(tuple((1, 1 + s) for s in a.shape)), a
     if view == "padded":
         # the inside of ``a`` padded back to full size with ``pad_value``
+        if nd == 0:
+            return Tensor(a, device=device, dtype=dtype).pad((), value=pad_value), a
         pads = [(1, 1) if s >= 2 else (0, 0) for s in a.shape]
         inner = a[tuple(slice(lo, s - hi) for (lo, hi), s in zip(pads, a.shape))]
-        t = Tensor(np.ascontiguousarray(inner), device=device, dtype=dtype).pad(tuple(pads), value=pad_value)
+        t = Tensor(_c_order(inner), device=device, dtype=dtype).pad(tuple(pads), value=pad_value)
         return t, np.pad(inner, pads, constant_values=np.asarray(pad_value).astype(a.dtype))
     if view == "expanded":
         # the first entry of every axis broadcast over that axis
         first = a[tuple(slice(0, min(1, s)) for s in a.shape)]
-        t = Tensor(np.ascontiguousarray(first), device=device, dtype=dtype).expand(a.shape)
+        t = Tensor(_c_order(first), device=device, dtype=dtype).expand(a.shape)
         return t, np.broadcast_to(first, a.shape).copy()
     raise ValueError(f"unknown view kind {view!r}")
 

@@ -56,7 +56,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
-        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dev = _device(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
         self.requires_grad = requires_grad
@@ -192,7 +192,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
 
     def to(self, device: str | None) -> Tensor:
         """This tensor on ``device`` (a lazy copy; the same tensor when already there)."""
-        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dev = _device(device)
         if dev == self.device:
             return self
         Device[dev]  # fail now, naming the device, rather than at realize time
@@ -330,7 +330,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         """A tensor of ``shape`` filled with ``fill_value``."""
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dev = _device(device)
         c = Tensor(make_const(fill_value, dt, dev))
         if shp:
             c = c.reshape((1,) * len(shp)).expand(shp)
@@ -353,7 +353,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         """An uninitialized tensor (its own buffer, contents unspecified)."""
         shp = Tensor._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dev = _device(device)
         return Tensor(buffer_view(new_buffer(dev, prod(shp), dt), shp), **kwargs)
 
     # --- movement ------------------------------------------------------------------------
@@ -644,6 +644,15 @@ class no_grad(contextlib.ContextDecorator):
 
     def __exit__(self, *exc: object) -> None:
         Tensor.no_grad = self.prev
+
+def _device(device: str | None) -> str:
+    """The canonical device name, failing now (naming the device and what is installed) if it is unknown."""
+    if device is None:
+        return Device.DEFAULT
+    dev = Device.canonicalize(device)
+    Device[dev]
+    return dev
+
 
 def _tape_leaves(root: Tensor) -> list[Tensor]:
     from ember.autograd import toposort_tape

@@ -249,12 +249,22 @@ def nonzero(a: np.ndarray) -> np.ndarray:
     return np.where(np.abs(a) < 0.25, np.float32(0.5), a).astype(a.dtype)
 
 
-@pytest.mark.parametrize("name", BINARY)
+# Layouts change only how inputs are indexed, not the ALU op: a representative op per kind of lowering runs on
+# every layout (add: plain ALU, div: float division, minimum: compare + where); all ops run in the broadcast tests.
+@pytest.mark.parametrize("name", ["add", "div", "minimum"])
 def test_binary_views(name, make, check):
     ours, theirs = BINARY[name]
     x, xe = make(randf(3, 4))
     y, ye = make(nonzero(randf(3, 4)), pad_value=1.5)
     check(ours(x, y), theirs(xe, ye))
+
+
+@pytest.mark.parametrize("shape", [(), (0, 3), (2, 0)], ids=str)
+def test_elementwise_0d_and_empty_views(shape, make, check):
+    x, xe = make(randf(*shape))
+    y, ye = make(nonzero(randf(*shape)), pad_value=1.5)
+    check(x * y - x / y, xe * ye - xe / ye)
+    check((x < y).where(x.exp(), -y), np.where(xe < ye, np.exp(xe), -ye), **TRANSCENDENTAL_TOL)
 
 
 @pytest.mark.parametrize("name", BINARY)
@@ -290,7 +300,7 @@ def test_int_arithmetic(device, check):
     check(-x, -a)
 
 
-@pytest.mark.parametrize("name", COMPARE)
+@pytest.mark.parametrize("name", ["lt", "le", "ne"])
 def test_compare_views(name, make, check):
     fn = COMPARE[name]
     base = np.round(randf(3, 4))  # small integers, so ties are frequent
@@ -346,10 +356,8 @@ def test_where_broadcast_and_dtypes(device, check):
     check(Tensor(False, device=device).where(1.0, 2.0), np.array(2.0, np.float32))
 
 
-@pytest.mark.xfail(reason="Tensor.where with two Python scalars picks the result dtype by comparing DType.kind "
-                          "letters ('f' >= 'i' is False), so where(1.5, 0) and where(0, 1.5) give int64 and truncate "
-                          "1.5 to 1 instead of giving float32 like torch", strict=True)
 def test_where_two_python_scalars(device, check):
+    # the result dtype follows the higher category of the two scalars (float over int over bool), like torch
     c = np.array([True, False])
     t = Tensor(c, device=device)
     check(t.where(1.5, 0), np.array([1.5, 0.0], np.float32))
@@ -417,7 +425,7 @@ UNARY = {
 TRANSCENDENTAL_TOL = {"rtol": 2e-5, "atol": 2e-6}
 
 
-@pytest.mark.parametrize("name", UNARY)
+@pytest.mark.parametrize("name", ["exp", "abs", "cos", "relu"])
 def test_unary_views(name, make, check):
     ours, theirs, (lo, hi) = UNARY[name]
     x, xe = make(randf(3, 4, lo=lo, hi=hi))
@@ -542,7 +550,7 @@ def test_bool_ops(device, check):
     with pytest.raises(RuntimeError):
         x - y
     with pytest.raises(RuntimeError):
-        -x
+        x.neg()
 
 
 def test_chained_elementwise_against_numpy(make, check):

@@ -1,0 +1,240 @@
+"""Bad input gets a clear error: the right exception type, naming the shapes, devices or source involved."""
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import numpy as np
+import pytest
+
+from ember import Device, Tensor
+from ember.device.compiler import CompileError
+from ember.device.registry import ENTRY_POINT_GROUP, KNOWN_PLUGINS, _DeviceRegistry
+
+
+def mentions_shape(message: str, shape: tuple[int, ...]) -> bool:
+    """True when ``message`` names ``shape`` as (2, 3), [2, 3] or 2x3."""
+    forms = (str(tuple(shape)), str(list(shape)), "x".join(map(str, shape)))
+    return any(f in message for f in forms)
+
+
+# --------------------------------------------------------------------------------------------
+# shapes
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["add", "mul", "lt", "where", "maximum"])
+def test_elementwise_shape_mismatch_names_both_shapes(device, op):
+    x, y = Tensor.zeros(2, 3, device=device), Tensor.ones(4, 3, device=device)
+    fns = {"add": lambda: x + y, "mul": lambda: x * y, "lt": lambda: x < y, "maximum": lambda: x.maximum(y),
+           "where": lambda: (x > 0).where(x, y)}
+    with pytest.raises(RuntimeError) as info:
+        fns[op]()
+    msg = str(info.value)
+    assert mentions_shape(msg, (2, 3)) and mentions_shape(msg, (4, 3)), msg
+
+
+def test_broadcast_mismatch_in_trailing_dim(device):
+    with pytest.raises(RuntimeError) as info:
+        Tensor.zeros(5, 1, 3, device=device) - Tensor.zeros(4, 2, device=device)
+    assert mentions_shape(str(info.value), (5, 1, 3)) and mentions_shape(str(info.value), (4, 2))
+
+
+@pytest.mark.parametrize("a, b", [((2, 3), (4, 5)), ((3,), (2, 4)), ((2, 3), (2,)), ((2, 2, 3), (2, 4, 5))], ids=str)
+def test_matmul_mismatch_names_both_shapes(device, a, b):
+    with pytest.raises(RuntimeError) as info:
+        Tensor.zeros(*a, device=device) @ Tensor.zeros(*b, device=device)
+    msg = str(info.value)
+    assert mentions_shape(msg, a[-2:] if len(a) > 1 else a) or mentions_shape(msg, a), msg
+    assert mentions_shape(msg, b[-2:] if len(b) > 1 else b) or mentions_shape(msg, b), msg
+
+
+def test_matmul_of_0d_is_an_error(device):
+    with pytest.raises(RuntimeError, match="1D"):
+        Tensor(2.0, device=device) @ Tensor.ones(2, device=device)
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (7,), (-1, 4), (2, -1, -1), (0, 6), (-2, -3)], ids=str)
+def test_bad_reshape(device, shape):
+    with pytest.raises(RuntimeError):
+        Tensor.zeros(2, 3, device=device).reshape(shape)
+
+
+def test_bad_reshape_message_names_size(device):
+    with pytest.raises(RuntimeError, match="6"):
+        Tensor.zeros(2, 3, device=device).reshape(4, 2)
+
+
+def test_bad_movement_args(device):
+    t = Tensor.zeros(2, 3, device=device)
+    with pytest.raises(RuntimeError):
+        t.permute(0, 0)
+    with pytest.raises((RuntimeError, IndexError)):
+        t.permute(0, 1, 2)
+    with pytest.raises(RuntimeError):
+        t.expand(4, 3)  # 2 is not 1, so it cannot be expanded
+    with pytest.raises(RuntimeError):
+        t.expand(3)
+    with pytest.raises(RuntimeError):
+        t.shrink(((0, 3), (0, 3)))
+    with pytest.raises(RuntimeError):
+        t.shrink(((1, 0), (0, 3)))
+    with pytest.raises(RuntimeError):
+        t.pad(((1, 1),))
+    with pytest.raises(IndexError):
+        t.flip(2)
+    with pytest.raises(IndexError):
+        t.transpose(0, 2)
+    with pytest.raises(IndexError):
+        t.unsqueeze(4)
+
+
+@pytest.mark.parametrize("index", [5, -4, (0, 3), (1, -4), (0, 0, 0), (slice(None), 3)], ids=str)
+def test_index_out_of_bounds(device, index):
+    t = Tensor(np.zeros((3, 3), np.float32), device=device)
+    with pytest.raises(IndexError):
+        t[index]
+
+
+def test_index_message_names_the_index(device):
+    with pytest.raises(IndexError, match="5"):
+        Tensor([1, 2, 3], device=device)[5]
+
+
+def test_reduce_axis_out_of_range(device):
+    t = Tensor.zeros(2, 3, device=device)
+    with pytest.raises(IndexError):
+        t.sum(2)
+    with pytest.raises(IndexError):
+        t.max((0, -3))
+
+
+# --------------------------------------------------------------------------------------------
+# values and types
+# --------------------------------------------------------------------------------------------
+
+def test_item_and_bool_need_one_element(device):
+    t = Tensor([1.0, 2.0], device=device)
+    with pytest.raises(RuntimeError):
+        t.item()
+    with pytest.raises(RuntimeError):
+        bool(t)
+    assert Tensor([[3.5]], device=device).item() == 3.5
+
+
+def test_unsupported_construction(device):
+    with pytest.raises(TypeError):
+        Tensor({"a": 1}, device=device)
+    with pytest.raises(TypeError):
+        Tensor([1.0], device=device) + "2"
+    with pytest.raises(ValueError):
+        Tensor([[1, 2], [3]], device=device)
+
+
+def test_negative_sizes_and_bad_arange(device):
+    with pytest.raises(RuntimeError):
+        Tensor.zeros(2, -1, device=device)
+    with pytest.raises(RuntimeError):
+        Tensor.arange(0, 5, 0, device=device)
+
+
+def test_len_of_0d(device):
+    with pytest.raises(TypeError):
+        len(Tensor(1.0, device=device))
+    assert len(Tensor.zeros(4, 2, device=device)) == 4
+
+
+# --------------------------------------------------------------------------------------------
+# devices
+# --------------------------------------------------------------------------------------------
+
+def test_unknown_device_names_it_and_the_installed_ones():
+    with pytest.raises(RuntimeError) as info:
+        Tensor([1], device="FOO")
+    msg = str(info.value)
+    assert "FOO" in msg
+    for name in Device.specs():
+        assert name in msg, f"installed device {name} is not listed in: {msg}"
+
+
+def test_unknown_device_in_to():
+    t = Tensor([1.0])
+    with pytest.raises(RuntimeError, match="BAR"):
+        t.to("BAR")
+
+
+def test_unknown_device_in_creation_helpers():
+    with pytest.raises(RuntimeError, match="FOO"):
+        Tensor.rand(2, device="foo:1")
+    with pytest.raises(RuntimeError, match="FOO"):
+        Tensor.arange(3, device="FOO")
+
+
+@pytest.mark.parametrize("make_tensor", [
+    lambda: Tensor.zeros(2, device="FOO"), lambda: Tensor.ones(2, 3, device="foo"),
+    lambda: Tensor.full((2,), 1.5, device="FOO:1"), lambda: Tensor.empty(4, device="FOO"),
+], ids=["zeros", "ones", "full", "empty"])
+def test_unknown_device_in_lazy_creation_fails_at_once(make_tensor):
+    with pytest.raises(RuntimeError, match="FOO"):
+        make_tensor()
+
+
+def test_unknown_device_in_constant_creation_fails_by_realize():
+    with pytest.raises(RuntimeError, match="FOO"):
+        Tensor.ones(2, device="FOO").numpy()
+
+
+def test_opencl_not_installed_names_the_pip_extra():
+    # a registry of what is installed, minus the OpenCL plugin: as if `ember[opencl]` had not been installed
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+           if not (ep.dist is not None and ep.dist.name == "ember-opencl") and ep.name != "opencl"]
+    registry = _DeviceRegistry(entry_points=eps)
+    with pytest.raises(RuntimeError) as info:
+        registry["CL"]
+    msg = str(info.value)
+    assert "ember[opencl]" in msg, msg
+    assert "CL" in msg
+    assert registry.probe("CL") is not None
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_PLUGINS))
+def test_missing_first_party_device_names_the_pip_extra(name):
+    if name in Device.specs():
+        pytest.skip(f"{name} is installed here")
+    extra = KNOWN_PLUGINS[name][0]
+    with pytest.raises(RuntimeError) as info:
+        Tensor([1], device=name)
+    assert f"ember[{extra}]" in str(info.value)
+    assert name in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# compilation
+# --------------------------------------------------------------------------------------------
+
+def cpu_device():
+    if "CPU" not in Device.available():
+        pytest.skip(f"CPU is not usable here: {Device.probe('CPU')}")
+    return Device["CPU"]
+
+
+def test_compile_error_shows_source_and_compiler_output():
+    broken = "void f( {"
+    with pytest.raises(CompileError) as info:
+        cpu_device().compiler.compile(broken)
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.src == broken
+    assert err.output.strip(), "the compiler's output is missing"
+    msg = str(err)
+    assert broken in msg
+    assert err.output.strip().splitlines()[0] in msg
+    assert re.search(r"error", msg, re.IGNORECASE)
+
+
+def test_compile_error_through_the_cache_is_not_cached():
+    compiler = cpu_device().compiler
+    broken = "int g(void) { return undefined_name_xyz; }"
+    for _ in range(2):
+        with pytest.raises(CompileError, match="undefined_name_xyz"):
+            compiler.compile_cached(broken)
+    assert broken not in compiler.memory_cache

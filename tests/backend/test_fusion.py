@@ -1,0 +1,129 @@
+"""Fusion: how many kernels a computation runs, counted with GlobalCounters.
+
+Inputs are realized before the counters are reset, so only the computation under test is counted.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import GlobalCounters, Tensor
+
+RNG = np.random.default_rng(5)
+
+
+def randf(*shape: int) -> np.ndarray:
+    return RNG.uniform(-2, 2, size=shape).astype(np.float32)
+
+
+def count_kernels(*outs: Tensor) -> int:
+    """Realize ``outs`` (whose inputs are already realized) and return the number of kernels that ran."""
+    GlobalCounters.reset()
+    Tensor.realize_all(*outs)
+    return GlobalCounters.kernel_count
+
+
+def realized(a: np.ndarray, device: str) -> Tensor:
+    return Tensor(a, device=device).realize()
+
+
+def test_elementwise_chain_is_one_kernel(device, check):
+    a = randf(4, 5)
+    x = realized(a, device)
+    out = ((x + 1.0) * 2.0 - 0.5).relu().exp()
+    assert count_kernels(out) == 1
+    check(out, np.exp(np.maximum((a + 1) * 2 - 0.5, 0)), rtol=2e-5)
+
+
+def test_elementwise_chain_on_views_is_one_kernel(device, check):
+    a = randf(4, 5)
+    x = realized(a, device)
+    out = (x.T.flip(0) * 3.0 + x.T).pad(((1, 0), (0, 1))).sqrt().neg() + 1.0
+    assert count_kernels(out) == 1
+    with np.errstate(invalid="ignore"):
+        check(out, -np.sqrt(np.pad(a.T[::-1] * 3 + a.T, ((1, 0), (0, 1)))) + 1)
+
+
+def test_multiply_add_sum_is_one_kernel(device, check):
+    a, b, c = randf(3, 6), randf(3, 6), randf(3, 6)
+    x, y, z = realized(a, device), realized(b, device), realized(c, device)
+    out = (x * y + z).sum(1)
+    assert count_kernels(out) == 1
+    check(out, (a * b + c).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_is_one_kernel(device, check):
+    a, b = randf(3, 4), randf(4, 5)
+    x, y = realized(a, device), realized(b, device)
+    out = x @ y
+    assert count_kernels(out) == 1
+    check(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_of_transposed_inputs_is_one_kernel(device):
+    x, y = realized(randf(4, 3), device), realized(randf(5, 4), device)
+    assert count_kernels(x.T @ y.T) == 1
+
+
+def test_softmax_at_most_three_kernels(device, check):
+    a = randf(3, 7)
+    x = realized(a, device)
+    e = (x - x.max(1, keepdim=True)).exp()
+    out = e / e.sum(1, keepdim=True)
+    assert count_kernels(out) <= 3
+    ea = np.exp(a - a.max(1, keepdims=True))
+    check(out, ea / ea.sum(1, keepdims=True), rtol=2e-5, atol=1e-6)
+
+
+def test_realized_tensor_runs_nothing_again(device):
+    x = realized(randf(2, 3), device)
+    out = (x * 2.0).realize()
+    assert count_kernels(out) == 0
+    out.numpy()
+    assert count_kernels(x) == 0
+
+
+def test_schedule_matches_kernel_count(device):
+    x, y = realized(randf(3, 4), device), realized(randf(3, 4), device)
+    out = ((x + y) * 2.0).sum(0)
+    n = len(out.schedule())
+    assert n == 1
+    assert count_kernels(out) == n
+
+
+def test_shared_input_two_outputs(device, check):
+    a = randf(2, 5)
+    x = realized(a, device)
+    p, q = x + 1.0, x * 3.0
+    assert count_kernels(p, q) <= 2
+    check(p, a + 1)
+    check(q, a * 3)
+
+
+def test_reduce_then_elementwise_at_most_two(device, check):
+    a = randf(4, 6)
+    x = realized(a, device)
+    out = x.sum(1) * 2.0 + 1.0
+    assert count_kernels(out) <= 2
+    check(out, a.sum(1) * 2 + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_same_computation_twice_compiles_once(device):
+    a = randf(3, 9)
+    x = realized(a, device)
+    (x * 7.0 - 1.0).exp2().realize()
+    GlobalCounters.reset()
+    (realized(randf(3, 9), device) * 7.0 - 1.0).exp2().realize()
+    assert GlobalCounters.kernel_count == 1
+    assert GlobalCounters.kernels_compiled == 0
+
+
+@pytest.mark.parametrize("n_ops", [1, 8, 20])
+def test_long_chain_stays_one_kernel(device, check, n_ops):
+    a = randf(5)
+    x = realized(a, device)
+    out, ref = x, a.copy()
+    for i in range(n_ops):
+        out, ref = out * 0.5 + float(i), ref * np.float32(0.5) + np.float32(i)
+    assert count_kernels(out) == 1
+    check(out, ref, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,247 @@
+"""Reductions (sum, max, min, mean) and matmul against numpy, on contiguous and non-contiguous inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Tensor, dtypes
+
+RNG = np.random.default_rng(99)
+
+# float32 sums are accumulated in a different order than numpy's pairwise sum: allow a few ulp per term.
+REDUCE_TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+REDUCES = {  # name: (ember, numpy), both called as f(x, axis, keepdim)
+    name: (lambda t, axis, keepdim, n=name: getattr(t, n)(axis, keepdim=keepdim),
+           lambda a, axis, keepdim, n=name: getattr(a, n)(axis, keepdims=keepdim))
+    for name in ("sum", "max", "min", "mean")
+}
+AXES = [None, 0, 1, -1, (0, 2), (-1, 0), (1,), (0, 1, 2)]
+VIEW_AXES = [None, 1, -1, (0, 2)]  # every layout: all axes, a middle one, the innermost one, two at once
+
+
+def randf(*shape: int) -> np.ndarray:
+    return RNG.uniform(-3, 3, size=shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", REDUCES)
+@pytest.mark.parametrize("axis", VIEW_AXES, ids=str)
+def test_reduce_views(name, axis, make, check):
+    ours, theirs = REDUCES[name]
+    t, e = make(randf(2, 3, 4))
+    for keepdim in (False, True):
+        check(ours(t, axis, keepdim), theirs(e, axis, keepdim), **REDUCE_TOL)
+
+
+@pytest.mark.parametrize("name", REDUCES)
+def test_reduce_every_axis(device, check, name):
+    ours, theirs = REDUCES[name]
+    a = randf(2, 3, 4)
+    t = Tensor(a, device=device)
+    for axis in AXES:
+        for keepdim in (False, True):
+            check(ours(t, axis, keepdim), theirs(a, axis, keepdim), **REDUCE_TOL)
+
+
+@pytest.mark.parametrize("name", REDUCES)
+def test_reduce_0d(device, check, name):
+    ours, theirs = REDUCES[name]
+    a = np.array(2.5, np.float32)
+    t = Tensor(a, device=device)
+    for keepdim in (False, True):
+        check(ours(t, None, keepdim), np.asarray(theirs(a, None, False)))
+
+
+@pytest.mark.parametrize("name", REDUCES)
+def test_reduce_0d_with_axis(device, check, name):
+    ours, theirs = REDUCES[name]
+    a = np.array(2.5, np.float32)
+    t = Tensor(a, device=device)
+    for axis in (0, -1, (0,)):
+        for keepdim in (False, True):
+            check(ours(t, axis, keepdim), np.asarray(theirs(a, None, False)))
+
+
+def test_sum_size_zero(device, check):
+    a = np.zeros((0, 3), np.float32)
+    t = Tensor(a, device=device)
+    check(t.sum(), np.array(0.0, np.float32))
+    check(t.sum(0), np.zeros(3, np.float32))
+    check(t.sum(1), np.zeros(0, np.float32))
+    check(t.sum(0, keepdim=True), np.zeros((1, 3), np.float32))
+    check(Tensor(np.zeros((0,), np.int32), device=device).sum(), np.array(0, np.int64))
+    check(Tensor(np.zeros((2, 0, 3), np.float32), device=device).sum((0, 1)), np.zeros(3, np.float32))
+    check(Tensor(np.zeros((2, 0), np.float32), device=device).max(0), np.zeros(0, np.float32))
+
+
+def test_sum_size_zero_views(make, check):
+    t, e = make(np.zeros((0, 3), np.float32))
+    check(t.sum(), np.array(0.0, np.float32))
+    check(t.sum(0), e.sum(0))
+    check(t.sum(1, keepdim=True), e.sum(1, keepdims=True))
+
+
+def test_mean_size_zero_is_nan(device, check):
+    with np.errstate(all="ignore"):
+        check(Tensor(np.zeros((0, 3), np.float32), device=device).mean(0), np.full(3, np.nan, np.float32))
+        check(Tensor(np.zeros((0,), np.float32), device=device).mean(), np.array(np.nan, np.float32))
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_of_empty_raise(device, name):
+    t = Tensor(np.zeros((0, 3), np.float32), device=device)
+    with pytest.raises((IndexError, RuntimeError)):
+        getattr(t, name)()
+    with pytest.raises((IndexError, RuntimeError)):
+        getattr(t, name)(0)
+
+
+@pytest.mark.parametrize("npdt, out", [(np.int8, np.int64), (np.int32, np.int64), (np.int64, np.int64),
+                                       (np.uint8, np.int64), (np.int16, np.int64), (np.bool_, np.int64),
+                                       (np.uint32, np.int64), (np.uint64, np.int64),
+                                       (np.float16, np.float16), (np.float64, np.float64)],
+                         ids=lambda x: np.dtype(x).name)
+def test_sum_dtype(device, check, npdt, out):
+    a = (np.arange(12).reshape(3, 4) % 5 * (1 if npdt is np.bool_ else 25)).astype(npdt)
+    t = Tensor(a, device=device)
+    check(t.sum(), a.sum(dtype=out))
+    check(t.sum(1), a.sum(1, dtype=out))
+    check(t.T.sum(0, keepdim=True), a.T.sum(0, keepdims=True, dtype=out))
+
+
+def test_int_sum_does_not_overflow_narrow_dtype(device, check):
+    a = np.full((4, 50), 100, np.int8)  # 20000 does not fit in int8 or int16 when summed
+    check(Tensor(a, device=device).sum(), np.array(20000, np.int64))
+    b = np.full(10, 2 ** 31 - 1, np.int32)
+    check(Tensor(b, device=device).sum(), np.array(10 * (2 ** 31 - 1), np.int64))
+
+
+def test_sum_explicit_dtype(device, check):
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    check(Tensor(a, device=device).sum(1, dtype=dtypes.int32), a.sum(1, dtype=np.int32))
+    check(Tensor(a, device=device).sum(dtype="float32"), np.array(15.0, np.float32))
+
+
+@pytest.mark.parametrize("npdt", [np.int8, np.int32, np.uint8, np.int64, np.float16, np.bool_],
+                         ids=lambda x: np.dtype(x).name)
+def test_max_min_keep_dtype(device, check, npdt):
+    if npdt is np.bool_:
+        a = np.array([[True, False, False], [False, False, False]])
+    else:
+        info = np.iinfo(npdt) if np.dtype(npdt).kind in "iu" else np.finfo(npdt)
+        a = np.array([[info.min, 3, 0], [1, info.max, 2]], dtype=npdt)
+    t = Tensor(a, device=device)
+    check(t.max(), a.max())
+    check(t.min(), a.min())
+    check(t.max(1), a.max(1))
+    check(t.min(0), a.min(0))
+
+
+def test_max_min_special_values(device, check):
+    a = np.array([[-np.inf, -1.0], [np.nan, 2.0], [np.inf, -0.0]], np.float32)
+    t = Tensor(a, device=device)
+    check(t.max(1), a.max(1))
+    check(t.min(1), a.min(1))
+    check(t.max(0), a.max(0))
+    check(t.min(0), a.min(0))
+    check(Tensor(np.full(3, -np.inf, np.float32), device=device).max(), np.array(-np.inf, np.float32))
+
+
+def test_mean_int_is_an_error(device):
+    with pytest.raises(RuntimeError):
+        Tensor([1, 2, 3], device=device).mean()
+
+
+def test_reduce_broadcast_and_chain(device, check):
+    a, b = randf(3, 1, 5), randf(4, 1)
+    x, y = Tensor(a, device=device), Tensor(b, device=device)
+    check((x * y).sum(1), (a * b).sum(1), **REDUCE_TOL)
+    check((x + y).max((0, 2), keepdim=True), (a + b).max((0, 2), keepdims=True))
+    check(x.sum(2).mean(), a.sum(2).mean(), **REDUCE_TOL)
+    check(x.expand(3, 4, 5).sum(1), np.broadcast_to(a, (3, 4, 5)).sum(1), **REDUCE_TOL)
+    check((x - x.max(2, keepdim=True)).exp().sum(2), np.exp(a - a.max(2, keepdims=True)).sum(2), **REDUCE_TOL)
+
+
+def test_reduce_larger(device, check):
+    a = randf(37, 129)
+    t = Tensor(a, device=device)
+    check(t.sum(), a.sum(dtype=np.float64).astype(np.float32), rtol=1e-4, atol=1e-3)
+    check(t.sum(0), a.sum(0), rtol=1e-4, atol=1e-4)
+    check(t.max(1), a.max(1))
+    check(t.mean(0), a.mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_reduce_axis_out_of_range(device):
+    t = Tensor(randf(2, 3), device=device)
+    with pytest.raises(IndexError):
+        t.sum(2)
+    with pytest.raises(IndexError):
+        t.max(-3)
+
+
+# --------------------------------------------------------------------------------------------
+# matmul
+# --------------------------------------------------------------------------------------------
+
+# float32 dot products of length <= 16: rounding of partial sums differs from numpy's BLAS
+MATMUL_TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.mark.parametrize("shapes", [
+    ((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)),
+    ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((1, 1), (1, 1)), ((5, 16), (16, 3)), ((4,), (2, 4, 3)),
+    ((2, 3, 4), (4,)),
+], ids=str)
+def test_matmul_shapes(device, check, shapes):
+    a, b = randf(*shapes[0]), randf(*shapes[1])
+    check(Tensor(a, device=device) @ Tensor(b, device=device), a @ b, **MATMUL_TOL)
+
+
+def test_matmul_views(make, check):
+    x, xe = make(randf(3, 4))
+    y, ye = make(randf(4, 5))
+    check(x @ y, xe @ ye, **MATMUL_TOL)
+    check(x.matmul(y), xe @ ye, **MATMUL_TOL)
+    check(y.T @ x.T, ye.T @ xe.T, **MATMUL_TOL)
+    v, ve = make(randf(4))
+    check(v @ y, ve @ ye, **MATMUL_TOL)
+    check(x @ v, xe @ ve, **MATMUL_TOL)
+    check(v @ v, ve @ ve, **MATMUL_TOL)
+
+
+def test_matmul_transposed_inputs(device, check):
+    a, b = randf(4, 3), randf(5, 4)
+    x, y = Tensor(a, device=device), Tensor(b, device=device)
+    check(x.T @ y.T, a.T @ b.T, **MATMUL_TOL)
+    check(x.T @ x, a.T @ a, **MATMUL_TOL)
+    c = randf(2, 4, 3)
+    check(Tensor(c, device=device).permute(2, 0, 1)[::-1] @ x, c.transpose(2, 0, 1)[::-1] @ a, **MATMUL_TOL)
+    check(Tensor(c, device=device).transpose(1, 2) @ Tensor(c, device=device), c.transpose(0, 2, 1) @ c, **MATMUL_TOL)
+
+
+def test_matmul_size_zero(device, check):
+    check(Tensor(randf(0, 3), device=device) @ Tensor(randf(3, 4), device=device), np.zeros((0, 4), np.float32))
+    check(Tensor(randf(3, 0), device=device) @ Tensor(randf(0, 4), device=device), np.zeros((3, 4), np.float32))
+    check(Tensor(randf(0), device=device) @ Tensor(randf(0), device=device), np.array(0.0, np.float32))
+
+
+def test_matmul_dtypes(device, check):
+    a, b = randf(2, 3).astype(np.float64), randf(3, 2).astype(np.float64)
+    check(Tensor(a, device=device) @ Tensor(b, device=device), a @ b)
+    h, g = randf(2, 3).astype(np.float16), randf(3, 2).astype(np.float16)
+    check(Tensor(h, device=device) @ Tensor(g, device=device), (h.astype(np.float32) @ g.astype(np.float32))
+          .astype(np.float16), rtol=2e-3, atol=2e-3)
+    i, j = np.arange(6, dtype=np.int64).reshape(2, 3), np.arange(6, dtype=np.int64).reshape(3, 2) - 2
+    check(Tensor(i, device=device) @ Tensor(j, device=device), i @ j)
+    check(Tensor(a, device=device) @ Tensor(b.astype(np.float32), device=device), a @ b.astype(np.float32))
+
+
+def test_matmul_int32_keeps_dtype(device, check):
+    i, j = np.arange(6, dtype=np.int32).reshape(2, 3), np.arange(6, dtype=np.int32).reshape(3, 2) - 2
+    check(Tensor(i, device=device) @ Tensor(j, device=device), i @ j)
+
+
+def test_matmul_then_elementwise(device, check):
+    a, b, c = randf(3, 4), randf(4, 5), randf(5)
+    out = (Tensor(a, device=device) @ Tensor(b, device=device) + Tensor(c, device=device)).relu()
+    check(out, np.maximum(a @ b + c, 0), **MATMUL_TOL)
