@@ -119,7 +119,7 @@ def test_unwritable_cache_dir_warns_once(tmp_path, monkeypatch):
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("EMBER_CACHE_DIR", str(blocker / "cache"))
     c = CountingCompiler()
-    with pytest.warns(RuntimeWarning, match="compile cache"):
+    with pytest.warns(RuntimeWarning, match="disk cache"):
         assert c.compile_cached("int g;") == b"BIN:;g tni"
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -4,30 +4,16 @@ A device plugin subclasses :class:`Compiler` and implements :meth:`Compiler.comp
 everyone else calls :meth:`Compiler.compile_cached`, which looks in a per-instance
 dictionary, then in the on-disk cache, and compiles only on a double miss.
 
-Disk cache layout: one file per entry in ``cache_dir()/"compile"``, named by
-``sha256(cachekey + "\\0" + src)``. A file holds ``MAGIC + sha256(payload) + payload``.
-Entries are written to a temporary file in the same folder and renamed into place, so a
-reader never sees half an entry; an entry that fails the checks (wrong magic, wrong
-checksum, truncated) is deleted and recompiled, never used.
+Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0" + src``
+(see :mod:`ember.diskcache` for the crash-safe layout): a corrupt entry is recompiled, never used.
 """
 from __future__ import annotations
 
 import abc
-import hashlib
-import os
-import pathlib
-import tempfile
-import warnings
 
-from ember.helpers import CACHELEVEL, DEBUG, GlobalCounters, cache_dir
-
-#: First bytes of every disk cache entry (bump the digit when the layout changes).
-MAGIC = b"EMBERCC1"
-_DIGEST_LEN = 32
-
-# Cache folders that failed with an IO error, per direction: warned about once, then skipped for the process.
-_unreadable_dirs: set[str] = set()
-_unwritable_dirs: set[str] = set()
+from ember import diskcache
+from ember.diskcache import MAGIC  # noqa: F401  (part of the documented cache format)
+from ember.helpers import GlobalCounters
 
 
 class CompileError(RuntimeError):
@@ -71,75 +57,13 @@ class Compiler(abc.ABC):
         binary = self.memory_cache.get(src)
         if binary is not None:
             return binary
-        path = self._disk_path(src)
+        path = diskcache.entry_path("compile", f"{self.cachekey}\0{src}") if self.cachekey is not None else None
         if path is not None:
-            binary = self._disk_read(path)
+            binary = diskcache.read(path)
         if binary is None:
             binary = self.compile(src)
             GlobalCounters.kernels_compiled += 1
             if path is not None:
-                self._disk_write(path, binary)
+                diskcache.write(path, binary)
         self.memory_cache[src] = binary
         return binary
-
-    # ---- disk cache ----
-
-    def _disk_path(self, src: str) -> pathlib.Path | None:
-        """Where the entry for ``src`` lives, or ``None`` when the disk cache is off."""
-        if self.cachekey is None or CACHELEVEL.value <= 0:
-            return None
-        folder = cache_dir() / "compile"
-        name = hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
-        return folder / name
-
-    def _disk_read(self, path: pathlib.Path) -> bytes | None:
-        """The payload stored at ``path`` if it is present and intact, else ``None`` (a bad entry is deleted)."""
-        if str(path.parent) in _unreadable_dirs:
-            return None
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            _disk_failed(path.parent, e, _unreadable_dirs, "read")
-            return None
-        head = len(MAGIC) + _DIGEST_LEN
-        payload = data[head:]
-        intact = len(data) >= head and data[:len(MAGIC)] == MAGIC
-        if intact and hashlib.sha256(payload).digest() == data[len(MAGIC):head]:
-            return payload
-        if DEBUG >= 1:
-            print(f"compile cache: ignoring corrupt entry {path}")
-        try:
-            path.unlink()
-        except OSError:
-            pass  # a concurrent reader may have deleted it; the rewrite below replaces it anyway
-        return None
-
-    def _disk_write(self, path: pathlib.Path, payload: bytes) -> None:
-        """Store ``payload`` at ``path`` atomically; an IO error only warns (once per folder) and stops writes there."""
-        if str(path.parent) in _unwritable_dirs:
-            return
-        tmp_name = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-            os.replace(tmp_name, path)
-        except OSError as e:
-            if tmp_name is not None:
-                try:
-                    os.unlink(tmp_name)
-                except OSError:
-                    pass
-            _disk_failed(path.parent, e, _unwritable_dirs, "write")
-
-
-def _disk_failed(folder: pathlib.Path, error: OSError, broken: set[str], action: str) -> None:
-    """Warn once per folder and direction, then stop trying that direction."""
-    key = str(folder)
-    if key not in broken:
-        broken.add(key)
-        warnings.warn(f"compile cache: cannot {action} {folder} ({error}); continuing without it",
-                      RuntimeWarning, stacklevel=4)

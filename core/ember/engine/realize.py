@@ -6,13 +6,21 @@ source, so a second process compiles nothing.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import pathlib
+import pickle
+import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from ember import diskcache
 from ember.codegen import ProgramSpec, get_program
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
-from ember.graph.uop import Ops, UOp
+from ember.graph.uop import Ops, UOp, serialize_uop
 from ember.helpers import DEBUG, GlobalCounters, colored
 from ember.schedule import ScheduleItem
 
@@ -75,13 +83,57 @@ method_cache: dict[tuple[str, UOp], CompiledRunner] = {}
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
-    """The compiled kernel for ``ast`` on ``device`` (compiled at most once per process)."""
+    """The compiled kernel for ``ast`` on ``device`` (lowered and compiled at most once per process;
+    both steps are also cached on disk, so a new process with a warm cache does neither)."""
     key = (device, ast)
     if (hit := method_cache.get(key)) is not None:
         return hit
-    spec = get_program(ast, Device[device].renderer)
+    renderer = Device[device].renderer
+    spec = None if DEBUG >= 5 else _load_lowered(renderer, ast)
+    if spec is None:
+        spec = get_program(ast, renderer)
+        _store_lowered(renderer, ast, spec)
     runner = method_cache[key] = CompiledRunner(device, spec)
     return runner
+
+
+@functools.cache
+def _codegen_fingerprint(renderer_type: type) -> str:
+    """A hash of every source file that decides how an AST is lowered and rendered for ``renderer_type``."""
+    import ember
+
+    root = pathlib.Path(ember.__file__).parent
+    files = sorted([*root.glob("graph/*.py"), *root.glob("codegen/*.py"), *root.glob("renderer/*.py")])
+    files.append(pathlib.Path(sys.modules[renderer_type.__module__].__file__ or ""))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes() if f.is_file() else b"")
+    return h.hexdigest()
+
+
+def _lowering_key(renderer: Any, ast: UOp) -> str:
+    caps = (renderer.device, renderer.has_local, renderer.global_max, renderer.local_max, renderer.parallel_threads,
+            tuple(sorted(d.name for d in renderer.supported_dtypes)))
+    return f"{_codegen_fingerprint(type(renderer))}\0{type(renderer).__qualname__}\0{caps!r}\0{serialize_uop(ast)}"
+
+
+def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
+    path = diskcache.entry_path("lowered", _lowering_key(renderer, ast))
+    payload = diskcache.read(path) if path is not None else None
+    if payload is None:
+        return None
+    try:
+        fields = pickle.loads(payload)
+        return ProgramSpec(**fields, uops=())
+    except Exception:  # an entry from an incompatible version: lower again
+        return None
+
+
+def _store_lowered(renderer: Any, ast: UOp, spec: ProgramSpec) -> None:
+    path = diskcache.entry_path("lowered", _lowering_key(renderer, ast))
+    if path is not None:
+        fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "uops"}
+        diskcache.write(path, pickle.dumps(fields))
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import weakref
 from enum import Enum, auto
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ember.dtype import DType, PtrDType, dtypes, truncate
 
@@ -323,8 +323,15 @@ def toposort(roots: list[UOp], stop: Callable[[UOp], bool] | None = None) -> lis
     return order
 
 
-def iter_srcs(node: UOp) -> Iterator[UOp]:
-    yield from node.src
+def serialize_uop(root: UOp) -> str:
+    """A canonical text form of the DAG under ``root`` (equal strings iff equal graphs): a stable cache key."""
+    index: dict[UOp, int] = {}
+    lines = []
+    for n in toposort([root]):
+        index[n] = len(index)
+        arg = n.arg.hex() if type(n.arg) is float else repr(n.arg)
+        lines.append(f"{n.op.name} {n.dtype!r} {[index[s] for s in n.src]} {arg}")
+    return "\n".join(lines)
 
 
 def _bounds(u: UOp) -> tuple[Any, Any]:
