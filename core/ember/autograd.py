@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from ember.graph.uop import Ops
+from ember.graph.uop import Ops, toposort
 
 # a rule gets (output gradient, output tensor, parent tensors) and returns one gradient (or None) per parent
 Rule = Callable[[Any, Any, Sequence[Any]], Sequence[Any]]
@@ -52,23 +52,10 @@ ALU_RULES: dict[Ops, Rule] = {
 
 def toposort_tape(root: Any) -> list[Any]:
     """Tensors reachable from ``root`` through recorded GradFns, parents first."""
-    order: list[Any] = []
-    seen: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        if t._ctx is not None:
-            for p in t._ctx.parents:
-                if id(p) not in seen and (p._ctx is not None or p.requires_grad):
-                    stack.append((p, False))
-    return order
+    def parents(t: Any) -> list[Any]:
+        return [] if t._ctx is None else [p for p in t._ctx.parents if p._ctx is not None or p.requires_grad]
+
+    return toposort([root], sources=parents)
 
 
 def run_backward(root: Any, seed: Any, targets: Iterable[Any] | None = None) -> dict[int, Any]:

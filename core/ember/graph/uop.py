@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import weakref
 from enum import Enum, auto
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ember.dtype import DType, PtrDType, dtypes, truncate
 
@@ -302,11 +302,15 @@ class UOp(metaclass=UOpMeta):
         return self.op is Ops.CONST
 
 
-def toposort(roots: list[UOp], stop: Callable[[UOp], bool] | None = None) -> list[UOp]:
-    """Nodes reachable from ``roots`` in dependency order. ``stop(n)`` keeps n but not its sources."""
-    order: list[UOp] = []
+def toposort(roots: list[Any], stop: Callable[[Any], bool] | None = None,
+             sources: Callable[[Any], Sequence[Any]] | None = None) -> list[Any]:
+    """Nodes reachable from ``roots`` in dependency order (iterative: no recursion limit).
+
+    ``stop(n)`` keeps n but not its sources; ``sources(n)`` overrides ``n.src`` (any DAG can be walked).
+    """
+    order: list[Any] = []
     seen: set[int] = set()
-    stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
+    stack: list[tuple[Any, bool]] = [(r, False) for r in reversed(roots)]
     while stack:
         node, expanded = stack.pop()
         if expanded:
@@ -317,7 +321,7 @@ def toposort(roots: list[UOp], stop: Callable[[UOp], bool] | None = None) -> lis
         seen.add(id(node))
         stack.append((node, True))
         if stop is None or not stop(node):
-            for s in reversed(node.src):
+            for s in reversed(node.src if sources is None else sources(node)):
                 if id(s) not in seen:
                     stack.append((s, False))
     return order
