@@ -64,12 +64,17 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
                     opts.append(Opt("UPCAST", d, amt))
                     break
             break
-    # 2) another dim that some input does not depend on (its loads are reused across the tile): 4
-    used = {o.axis for o in opts}
+    if opts:
+        # 2) another dim that some input does not depend on (its loads are reused across the tile): 4
+        for d in sorted(strides, reverse=True):
+            if d != opts[0].axis and out_shape[d] % 4 == 0 and out_shape[d] >= 8 and 0 in strides[d]:
+                opts.append(Opt("UPCAST", d, 4))
+                break
+        return opts
+    # 3) nothing contiguous along the outputs (x @ w.T: both inputs run along the reduce axis, which
+    #    the renderer vectorizes as a reduction): a 2x2 tile of outputs shares the loads
     for d in sorted(strides, reverse=True):
-        if d in used or out_shape[d] % 4 or out_shape[d] < 8:
-            continue
-        if 0 in strides[d]:
-            opts.append(Opt("UPCAST", d, 4))
-            break
+        if len([o for o in opts if o.op == "UPCAST"]) < 2 and out_shape[d] % 2 == 0 and out_shape[d] >= 4 \
+                and 0 in strides[d]:
+            opts.append(Opt("UPCAST", d, 2))
     return opts

@@ -162,6 +162,9 @@ class CStyleRenderer(Renderer):
             if u.op is Ops.RANGE:
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
+        # which reduction updates each accumulator (a dialect may vectorize sum loops)
+        self.acc_ops = {u.src[0]: u.src[1].op for u in uops if u.op is Ops.ASSIGN}
+        self.open_accs: list[UOp] = []
 
         def fresh(prefix: str) -> str:
             counts[prefix] = counts.get(prefix, 0) + 1
@@ -188,6 +191,8 @@ class CStyleRenderer(Renderer):
                             and work >= self.parallel_min_work)
                 if kind == "global":
                     first_global = False
+                self.loop_accs = [(r[a], self.acc_ops.get(a), a.dtype) for a in self.open_accs]
+                self.open_accs = []
                 for s in self.render_range_open(u, var, r[u.src[0]], r[u.src[1]], parallel):
                     line(s)
                 depth += 1
@@ -196,6 +201,7 @@ class CStyleRenderer(Renderer):
                 for s in self.render_range_close(u.src[0]):
                     line(s)
             elif op is Ops.DEFINE_ACC:
+                self.open_accs.append(u)
                 r[u] = fresh("acc")
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[u.src[0]]};")  # type: ignore[arg-type]
             elif op is Ops.ASSIGN:
@@ -233,7 +239,8 @@ C_PREAMBLE = """#include <math.h>
 static inline float ember_bf16_to_f32(unsigned short b) { unsigned int u = ((unsigned int)b) << 16; float f;
   __builtin_memcpy(&f, &u, 4); return f; }
 static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u & 0xffffu) ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)(u >> 16);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (u & 0xffffu) ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)(u >> 16);
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
 """
