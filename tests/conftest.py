@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -19,7 +20,8 @@ import pytest
 from ember import Device, Tensor, dtypes
 from ember.dtype import DType, from_np_dtype, to_np_dtype
 
-BACKEND_DEVICES = ("CPU", "PYTHON")
+#: the devices the backend suite runs on: CPU and PYTHON, or exactly DEV when it is set (``DEV=CL pytest tests``)
+BACKEND_DEVICES = (os.environ["DEV"].upper(),) if os.environ.get("DEV") else ("CPU", "PYTHON")
 
 #: Layouts a tensor given to an op may have. Every one but "contiguous" is a non-contiguous view.
 VIEW_KINDS = ("contiguous", "permuted", "flipped", "shrunk", "padded", "expanded")

@@ -258,7 +258,9 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     nan = np.isnan(x)
     rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(nan, np.uint16(0x7FC0), rounded)
+    # a nan keeps its sign and top payload bits, forced quiet when the low bits would be lost
+    nan_bits = np.where((bits & 0xFFFF) != 0, (bits >> 16) | 0x40, bits >> 16).astype(np.uint16)
+    return np.where(nan, nan_bits, rounded)
 
 
 def bf16_to_f32(x: np.ndarray) -> np.ndarray:

@@ -111,13 +111,20 @@ class CStyleRenderer(Renderer):
             if dt.kind == "f":
                 return f"(({a[0]} > {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
             return f"(({a[0]} > {a[1]}) ? {a[0]} : {a[1]})"
-        if op in (Ops.IDIV, Ops.MOD):
-            sym = "/" if op is Ops.IDIV else "%"
+        if op in (Ops.IDIV, Ops.MOD) or (op is Ops.FDIV and dt.kind in "iub"):
+            sym = "%" if op is Ops.MOD else "/"
             if u.src[1].op is Ops.CONST and u.src[1].arg not in (0, -1):
                 return f"({a[0]} {sym} {a[1]})"
-            # no trap on x/0 or INT_MIN/-1: defined as 0 (quotient) and 0 (remainder)
+            if dt.kind != "i":  # unsigned: only x/0 traps (defined as 0)
+                return f"(({a[1]} == 0) ? 0 : ({a[0]} {sym} {a[1]}))"
+            # no trap on x/0 or INT_MIN/-1: x/0 is 0, x/-1 is -x (wrapping), x%-1 is 0
             return f"(({a[1]} == 0 || {a[1]} == -1) ? ({a[1]} == 0 ? 0 : {'-' + a[0] if sym == '/' else '0'}) " \
                    f": ({a[0]} {sym} {a[1]}))"
+        if op in (Ops.SHL, Ops.SHR) and not (u.src[1].op is Ops.CONST and 0 <= u.src[1].arg < dt.bitsize):
+            # shifting by the bit width or more is undefined in C: 0 (or -1 for a negative value shifted right)
+            out = "0" if op is Ops.SHL or dt.kind != "i" else f"({a[0]} < 0 ? -1 : 0)"
+            shifted = f"({a[0]} {'<<' if op is Ops.SHL else '>>'} {a[1]})"
+            return f"((({a[1]}) >= 0 && ({a[1]}) < {dt.bitsize}) ? {shifted} : {out})"
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         binops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",

@@ -24,10 +24,10 @@ Semantics (C renderers mirror these, so that results agree bit for bit where C d
   int -> int wraps; bool -> number gives 0 or 1.
 * float16 results are rounded to float16 after every op (C code that keeps each result in a ``half``
   variable does the same). bfloat16 values live in float32 registers that always hold an exact bfloat16
-  value: every op and cast producing bfloat16 rounds to nearest even once (a NaN becomes the quiet NaN
-  0x7FC0, as :func:`ember.dtype.f32_to_bf16` does); LOAD, STORE and BITCAST of bfloat16 values move the
-  16 bits unchanged. A LOAD or STORE whose value dtype differs from the buffer's converts like CAST (so a
-  float32 value stored into a bfloat16 buffer rounds to nearest even).
+  value: every op and cast producing bfloat16 rounds to nearest even once (a NaN keeps its top payload
+  bits, made quiet when lower bits are dropped, as :func:`ember.dtype.f32_to_bf16` does); LOAD, STORE and
+  BITCAST of bfloat16 values move the 16 bits unchanged. A LOAD or STORE whose value dtype differs from
+  the buffer's converts like CAST (so a float32 value stored into a bfloat16 buffer rounds to nearest even).
 * a gated LOAD never reads where the gate is false and gives 0 there; a gated STORE writes only where the
   gate is true; an index outside the buffer raises ``IndexError`` naming the kernel and the buffer.
 * transcendental functions are numpy's; they may differ from a C libm in the last bit.
@@ -153,7 +153,6 @@ def decode_program(src: str) -> tuple[str, list[tuple[Ops, DType | PtrDType | No
 # value semantics
 # ---------------------------------------------------------------------------------------------
 
-_BF16_NAN_BITS = np.uint32(0x7FC00000)
 _BOOL = np.dtype(np.bool_)
 
 
@@ -162,7 +161,9 @@ def round_to_bf16(x: Any) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     bits = x.view(np.uint32)
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
-    return np.where(np.isnan(x), _BF16_NAN_BITS, rounded).astype(np.uint32).view(np.float32)
+    nan_bits = np.where((bits & np.uint32(0xFFFF)) != 0, (bits | np.uint32(0x400000)) & np.uint32(0xFFFF0000),
+                        bits)
+    return np.where(np.isnan(x), nan_bits, rounded).astype(np.uint32).view(np.float32)
 
 
 def _f64_to_f32_round_odd(x: np.ndarray) -> np.ndarray:

@@ -128,7 +128,8 @@ def test_graph_replay(device: str) -> None:
         pytest.skip(f"{device} has no graph (batched replay) API")
     a = Tensor(_sample(dtypes.float32, (32,)), device=device).realize()
     items = [lower_schedule_item(si) for si in ((a * 3 + 1).exp().schedule() + ((a - 2) * a).schedule())]
-    calls = [(ei.prg.program, [b.allocate()._buf for b in ei.bufs], ()) for ei in items]
+    calls = [(ei.prg.program, [b.allocate()._buf for b in ei.bufs], (), ei.prg.spec.global_size, ei.prg.spec.local_size)
+             for ei in items]
     graph = dev.graph(calls)
     graph(wait=True)
     outs = [np.frombuffer(ei.bufs[0].as_bytes(), np.float32) for ei in items]

@@ -31,20 +31,22 @@ def batch_runner() -> tuple[SharedObject, Any]:
 
 
 class CPUGraph:
-    """A batch of kernel calls ``[(program, bufs, vals), ...]`` replayed in order by ``graph()``.
+    """A batch of kernel calls ``[(program, bufs, vals[, global_size, local_size]), ...]`` replayed in order.
+
+    Launch sizes (part of the graph contract for grid devices) do not matter to loop-based CPU kernels.
 
     Every program must be a :class:`~ember_cpu.runtime.CPUProgram`. The graph keeps the
     programs and buffers alive; :meth:`update_buffer` and :meth:`update_vals` change one
     call's arguments in place (for replaying with new inputs).
     """
 
-    def __init__(self, calls: Sequence[tuple[CPUProgram, Sequence[Any], Sequence[int]]]):
+    def __init__(self, calls: Sequence[tuple[Any, ...]]):
         _, self._runner = batch_runner()
         self.programs: list[CPUProgram] = []
         self.bufs: list[list[Any]] = []
         self._buf_arrays: list[Any] = []
         self._val_arrays: list[Any] = []
-        for i, (prg, bufs, vals) in enumerate(calls):
+        for i, (prg, bufs, vals, *_sizes) in enumerate(calls):
             if not isinstance(prg, CPUProgram):
                 raise TypeError(f"CPUGraph call {i}: expected a CPUProgram, got {type(prg).__name__}")
             self.programs.append(prg)

@@ -1,0 +1,45 @@
+"""The CL device object: one OpenCL device with its queue, allocator, renderer, compiler and runtime."""
+from __future__ import annotations
+
+import functools
+
+from ember.device.compiled import Compiled
+from ember_opencl.allocator import CLAllocator
+from ember_opencl.compiler import CLCompiler
+from ember_opencl.graph import CLGraph
+from ember_opencl.platforms import find_device, import_pyopencl, platform_context
+from ember_opencl.renderer import CLRenderer
+from ember_opencl.runtime import CLProgram
+
+
+class CLDevice(Compiled):
+    """``CL`` (the first OpenCL device) or ``CL:N`` (the N-th, counted across platforms).
+
+    Attributes beyond :class:`~ember.device.compiled.Compiled`: ``cl_device`` (the
+    ``pyopencl.Device``), ``context`` (shared by the devices of one platform) and ``queue`` (an
+    in-order queue with profiling enabled).
+    """
+
+    def __init__(self, device: str = "CL"):
+        cl = import_pyopencl()
+        info = find_device(device)
+        self.info = info
+        self.cl_device = info.device
+        self.context = platform_context(info.platform)
+        self.queue = cl.CommandQueue(self.context, self.cl_device,
+                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.extensions = frozenset(self.cl_device.extensions.split())
+        super().__init__(device, CLAllocator(self), self._make_renderer(device), CLCompiler(self.cl_device),
+                         functools.partial(CLProgram, self), CLGraph)
+
+    def _make_renderer(self, name: str) -> CLRenderer:
+        """A renderer with this device's capabilities."""
+        dev = self.cl_device
+        size_max = (1 << int(dev.address_bits)) - 1  # global sizes are size_t
+        return CLRenderer(fp16="cl_khr_fp16" in self.extensions, fp64="cl_khr_fp64" in self.extensions,
+                          global_max=(size_max,) * 3, local_max=tuple(int(s) for s in dev.max_work_item_sizes[:3]),
+                          shared_max=int(dev.local_mem_size), device=name)
+
+    def synchronize(self) -> None:
+        """Wait until every command queued on this device has finished."""
+        self.queue.finish()
