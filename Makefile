@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed.stamp
 PACKAGING := setup.cfg pyproject.toml $(foreach p,$(PLUGINS),$(p)/setup.cfg $(p)/pyproject.toml)
 TEST_PATHS := tests $(wildcard $(addsuffix /tests,$(PLUGINS)))
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-cl lint bench clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,10 @@ test: venv
 	$(PY) -m pytest -n 2 $(TEST_PATHS) -q
 	# the device conformance suite, as a third-party plugin would run it, on every installed device
 	for dev in PYTHON CPU CL; do $(PY) -m pytest -q -p no:xdist --pyargs ember.testing --device=$$dev || exit 1; done
+
+# the whole backend suite on the OpenCL device (PoCL on a CPU-only machine): about as long as `make test`
+test-cl: venv
+	DEV=CL $(PY) -m pytest -n 2 tests/backend -q
 
 lint: venv
 	$(PY) -m ruff check .
