@@ -45,8 +45,10 @@ ALU_RULES: dict[Ops, Rule] = {
     Ops.MAX: lambda g, out, p: ((p[0] > p[1]).where(g, (p[0] == p[1]).where(g * 0.5, g * 0)),
                                 (p[1] > p[0]).where(g, (p[0] == p[1]).where(g * 0.5, g * 0))),
     Ops.WHERE: lambda g, out, p: (None, p[0].where(g, g * 0), p[0].where(g * 0, g)),
-    Ops.POW: lambda g, out, p: (g * p[1] * p[0].pow(p[1] - 1),
-                                g * out * (p[0] == 0).where(p[0] * 0, p[0].log())),
+    # like torch: no gradient to the base where the exponent is 0 (0 ** -1 would give 0 * inf), none to the
+    # exponent where the base is 0 and the exponent non-negative
+    Ops.POW: lambda g, out, p: ((p[1] == 0).where(g * 0, g * p[1] * p[0].pow(p[1] - 1)),
+                                ((p[0] == 0) & (p[1] >= 0)).where(g * 0, g * out * p[0].log())),
 }
 
 

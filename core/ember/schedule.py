@@ -132,8 +132,9 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
 def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule everything needed to realize ``roots``.
 
-    Returns the items in run order and a map from each original root to its realized
-    replacement (a VIEW of a BUFFER); the caller updates tensors with it after running.
+    Returns the items in run order and a map from each original root (and each node that got
+    its own buffer) to its realized replacement (a VIEW of a BUFFER). Nothing is recorded as
+    realized here: after running the items, the caller passes the map to :func:`mark_realized`.
     """
     sub = _substitute_realized(roots)
     new_roots = [sub[r] for r in roots]
@@ -159,10 +160,17 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
         schedule.append(ScheduleItem(ast, tuple(buffers[p] for p in params)))
     becomes: dict[UOp, UOp] = {}
     for t, buf in target_bufs.items():
-        realized[t] = buffer_view(buf, shape_of(t))
+        becomes[t] = buffer_view(buf, shape_of(t))
     for orig, new in zip(roots, new_roots):
         becomes[orig] = _replacement(new, target_bufs)
     return schedule, becomes
+
+
+def mark_realized(becomes: dict[UOp, UOp]) -> None:
+    """Remember that these nodes now live in buffers (call only after their schedule ran)."""
+    for node, view in becomes.items():
+        if node.op is not Ops.BUFFER and not (node.op is Ops.VIEW and node.src[0].op is Ops.BUFFER):
+            realized[node] = view
 
 
 def _replacement(root: UOp, target_bufs: dict[UOp, UOp]) -> UOp:

@@ -37,7 +37,7 @@ from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffe
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
-from ember.schedule import create_schedule
+from ember.schedule import create_schedule, mark_realized
 
 
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, NNMixin):
@@ -143,6 +143,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
         roots = [t.lazydata for t in tensors]
         schedule, becomes = create_schedule(roots)
         run_schedule(schedule)
+        mark_realized(becomes)
         for t in tensors:
             t.lazydata = becomes[t.lazydata] if t.lazydata in becomes else t.lazydata
 

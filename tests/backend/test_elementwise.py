@@ -313,15 +313,8 @@ def test_pow_integers(device):
         ta ** -1
 
 
-BOUNDS_BUG = ("ember.graph.uop._bounds multiplies the bounds of integer MULs as unbounded Python ints and then calls "
-              "math.isinf on them: a chain of ~5+ squarings of a 16/32/64-bit integer raises OverflowError "
-              "('int too large to convert to float') during kernel simplification")
 
-
-@pytest.mark.parametrize("dt", [pytest.param(d, marks=pytest.mark.xfail(reason=BOUNDS_BUG, raises=OverflowError,
-                                                                            strict=True))
-                                if d.itemsize > 1 else d
-                                for d in (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64)],
+@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64],
                          ids=lambda d: ember_dtype_name(d))
 def test_pow_integer_tensor_exponent(device, dt):
     """int ** int tensor: exact and wrapping like torch; negative exponents give 0 except for bases 1 and -1."""
@@ -337,7 +330,6 @@ def test_pow_integer_tensor_exponent(device, dt):
     np.testing.assert_array_equal(out.numpy(), want.numpy())
 
 
-@pytest.mark.xfail(reason=BOUNDS_BUG, raises=OverflowError, strict=True)
 def test_pow_int32_large_constant_exponent(device):
     x = Tensor(np.array([3, -1, 2], np.int32), device=device)
     want = torch.tensor([3, -1, 2], dtype=torch.int32) ** 100
@@ -615,10 +607,8 @@ def test_inplace_operators(device):
         np.testing.assert_array_equal(got, want)
 
 
-# --- bugs found in code this family builds on --------------------------------------------------------------
+# --- regressions: bugs found in code this family builds on, now fixed ---------------------------------
 
-@pytest.mark.xfail(reason="Tensor.schedule() has a side effect: numpy() after it returns the content of a buffer "
-                          "that was allocated but never written (garbage or the input values)", strict=True)
 def test_schedule_then_numpy(device):
     x = Tensor(np.arange(-6, 6, dtype=np.int8), device=device)
     y = (x + 3).cast(dtypes.int64)
@@ -626,14 +616,11 @@ def test_schedule_then_numpy(device):
     np.testing.assert_array_equal(y.numpy(), np.arange(-3, 9))
 
 
-@pytest.mark.xfail(reason="ember.graph.uop._bounds ignores integer wrap-around: (int8 x + 1) has bounds [-127, 128], "
-                          "so `(x + 1) < -127` is folded to False although 127 + 1 wraps to -128", strict=True)
 def test_comparison_after_integer_wraparound(device):
     x = Tensor(np.array([127, 0], np.int8), device=device)
     np.testing.assert_array_equal(((x + 1) < -127).numpy(), [True, False])
 
 
-@pytest.mark.xfail(reason=BOUNDS_BUG, raises=OverflowError, strict=True)
 def test_long_integer_product(device):
     x = Tensor(np.array([3, 1], np.int32), device=device)
     y = x
@@ -643,10 +630,6 @@ def test_long_integer_product(device):
     np.testing.assert_array_equal(y.numpy(), want.numpy())
 
 
-@pytest.mark.xfail(reason="engine/realize.py _store_lowered calls dataclasses.asdict(spec), which deep-copies the "
-                          "kernel's whole UOp graph before dropping it: a few hundred chained elementwise ops raise "
-                          "RecursionError in copy.deepcopy (and smaller kernels spend most of their lowering time "
-                          "copying)", raises=RecursionError, strict=True)
 def test_deep_elementwise_chain(device):
     x = Tensor(np.linspace(-1, 1, 16, dtype=np.float32), device=device)
     y, want = x, np.linspace(-1, 1, 16, dtype=np.float32)

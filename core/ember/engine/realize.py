@@ -132,7 +132,7 @@ def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
 def _store_lowered(renderer: Any, ast: UOp, spec: ProgramSpec) -> None:
     path = diskcache.entry_path("lowered", _lowering_key(renderer, ast))
     if path is not None:
-        fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "uops"}
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "uops"}
         diskcache.write(path, pickle.dumps(fields))
 
 

@@ -338,6 +338,10 @@ def serialize_uop(root: UOp) -> str:
     return "\n".join(lines)
 
 
+def _isinf(x: Any) -> bool:
+    return isinstance(x, float) and math.isinf(x)
+
+
 def _bounds(u: UOp) -> tuple[Any, Any]:
     """Conservative [min, max] of an integer-valued node; (-inf, inf) when unknown."""
     dt = u.dtype
@@ -357,6 +361,14 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         return u.arg[1], u.arg[2]
     if not u.src or u.op not in GroupOp.ALU:
         return lo_hi
+    out = _alu_bounds(u, lo_hi)
+    if isinstance(dt, DType) and dt.kind in "iu" and (out[0] < lo_hi[0] or out[1] > lo_hi[1]):
+        return lo_hi  # the result may wrap around: only the dtype's range is known
+    return out
+
+
+def _alu_bounds(u: UOp, lo_hi: tuple[Any, Any]) -> tuple[Any, Any]:
+    dt = u.dtype
     s0 = u.src[0]
     if u.op is Ops.ADD:
         return s0.vmin + u.src[1].vmin, s0.vmax + u.src[1].vmax
@@ -366,7 +378,7 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         return -s0.vmax, -s0.vmin
     if u.op is Ops.MUL:
         vals = [a * b for a in (s0.vmin, s0.vmax) for b in (u.src[1].vmin, u.src[1].vmax)
-                if not (math.isinf(a) or math.isinf(b)) or (a != 0 and b != 0)]
+                if not (_isinf(a) or _isinf(b)) or (a != 0 and b != 0)]
         return (min(vals), max(vals)) if vals else lo_hi
     if u.op is Ops.MAX:
         return max(s0.vmin, u.src[1].vmin), max(s0.vmax, u.src[1].vmax)
@@ -374,7 +386,7 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         c = u.src[1].arg
         if u.op is Ops.MOD:
             return (0, min(c - 1, s0.vmax)) if s0.vmin >= 0 else (-(c - 1), c - 1)
-        if s0.vmin >= 0 and not math.isinf(s0.vmax):
+        if s0.vmin >= 0 and not _isinf(s0.vmax):
             return s0.vmin // c, s0.vmax // c
         return lo_hi
     if u.op in GroupOp.Comparison:
