@@ -95,10 +95,12 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
             params.append(buf)
         return globals_[buf]
 
-    def walk(n: UOp, root: bool = False) -> UOp:
-        if n in memo:
-            return memo[n]
-        if not root and n in target_bufs:
+    def is_input(n: UOp) -> bool:
+        return (n is not target and n in target_bufs) or n.op in (Ops.BUFFER, Ops.CONST)
+
+    # iterative (deep graphs must not hit the recursion limit), sources before users
+    for n in toposort([target], stop=is_input):
+        if n is not target and n in target_bufs:
             buf = target_bufs[n]
             g = define_global(buf)
             out = UOp(Ops.VIEW, n.dtype, (UOp(Ops.LOAD, n.dtype, (g,)),),
@@ -106,7 +108,7 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
         elif n.op is Ops.BUFFER:
             out = UOp(Ops.LOAD, n.dtype, (define_global(n),))
         elif n.op is Ops.VIEW:
-            inner = walk(n.src[0])
+            inner = memo[n.src[0]]
             if inner.op is Ops.VIEW:
                 out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), inner.arg + n.arg)
             else:
@@ -114,15 +116,14 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
         elif n.op is Ops.CONST:
             out = UOp(Ops.CONST, n.dtype, (), n.arg)
         elif n.op in (Ops.CONTIGUOUS, Ops.DETACH):
-            out = walk(n.src[0])
+            out = memo[n.src[0]]
         elif n.op is Ops.COPY:
             raise AssertionError("a COPY inside a kernel must have been materialized")
         else:
-            out = UOp(n.op, n.dtype, tuple(walk(s) for s in n.src), n.arg)
+            out = UOp(n.op, n.dtype, tuple(memo[s] for s in n.src), n.arg)
         memo[n] = out
-        return out
 
-    value = walk(target, root=True)
+    value = memo[target]
     out_shape = shape_of(target)
     out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.dtype), (), (0, prod(out_shape)))  # type: ignore[arg-type]
     store = UOp(Ops.STORE, None, (out_g, value), ShapeTracker.from_shape(out_shape))

@@ -637,3 +637,12 @@ def test_deep_elementwise_chain(device):
         y = (y * 0.5 + 0.25).sin()
         want = np.sin(want * np.float32(0.5) + np.float32(0.25))
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_very_deep_elementwise_chain(device):
+    x = Tensor(np.linspace(-1, 1, 16, dtype=np.float32), device=device)
+    y, want = x, np.linspace(-1, 1, 16, dtype=np.float32)
+    for _ in range(400):
+        y = (y * 0.5 + 0.25).sin()
+        want = np.sin(want * np.float32(0.5) + np.float32(0.25))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)

@@ -11,6 +11,7 @@ Optimizations reshape the iteration space before lowering (see :mod:`ember.codeg
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass, field
 
 from ember.dtype import DType, PtrDType, dtypes
@@ -155,6 +156,8 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, in
         work *= max(d, 1)
     idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
     ctx = LoweringContext(idx_dtype)
+    # lowering recurses once per node along a chain: leave room for long elementwise chains
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     upcast = {d: u for d, u in (upcast or {}).items() if u > 1 and out_shape[d] % u == 0}
     if upcast and max_global_dims is None:
         loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(out_shape))

@@ -134,6 +134,9 @@ class NNMixin:
         b2 = b.reshape(k_b, 1) if b.ndim == 1 else b
         lhs = a2.reshape(*a2.shape[:-1], 1, k_a)                                    # (..., n, 1, k)
         rhs = b2.transpose(-1, -2).reshape(*b2.shape[:-2], 1, b2.shape[-1], k_b)    # (..., 1, m, k)
+        if out_dt in (dtypes.float16, dtypes.bfloat16):
+            # half-precision products and sums are exact enough only in float32 (as torch's CPU kernels do)
+            lhs, rhs = lhs.cast(dtypes.float32), rhs.cast(dtypes.float32)
         out = (lhs * rhs).sum(-1, dtype=out_dt)
         if a.ndim == 1:
             out = out.reshape(out.shape[:-2] + out.shape[-1:])
