@@ -5,12 +5,11 @@ Nothing here imports from the rest of ember, so every layer may use it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import pathlib
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -119,11 +118,6 @@ def argsort(xs: Sequence[Any]) -> list[int]:
     return sorted(range(len(xs)), key=xs.__getitem__)
 
 
-def all_same(xs: Sequence[Any]) -> bool:
-    """True when every element equals the first."""
-    return all(x == xs[0] for x in xs)
-
-
 def dedup(xs: Iterable[T]) -> list[T]:
     """Remove duplicates, keeping order."""
     return list(dict.fromkeys(xs))
@@ -132,11 +126,6 @@ def dedup(xs: Iterable[T]) -> list[T]:
 def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
     """Flatten one level of nesting."""
     return [x for xs in xss for x in xs]
-
-
-def round_up(x: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``x``."""
-    return (x + multiple - 1) // multiple * multiple
 
 
 def cache_dir() -> pathlib.Path:
@@ -155,27 +144,9 @@ def timed(label: str = "", enabled: bool = True) -> Iterator[None]:
         print(f"{label} {(time.perf_counter() - st) * 1e3:.2f} ms")
 
 
-def to_function_name(s: str) -> str:
-    """Make a string safe to use as a C identifier."""
-    return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)
-
-
 def colored(s: str, color: str | None) -> str:
     """Wrap ``s`` in an ANSI colour when stdout is a terminal-like sink (always, it is cheap)."""
     codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}
     return s if color is None else f"\033[{codes[color]}m{s}\033[0m"
 
 
-def memoize_method(fn: Callable[..., T]) -> Callable[..., T]:
-    """Cache a zero-argument method's result on the instance (for immutable objects)."""
-    attr = f"_memo_{fn.__name__}"
-
-    @functools.wraps(fn)
-    def wrapper(self: Any) -> T:
-        try:
-            return self.__dict__[attr]
-        except KeyError:
-            val = self.__dict__[attr] = fn(self)
-            return val
-
-    return wrapper

@@ -78,18 +78,3 @@ def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return UOp(Ops.VIEW, buf.dtype, (buf,), ShapeTracker.from_shape((buf.arg[2],)).reshape(tuple(shape)))
 
 
-def make_view(x: UOp, st: ShapeTracker) -> UOp:
-    """VIEW of ``x`` composing with an existing view so a VIEW never wraps a VIEW."""
-    if x.op is Ops.VIEW:
-        inner: ShapeTracker = x.arg
-        if st.contiguous and st.shape == inner.shape:
-            return x
-        return UOp(Ops.VIEW, x.dtype, (x.src[0],), inner + st)
-    if st.contiguous and st.shape == shape_of(x):
-        return x
-    return UOp(Ops.VIEW, x.dtype, (x,), st)
-
-
-def is_realized(u: UOp) -> bool:
-    """True for a BUFFER or a VIEW of one."""
-    return base_of(u).op is Ops.BUFFER

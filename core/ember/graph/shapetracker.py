@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ember.dtype import DType, dtypes
 from ember.graph.symbolic import simplify
-from ember.graph.uop import Ops, UOp
+from ember.graph.uop import UOp
 from ember.helpers import prod
 
 Mask = tuple[tuple[int, int], ...]
@@ -242,14 +242,6 @@ class ShapeTracker:
                 out = ShapeTracker(out.views + (v,))
         return out
 
-    def real_size(self) -> int:
-        """How many elements of the underlying buffer this may touch (max index + 1)."""
-        v = self.views[0]
-        if v.size == 0 or (v.mask and any(lo >= hi for lo, hi in v.mask)):
-            return 0
-        lo_hi = v.mask or tuple((0, s) for s in v.shape)
-        hi = v.offset + sum((h - 1) * st if st > 0 else (lo) * st for (lo, h), st in zip(lo_hi, v.strides))
-        return hi + 1
 
     def to_index(self, idxs: list[UOp], idx_dtype: DType = dtypes.int32) -> tuple[UOp, UOp]:
         """Compose every view into (flat index, validity) for logical indices ``idxs``."""
@@ -267,7 +259,3 @@ class ShapeTracker:
         return simplify(idx), simplify(valid)
 
 
-def view_uop_shape(u: UOp) -> tuple[int, ...]:
-    """Shape of a VIEW node (kept here so callers need not know the arg type)."""
-    assert u.op is Ops.VIEW
-    return u.arg.shape

@@ -88,7 +88,6 @@ class GroupOp:
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
     Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
     Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
-    Movement = frozenset({Ops.VIEW})
 
 
 def exec_alu(op: Ops, dtype: DType, srcs: tuple[Any, ...]) -> Any:
@@ -278,8 +277,6 @@ class UOp(metaclass=UOpMeta):
         """All nodes reachable from self, sources before users (iterative, no recursion limit)."""
         return toposort([self])
 
-    def sparents(self) -> set[UOp]:
-        return set(self.toposort())
 
     # --- integer bounds, used by symbolic simplification ----------------------------------
     @property
@@ -296,10 +293,6 @@ class UOp(metaclass=UOpMeta):
         except KeyError:
             b = self.__dict__["_b"] = _bounds(self)
             return b
-
-    @property
-    def is_const(self) -> bool:
-        return self.op is Ops.CONST
 
 
 def toposort(roots: list[Any], stop: Callable[[Any], bool] | None = None,
