@@ -148,3 +148,55 @@ def test_compile_error_message():
     assert isinstance(err, RuntimeError)
     again = pickle.loads(pickle.dumps(err))
     assert str(again) == text and again.src == src
+
+
+class BatchCompiler(CountingCompiler):
+    """Records the sources of every compile_batch call."""
+
+    def __init__(self, cachekey: str | None = "fake-cc -O2"):
+        super().__init__(cachekey)
+        self.batches: list[list[str]] = []
+
+    def compile_batch(self, srcs):
+        self.batches.append(list(srcs))
+        return super().compile_batch(srcs)
+
+
+def test_compile_cached_many_builds_only_the_misses_in_one_batch(cache):
+    c = BatchCompiler()
+    assert c.compile_cached("int a;") == b"BIN:;a tni"
+    before = GlobalCounters.kernels_compiled
+    got = c.compile_cached_many(["int b;", "int a;", "int c;", "int b;"])
+    assert got == [b"BIN:;b tni", b"BIN:;a tni", b"BIN:;c tni", b"BIN:;b tni"]
+    assert c.batches == [["int b;", "int c;"]]  # the hit and the repeat are not compiled again
+    assert GlobalCounters.kernels_compiled - before == 2
+    fresh = BatchCompiler()  # each source of the batch has its own disk entry
+    assert fresh.compile_cached_many(["int c;", "int b;"]) == [b"BIN:;c tni", b"BIN:;b tni"]
+    assert fresh.calls == 0 and fresh.batches == []
+
+
+def test_compile_batch_must_return_one_binary_per_source(cache):
+    class Short(CountingCompiler):
+        def compile_batch(self, srcs):
+            return [b"x"]
+
+    with pytest.raises(RuntimeError, match="returned 1 binaries for 2 sources"):
+        Short().compile_cached_many(["int y;", "int z;"])
+
+
+def test_a_schedule_compiles_its_new_kernels_in_one_batch(cache, monkeypatch):
+    import numpy as np
+
+    from ember import Device, Tensor
+
+    compiler = Device["CPU"].compiler
+    batches: list[list[str]] = []
+    real = type(compiler).compile_batch
+    monkeypatch.setattr(type(compiler), "compile_batch",
+                        lambda self, srcs: batches.append(list(srcs)) or real(self, srcs))
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device="CPU")
+    outs = [(x * 3.0625).sum(1), (x - 1.03125).exp(), (x + 2.5).max(0)]  # three kernels no other test makes
+    Tensor.realize(*outs)
+    assert [len(b) for b in batches] == [3]
+    np.testing.assert_allclose(outs[1].numpy(), np.exp(np.arange(6, dtype=np.float32).reshape(2, 3) - 1.03125),
+                               rtol=1e-6)

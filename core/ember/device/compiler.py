@@ -1,8 +1,13 @@
 """The compiler base class with its memory and disk caches, and :class:`CompileError`.
 
 A device plugin subclasses :class:`Compiler` and implements :meth:`Compiler.compile`;
-everyone else calls :meth:`Compiler.compile_cached`, which looks in a per-instance
-dictionary, then in the on-disk cache, and compiles only on a double miss.
+everyone else calls :meth:`Compiler.compile_cached` (or :meth:`Compiler.compile_cached_many` for the
+kernels of a whole schedule), which looks in a per-instance dictionary, then in the on-disk cache,
+and compiles only on a double miss.
+
+A driver whose every build has a large fixed cost (an OpenCL driver parses its whole built-in
+header for each program) also overrides :meth:`Compiler.compile_batch` to build the misses of a
+schedule together; each source still gets its own cache entry.
 
 Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0" + src``
 (see :mod:`ember.diskcache` for the crash-safe layout): a corrupt entry is recompiled, never used.
@@ -10,6 +15,8 @@ Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0
 from __future__ import annotations
 
 import abc
+import pathlib
+from collections.abc import Sequence
 
 from ember import diskcache
 from ember.diskcache import MAGIC  # noqa: F401  (part of the documented cache format)
@@ -52,18 +59,47 @@ class Compiler(abc.ABC):
     def compile(self, src: str) -> bytes:
         """Compile ``src`` to a binary; raise :class:`CompileError` on failure."""
 
+    def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
+        """Compile several sources; return one binary per source, in order.
+
+        The default compiles them one by one. Override it when one build of many kernels costs
+        much less than many builds; the binary returned for each source must then load (through
+        the device's runtime, with that source's kernel name) on its own. Raise
+        :class:`CompileError` naming the source that failed.
+        """
+        return [self.compile(src) for src in srcs]
+
     def compile_cached(self, src: str) -> bytes:
         """Like :meth:`compile`, but served from the memory or disk cache when possible."""
-        binary = self.memory_cache.get(src)
-        if binary is not None:
-            return binary
-        path = diskcache.entry_path("compile", f"{self.cachekey}\0{src}") if self.cachekey is not None else None
-        if path is not None:
-            binary = diskcache.read(path)
-        if binary is None:
-            binary = self.compile(src)
-            GlobalCounters.kernels_compiled += 1
-            if path is not None:
-                diskcache.write(path, binary)
-        self.memory_cache[src] = binary
-        return binary
+        return self.compile_cached_many([src])[0]
+
+    def compile_cached_many(self, srcs: Sequence[str]) -> list[bytes]:
+        """Like :meth:`compile_batch`, but each source is served from the memory or disk cache when
+        possible; only the misses are compiled, together in one :meth:`compile_batch` call."""
+        found: dict[str, bytes] = {}
+        misses: list[str] = []
+        for src in srcs:
+            if src in found or src in misses:
+                continue
+            binary = self.memory_cache.get(src)
+            if binary is None and (path := self._entry(src)) is not None:
+                binary = diskcache.read(path)
+            if binary is None:
+                misses.append(src)
+            else:
+                found[src] = self.memory_cache[src] = binary
+        if misses:
+            binaries = self.compile_batch(misses) if len(misses) > 1 else [self.compile(misses[0])]
+            if len(binaries) != len(misses):
+                raise RuntimeError(f"{type(self).__name__}.compile_batch returned {len(binaries)} binaries for "
+                                   f"{len(misses)} sources")
+            for src, binary in zip(misses, binaries):
+                GlobalCounters.kernels_compiled += 1
+                if (path := self._entry(src)) is not None:
+                    diskcache.write(path, binary)
+                found[src] = self.memory_cache[src] = binary
+        return [found[src] for src in srcs]
+
+    def _entry(self, src: str) -> pathlib.Path | None:
+        """Where ``src``'s binary is cached on disk, or ``None`` when this compiler or the disk cache is off."""
+        return None if self.cachekey is None else diskcache.entry_path("compile", f"{self.cachekey}\0{src}")

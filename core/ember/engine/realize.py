@@ -2,7 +2,10 @@
 
 A kernel AST is compiled once per device: ``method_cache`` maps (device, ast) to a
 :class:`CompiledRunner`, and the device's compiler keeps its own memory + disk cache keyed by
-source, so a second process compiles nothing.
+source, so a second process compiles nothing. :func:`lower_schedule` lowers a whole schedule
+before anything runs and hands the device compiler all its new kernels at once
+(:meth:`~ember.device.compiler.Compiler.compile_cached_many`), so a driver with a high cost per
+build pays it once per schedule rather than once per kernel.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pathlib
 import pickle
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +44,15 @@ class Runner:
 class CompiledRunner(Runner):
     """A kernel compiled for one device."""
 
-    def __init__(self, device: str, spec: ProgramSpec):
+    def __init__(self, device: str, spec: ProgramSpec, binary: bytes | None = None):
+        """Load ``spec``'s kernel on ``device`` from ``binary`` (compiled here, through the caches, when not given)."""
         self.device, self.spec = device, spec
         self.display_name = spec.name
         self.estimated_ops, self.estimated_mem = spec.estimated_ops, spec.estimated_mem
         dev = Device[device]
         if DEBUG >= 4:
             print(spec.src)
-        self.binary = dev.compiler.compile_cached(spec.src)
+        self.binary = dev.compiler.compile_cached(spec.src) if binary is None else binary
         self.program = dev.runtime(spec.name, self.binary)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
@@ -88,13 +93,33 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)
     if (hit := method_cache.get(key)) is not None:
         return hit
+    runner = method_cache[key] = CompiledRunner(device, lower_ast(device, ast))
+    return runner
+
+
+def lower_ast(device: str, ast: UOp) -> ProgramSpec:
+    """The rendered program for ``ast`` on ``device`` (from the disk lowering cache when possible)."""
     renderer = Device[device].renderer
     spec = None if DEBUG >= 5 else _load_lowered(renderer, ast)
     if spec is None:
         spec = get_program(ast, renderer)
         _store_lowered(renderer, ast, spec)
-    runner = method_cache[key] = CompiledRunner(device, spec)
-    return runner
+    return spec
+
+
+def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
+    """Lower every kernel of ``schedule`` missing from ``method_cache`` and compile them, one batch per device."""
+    pending: dict[tuple[str, UOp], ProgramSpec] = {}
+    for si in schedule:
+        if si.ast.op is not Ops.COPY:
+            key = (si.bufs[0].device, si.ast)
+            if key not in method_cache and key not in pending:
+                pending[key] = lower_ast(*key)
+    for device in dict.fromkeys(dev for dev, _ in pending):
+        keys = [key for key in pending if key[0] == device]
+        binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
+        for key, binary in zip(keys, binaries):
+            method_cache[key] = CompiledRunner(device, pending[key], binary)
 
 
 @functools.cache
@@ -172,7 +197,13 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     return ExecItem(get_runner(bufs[0].device, si.ast), bufs)
 
 
+def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
+    """Turn a whole schedule into ExecItems, compiling its new kernels together (one batch per device)."""
+    _compile_new_kernels(schedule)
+    return [lower_schedule_item(si) for si in schedule]
+
+
 def run_schedule(schedule: list[ScheduleItem], wait: bool = False) -> None:
-    """Lower and run every item in order."""
-    for si in schedule:
-        lower_schedule_item(si).run(wait=wait)
+    """Lower every item (compiling what is new), then run them in order."""
+    for ei in lower_schedule(schedule):
+        ei.run(wait=wait)

@@ -243,6 +243,8 @@ class CStyleRenderer(Renderer):
 
 
 C_PREAMBLE = """#include <math.h>
+#ifndef EMBER_BF16_HELPERS
+#define EMBER_BF16_HELPERS
 static inline float ember_bf16_to_f32(unsigned short b) { unsigned int u = ((unsigned int)b) << 16; float f;
   __builtin_memcpy(&f, &u, 4); return f; }
 static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
@@ -250,4 +252,5 @@ static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __buil
     return (u & 0xffffu) ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)(u >> 16);
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+#endif
 """

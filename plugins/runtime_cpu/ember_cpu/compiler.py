@@ -5,6 +5,9 @@ The compiler is ``CC`` from the environment when set (it may carry arguments, e.
 ``-O2 -march=native -fPIC -shared -fno-math-errno`` (never ``-ffast-math``: kernels must
 keep IEEE inf/nan semantics) plus ``-fopenmp`` when the compiler can build and link an
 OpenMP program. ``CPU_OPENMP=0`` turns OpenMP off.
+
+The new kernels of a schedule are compiled as one shared object (one compiler process instead
+of one per kernel; see :mod:`ember.device.batch_compiler`).
 """
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
 import tempfile
 
-from ember.device.compiler import CompileError, Compiler
+from ember.device.batch_compiler import BatchCompiler
+from ember.device.compiler import CompileError
 from ember.helpers import DEBUG, GlobalCounters, getenv
 
 BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
@@ -92,8 +97,14 @@ def openmp_supported(cc: tuple[str, ...]) -> bool:
     return True
 
 
-class CPUCompiler(Compiler):
-    """Compiles C source to the bytes of a shared object (``.so``)."""
+class CPUCompiler(BatchCompiler):
+    """Compiles C source to a shared object (``.so``), returned as packed
+    :class:`~ember.device.batch_compiler.KernelBinary` bytes."""
+
+    #: a kernel: ``void NAME(void** bufs, const long long* vals)`` at the start of a line
+    kernel_pattern = re.compile(r"^void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
+    #: each build is its own compiler process: a batch is split across the cores
+    parallel_builds = os.cpu_count() or 1
 
     def __init__(self, cc: list[str] | None = None, openmp: bool | None = None):
         found = cc if cc is not None else find_cc()
@@ -108,7 +119,7 @@ class CPUCompiler(Compiler):
         self.flags: tuple[str, ...] = BASE_FLAGS + (("-fopenmp",) if openmp else ())
         super().__init__(f"cpu-cc|{' '.join(self.cc)}|{cc_version(self.cc)}|{' '.join(self.flags)}|{host_identity()}")
 
-    def compile(self, src: str) -> bytes:
+    def build(self, src: str) -> bytes:
         """Compile ``src`` to a shared object and return its bytes; raise ``CompileError`` on failure."""
         with tempfile.TemporaryDirectory(prefix="ember-cc-") as tmp:
             with open(os.path.join(tmp, "kernel.c"), "w") as f:

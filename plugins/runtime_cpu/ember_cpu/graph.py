@@ -11,8 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ember.device.batch_compiler import KernelBinary
 from ember_cpu.compiler import CPUCompiler
-from ember_cpu.runtime import CPUProgram, SharedObject, ffi
+from ember_cpu.runtime import CPUProgram, SharedObject, ffi, load_shared_object
 
 RUNNER_NAME = "ember_run_batch"
 RUNNER_SRC = """typedef void (*ember_kernel_fn)(void **bufs, const long long *vals);
@@ -26,7 +27,7 @@ void ember_run_batch(int n, ember_kernel_fn *fns, void ***bufs, const long long 
 @functools.cache
 def batch_runner() -> tuple[SharedObject, Any]:
     """The compiled runner (built once per process, through the compile cache) and its function pointer."""
-    lib = SharedObject(CPUCompiler(openmp=False).compile_cached(RUNNER_SRC))
+    lib = load_shared_object(KernelBinary.unpack(CPUCompiler(openmp=False).compile_cached(RUNNER_SRC)).program)
     return lib, lib.function(RUNNER_NAME, "ember_batch_fn")
 
 

@@ -16,12 +16,17 @@ unloaded the library (checked with ``RTLD_NOLOAD``); otherwise it is kept open f
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import threading
 import time
+import weakref
 from typing import Any
 
 import cffi
+
+from ember.device.batch_compiler import KernelBinary
 
 ffi = cffi.FFI()
 ffi.cdef("""
@@ -170,6 +175,21 @@ class SharedObject:
             pass
 
 
+# shared objects loaded now, by content: the kernels compiled in one batch share one library
+_loaded: weakref.WeakValueDictionary[bytes, SharedObject] = weakref.WeakValueDictionary()
+_loaded_lock = threading.Lock()
+
+
+def load_shared_object(binary: bytes) -> SharedObject:
+    """The loaded library for the shared object ``binary`` (loaded once while anything holds it)."""
+    key = hashlib.sha256(binary).digest()
+    with _loaded_lock:
+        lib = _loaded.get(key)
+        if lib is None:
+            lib = _loaded[key] = SharedObject(binary)
+        return lib
+
+
 class CPUProgram:
     """A compiled kernel: ``CPUProgram(name, binary)(*bufs, vals=(...), wait=False)``.
 
@@ -180,8 +200,12 @@ class CPUProgram:
 
     def __init__(self, name: str, binary: bytes):
         self.name = name
-        self.lib = SharedObject(binary)  # kept alive with the program
-        self.fn: Any = self.lib.function(name)
+        try:
+            kb = KernelBinary.unpack(binary)
+        except ValueError as e:
+            raise ValueError(f"kernel {name}: {e}") from None
+        self.lib = load_shared_object(kb.program)  # kept alive with the program
+        self.fn: Any = self.lib.function(kb.kernel_symbol(name))
         # Argument arrays reused across launches. Keyed by the pointer values they hold, so a
         # hit is always right even when a buffer was freed and its address handed out again.
         self._arg_arrays: dict[tuple[int, ...], Any] = {}

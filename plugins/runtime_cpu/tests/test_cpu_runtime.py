@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from ember.device.batch_compiler import KernelBinary
 from ember.device.compiler import CompileError
 from ember.helpers import GlobalCounters
 from ember_cpu import compiler as cpu_compiler
@@ -276,7 +277,7 @@ def test_compiled_binary_is_cached_on_disk(dev):
     assert fresh.cachekey == dev.compiler.cachekey
     binary = fresh.compile_cached(src)
     assert GlobalCounters.kernels_compiled == before
-    assert binary[:4] == b"\x7fELF"
+    assert KernelBinary.unpack(binary).program[:4] == b"\x7fELF"
 
 
 def test_same_name_different_code_loads_separately(dev):
@@ -522,3 +523,29 @@ def test_plugin_hooks():
     assert spec.probe() is None
     (line,) = plugin.ember_report_header()
     assert line.startswith("CPU: compiler ") and "OpenMP" in line
+
+
+def test_a_batch_is_one_compiler_run_and_one_library(dev, monkeypatch):
+    """Two kernels with the same name (and the C preamble each) build as one shared object; each runs."""
+    from ember.renderer.cstyle import C_PREAMBLE
+
+    plus = C_PREAMBLE + ADD_SRC.replace("add(", "same_name(")
+    times = C_PREAMBLE + MUL_SRC.replace("mul(", "same_name(")
+    runs = []
+    real = CPUCompiler.build
+    monkeypatch.setattr(CPUCompiler, "build", lambda self, src: runs.append(src) or real(self, src))
+    monkeypatch.setattr(CPUCompiler, "parallel_builds", 1)
+    binaries = dev.compiler.compile_batch([plus, times])
+    assert len(runs) == 1
+    progs = [dev.runtime("same_name", b) for b in binaries]
+    assert progs[0].lib is progs[1].lib and progs[0].fn != progs[1].fn
+    a, b = np.arange(5, dtype=np.float32), np.full(5, 3.0, np.float32)
+    for prg, want in zip(progs, (a + b, a * b)):
+        bufs = [to_device(dev, np.zeros(5, np.float32)), to_device(dev, a), to_device(dev, b)]
+        prg(*bufs, vals=(5,))
+        np.testing.assert_array_equal(from_device(dev, bufs[0], np.float32, 5), want)
+
+
+def test_a_foreign_binary_is_refused(dev):
+    with pytest.raises(ValueError, match="kernel add: not an ember kernel binary"):
+        CPUProgram("add", b"\x7fELF\x02\x01\x01")

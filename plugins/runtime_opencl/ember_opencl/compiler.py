@@ -3,13 +3,20 @@
 The binary is what the compile cache stores and what :class:`~ember_opencl.runtime.CLProgram`
 loads, so a second process skips the source build. A binary only fits the driver that made
 it, so the cache key names the platform, the device and the driver version.
+
+Every build has a large fixed cost (PoCL parses its whole built-in header, ~18 000 lines, for each
+program: 100-200 ms whether the program holds one kernel or ten). :meth:`CLCompiler.compile_batch`
+therefore builds the new kernels of a schedule as one program (see :mod:`ember.device.batch_compiler`;
+the renderer puts its helper functions under include guards so sources can be joined).
 """
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
-from ember.device.compiler import CompileError, Compiler
+from ember.device.batch_compiler import BatchCompiler
+from ember.device.compiler import CompileError
 from ember_opencl.platforms import import_pyopencl
 
 
@@ -22,13 +29,16 @@ def build_options(device: Any) -> tuple[str, ...]:
     return tuple(options)
 
 
-class CLCompiler(Compiler):
-    """Compiles OpenCL C source for one device and returns the program binary.
+class CLCompiler(BatchCompiler):
+    """Compiles OpenCL C source for one device; returns packed
+    :class:`~ember.device.batch_compiler.KernelBinary` bytes (kernels of a schedule share a program).
 
     Builds run in a context holding only that device: a program's binary list then has exactly
     one entry, whatever a driver reports for the other devices of a shared context. The binary
     loads into any context that contains the device.
     """
+
+    kernel_pattern = re.compile(r"__kernel\s+void\s+(\w+)\s*\(")
 
     def __init__(self, device: Any):
         self.cl = import_pyopencl()
@@ -36,11 +46,12 @@ class CLCompiler(Compiler):
         self.context = self.cl.Context([device])
         self.options = build_options(device)
         platform = device.platform
-        super().__init__("|".join(["opencl", platform.name.strip(), platform.version.strip(), device.name.strip(),
-                                   device.version.strip(), device.driver_version.strip(), " ".join(self.options)]))
+        super().__init__("|".join(["opencl", platform.name.strip(), platform.version.strip(),
+                                   device.name.strip(), device.version.strip(), device.driver_version.strip(),
+                                   " ".join(self.options)]))
 
-    def compile(self, src: str) -> bytes:
-        """Build ``src``; return the device binary, or raise ``CompileError`` with the build log."""
+    def build(self, src: str) -> bytes:
+        """The driver's binary for ``src``; ``CompileError`` with the build log on failure."""
         cl = self.cl
         program = cl.Program(self.context, src)
         try:

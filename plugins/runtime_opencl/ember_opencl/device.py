@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import weakref
+from typing import Any
 
 from ember.device.compiled import Compiled
 from ember_opencl.allocator import CLAllocator
@@ -29,6 +32,7 @@ class CLDevice(Compiled):
         self.queue = cl.CommandQueue(self.context, self.cl_device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.extensions = frozenset(self.cl_device.extensions.split())
+        self._programs: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
         super().__init__(device, CLAllocator(self), self._make_renderer(device), CLCompiler(self.cl_device),
                          functools.partial(CLProgram, self), CLGraph)
 
@@ -39,6 +43,15 @@ class CLDevice(Compiled):
         return CLRenderer(fp16="cl_khr_fp16" in self.extensions, fp64="cl_khr_fp64" in self.extensions,
                           global_max=(size_max,) * 3, local_max=tuple(int(s) for s in dev.max_work_item_sizes[:3]),
                           shared_max=int(dev.local_mem_size), device=name)
+
+    def load_program(self, binary: bytes) -> Any:
+        """The built ``cl.Program`` for a driver binary, loaded once per device and shared by its kernels."""
+        key = hashlib.sha256(binary).digest()
+        program = self._programs.get(key)
+        if program is None:
+            cl = import_pyopencl()
+            program = self._programs[key] = cl.Program(self.context, [self.cl_device], [binary]).build()
+        return program
 
     def synchronize(self) -> None:
         """Wait until every command queued on this device has finished."""

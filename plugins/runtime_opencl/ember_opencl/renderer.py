@@ -36,6 +36,13 @@ float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
 _F64_TO_F16_HELPER = """ushort ember_f64_to_f16(double d) { ushort b; vstore_half_rte(d, 0, (__private half*)&b);
   return b; }"""
 
+
+
+def _guarded(macro: str, code: str) -> str:
+    """``code`` under an include guard: kernels built together as one program define each helper once."""
+    return f"#ifndef {macro}\n#define {macro}\n{code}\n#endif"
+
+
 _BASE_TYPES: dict[DType, str] = {
     dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short",
     dtypes.uint16: "ushort", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long",
@@ -143,11 +150,11 @@ class CLRenderer(CStyleRenderer):
         if self.fp16 and "half" in code:
             parts.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if "ember_bf16_" in code or "ember_f32_to_bf16" in code:
-            parts.append(_BF16_HELPERS)
+            parts.append(_guarded("EMBER_BF16_HELPERS", _BF16_HELPERS))
         if "ember_f16_" in code or "ember_f32_to_f16" in code or "ember_f64_to_f16" in code:
-            parts.append(_F16_HELPERS)
+            parts.append(_guarded("EMBER_F16_HELPERS", _F16_HELPERS))
         if "ember_f64_to_f16" in code:
-            parts.append(_F64_TO_F16_HELPER)
+            parts.append(_guarded("EMBER_F64_TO_F16_HELPER", _F64_TO_F16_HELPER))
         return "\n".join(parts) + "\n" if parts else ""
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:

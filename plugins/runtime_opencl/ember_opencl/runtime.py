@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.device.batch_compiler import KernelBinary
 from ember_opencl.platforms import import_pyopencl
 
 
@@ -29,6 +30,10 @@ def event_seconds(event: Any, start_event: Any = None) -> float:
 class CLProgram:
     """A kernel loaded from a program binary: ``CLProgram(device, name, binary)(*bufs, global_size=...)``.
 
+    ``binary`` is what :class:`~ember_opencl.compiler.CLCompiler` returns: a
+    :class:`~ember.device.batch_compiler.KernelBinary` naming the kernel's symbol in a program that may
+    hold the other kernels of its batch; kernels of one program share one loaded ``cl.Program``.
+
     Buffers are :class:`~ember_opencl.allocator.CLBuffer` handles; ``vals`` are the int variables,
     passed as 64-bit ``long`` arguments after the buffers. A launch only enqueues the kernel;
     with ``wait`` it also waits and returns the kernel's device time in seconds (from the
@@ -38,7 +43,12 @@ class CLProgram:
     def __init__(self, device: Any, name: str, binary: bytes):
         self.cl = import_pyopencl()
         self.device, self.name, self.binary = device, name, binary
-        self.program = self.cl.Program(device.context, [device.cl_device], [binary]).build()
+        try:
+            kb = KernelBinary.unpack(binary)
+        except ValueError as e:
+            raise ValueError(f"kernel {name}: {e}") from None
+        self.symbol = kb.kernel_symbol(name)
+        self.program = device.load_program(kb.program)
         self.kernel = self.new_kernel()
         #: kernel parameters: the buffers the program uses (a trailing unused buffer has none), then the ints
         self.num_args = int(self.kernel.num_args)
@@ -46,7 +56,7 @@ class CLProgram:
 
     def new_kernel(self) -> Any:
         """A fresh ``cl.Kernel`` of this program (each holds its own argument values)."""
-        return self.cl.Kernel(self.program, self.name)
+        return self.cl.Kernel(self.program, self.symbol)
 
     def buffer_args(self, bufs: Sequence[Any], vals: Sequence[int]) -> list[Any]:
         """The ``cl.Buffer`` of each buffer parameter (buffers past the kernel's last parameter are unused)."""

@@ -1,0 +1,133 @@
+"""Building the new kernels of a schedule as one program, for compilers with a high cost per build.
+
+A driver build often costs far more than the kernels in it: PoCL parses its ~18 000-line built-in
+header for every OpenCL program (100-200 ms whether it holds one kernel or ten), and a C compiler
+pays process start-up and linking per shared object (~50 ms). :class:`BatchCompiler` joins the
+sources of a batch into one program text and builds it once:
+
+- each source keeps its text; its kernel is renamed to a symbol unique in the batch by a
+  ``#define`` around the source (``#define E_4 ember_b1_E_4`` ... ``#undef E_4``), so sources with
+  the same kernel name can share a program;
+- helper definitions a renderer emits must be under include guards, so repeats are harmless;
+- every source still gets its own binary (and compile-cache entry): a :class:`KernelBinary`
+  holding the shared program and the kernel's symbol in it. A device runtime reads it with
+  :meth:`KernelBinary.unpack` and should load each distinct program once.
+
+When a joined build fails, each source of the group is built alone, so the
+:class:`~ember.device.compiler.CompileError` shows the source at fault with its own log.
+"""
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import re
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ember.device.compiler import CompileError, Compiler
+
+#: names the packed format; in every binary's header and in the compile-cache key
+FORMAT = "ember-kernel-binary-1"
+_MAGIC = FORMAT.encode() + b"\0"
+
+
+class KernelBinary(NamedTuple):
+    """One kernel's binary: the program holding it and the kernel's symbol there ("" = its own name)."""
+
+    symbol: str
+    program: bytes
+
+    def pack(self) -> bytes:
+        """The bytes a compiler returns and the compile cache stores: a header, the symbol, the program."""
+        sym = self.symbol.encode()
+        return _MAGIC + struct.pack("<I", len(sym)) + sym + self.program
+
+    @staticmethod
+    def unpack(data: bytes) -> KernelBinary:
+        """Read bytes made by :meth:`pack`; ``ValueError`` for anything else."""
+        start = len(_MAGIC) + 4
+        if not data.startswith(_MAGIC) or len(data) < start:
+            raise ValueError("not an ember kernel binary (made by another compiler, or damaged)")
+        (n,) = struct.unpack_from("<I", data, len(_MAGIC))
+        if len(data) < start + n:
+            raise ValueError("truncated ember kernel binary")
+        return KernelBinary(data[start:start + n].decode(), data[start + n:])
+
+    def kernel_symbol(self, name: str) -> str:
+        """The symbol to look up for the kernel called ``name``."""
+        return self.symbol or name
+
+
+def join_sources(srcs: Sequence[str], kernel_pattern: re.Pattern[str]) -> tuple[str, list[str]] | None:
+    """One program text holding every source, and the symbol of each source's kernel in it.
+
+    ``kernel_pattern``'s first group is a kernel's name. ``None`` when the sources cannot be
+    joined safely: a source without exactly one kernel, or a chosen symbol already in some source.
+    """
+    names: list[str] = []
+    for src in srcs:
+        found = kernel_pattern.findall(src)
+        if len(found) != 1:
+            return None
+        names.append(found[0])
+    symbols = [f"ember_b{i}_{name}" for i, name in enumerate(names)]
+    if any(sym in src for sym in symbols for src in srcs):
+        return None
+    parts: list[str] = []
+    for src, name, sym in zip(srcs, names, symbols):
+        parts += [f"#define {name} {sym}", src.rstrip("\n"), f"#undef {name}"]
+    return "\n".join(parts) + "\n", symbols
+
+
+class BatchCompiler(Compiler):
+    """A compiler that builds a batch of single-kernel sources as one program.
+
+    Subclasses implement :meth:`build` (source text to the driver's program binary) and set
+    ``kernel_pattern``; :meth:`compile` and :meth:`compile_batch` return packed
+    :class:`KernelBinary` bytes.
+    """
+
+    #: a regular expression whose first group is the name of a kernel defined in a source
+    kernel_pattern: re.Pattern[str]
+    #: the most kernels built as one program (a build's cost grows with its size, and its binary is
+    #: stored once per kernel)
+    max_batch: int = 32
+    #: how many builds may run at once (a compiler in its own process can use every core; a driver
+    #: that serializes its builds gains nothing from more than 1)
+    parallel_builds: int = 1
+
+    def __init__(self, cachekey: str | None):
+        # the packed format is part of what a cache entry holds: entries of plain binaries never match
+        super().__init__(None if cachekey is None else f"{FORMAT}|{cachekey}")
+
+    @abc.abstractmethod
+    def build(self, src: str) -> bytes:
+        """The program binary for ``src``; raise :class:`CompileError` on failure."""
+
+    def compile(self, src: str) -> bytes:
+        """Build ``src`` alone; its kernels keep their names."""
+        return KernelBinary("", self.build(src)).pack()
+
+    def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
+        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and split in
+        up to ``parallel_builds`` programs built at the same time."""
+        count = max(-(-len(srcs) // self.max_batch), min(self.parallel_builds, len(srcs)))
+        size = -(-len(srcs) // count)
+        groups = [srcs[i:i + size] for i in range(0, len(srcs), size)]
+        if len(groups) == 1:
+            return self._build_group(groups[0])
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(groups), self.parallel_builds)) as pool:
+            return [binary for built in pool.map(self._build_group, groups) for binary in built]
+
+    def _build_group(self, group: Sequence[str]) -> list[bytes]:
+        """One program for ``group`` (or one per source when they cannot be joined or the joined build fails)."""
+        joined = join_sources(group, self.kernel_pattern) if len(group) > 1 else None
+        if joined is not None:
+            try:
+                program = self.build(joined[0])
+            except CompileError:
+                pass  # built one by one below, so the error names the source at fault
+            else:
+                return [KernelBinary(sym, program).pack() for sym in joined[1]]
+        return [self.compile(src) for src in group]

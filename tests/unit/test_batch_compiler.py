@@ -1,0 +1,95 @@
+"""BatchCompiler: joining single-kernel sources into one program, grouping, fallback, the packed format."""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from ember.device.batch_compiler import FORMAT, BatchCompiler, KernelBinary, join_sources
+from ember.device.compiler import CompileError
+
+PATTERN = re.compile(r"^kernel (\w+)\(", re.MULTILINE)
+
+
+def src(name: str, body: str = "x") -> str:
+    return f"kernel {name}() {{ {body} }}\n"
+
+
+class FakeCompiler(BatchCompiler):
+    """'Builds' by recording the text; a text containing BAD fails."""
+
+    kernel_pattern = PATTERN
+
+    def __init__(self, max_batch: int = 32, parallel: int = 1):
+        super().__init__("fake")
+        self.max_batch, self.parallel_builds = max_batch, parallel
+        self.built: list[str] = []
+        self.threads: set[int] = set()
+        self.lock = threading.Lock()
+
+    def build(self, text: str) -> bytes:
+        with self.lock:
+            self.built.append(text)
+            self.threads.add(threading.get_ident())
+        if "BAD" in text:
+            raise CompileError(text, "BAD is not allowed")
+        return text.encode()
+
+
+def test_kernel_binary_round_trip_and_refusals():
+    kb = KernelBinary("ember_b3_E_4", b"\x00\x01program")
+    assert KernelBinary.unpack(kb.pack()) == kb
+    assert KernelBinary("", b"p").kernel_symbol("E_4") == "E_4" and kb.kernel_symbol("E_4") == "ember_b3_E_4"
+    with pytest.raises(ValueError, match="not an ember kernel binary"):
+        KernelBinary.unpack(b"\x7fELF....")
+    with pytest.raises(ValueError, match="truncated"):
+        KernelBinary.unpack(kb.pack()[: len(FORMAT) + 8])
+
+
+def test_cache_key_names_the_format():
+    assert FakeCompiler().cachekey == f"{FORMAT}|fake"
+
+
+def test_join_renames_each_kernel_in_its_own_source():
+    text, symbols = join_sources([src("E_4", "a"), src("E_4", "b"), src("r_2")], PATTERN)
+    assert symbols == ["ember_b0_E_4", "ember_b1_E_4", "ember_b2_r_2"]
+    lines = text.splitlines()
+    assert lines[:3] == ["#define E_4 ember_b0_E_4", "kernel E_4() { a }", "#undef E_4"]
+    assert join_sources([src("E_4"), "no kernel here"], PATTERN) is None
+    assert join_sources([src("E_4") + src("E_5")], PATTERN) is None
+    assert join_sources([src("E_4", "ember_b0_E_4")], PATTERN) is None  # the symbol would clash
+
+
+def test_a_batch_is_one_build_and_each_kernel_names_its_symbol():
+    c = FakeCompiler()
+    out = [KernelBinary.unpack(b) for b in c.compile_batch([src("E_4", "a"), src("E_4", "b")])]
+    assert len(c.built) == 1
+    assert [kb.symbol for kb in out] == ["ember_b0_E_4", "ember_b1_E_4"]
+    assert out[0].program == out[1].program == c.built[0].encode()
+
+
+def test_groups_respect_max_batch_and_parallel_builds():
+    c = FakeCompiler(max_batch=3)
+    c.compile_batch([src(f"k{i}") for i in range(7)])
+    assert [t.count("kernel ") for t in c.built] == [3, 3, 1]
+    p = FakeCompiler(parallel=2)
+    out = p.compile_batch([src(f"k{i}") for i in range(5)])
+    assert sorted(t.count("kernel ") for t in p.built) == [2, 3] and len(out) == 5
+    assert [KernelBinary.unpack(b).symbol.split("_", 2)[2] for b in out] == [f"k{i}" for i in range(5)]
+
+
+def test_a_failing_batch_is_rebuilt_alone_and_names_the_bad_source():
+    c = FakeCompiler()
+    bad = src("E_5", "BAD")
+    with pytest.raises(CompileError) as info:
+        c.compile_batch([src("E_4"), bad])
+    assert info.value.src == bad
+    assert c.built[0].count("#define") == 2 and c.built[1:] == [src("E_4"), bad]
+
+
+def test_unjoinable_sources_are_built_one_by_one():
+    c = FakeCompiler()
+    out = c.compile_batch(["helper only", src("E_4")])
+    assert c.built == ["helper only", src("E_4")]
+    assert [KernelBinary.unpack(b).symbol for b in out] == ["", ""]
