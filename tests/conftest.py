@@ -37,11 +37,19 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(params=BACKEND_DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
-    """The name of a usable device; the test is skipped with the reason on a device that is not usable."""
+    """The name of a usable device; the test is skipped with the reason on a device that is not usable
+    (unless the device was asked for with ``DEV``: then the run stops, see :func:`pytest_sessionstart`)."""
     name = request.param
     if name not in Device.available():
         pytest.skip(f"device {name} is not usable here: {Device.probe(name)}")
     return name
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``DEV=X`` asks for the suite on X: an unusable X is an error, not a run of skipped tests."""
+    if os.environ.get("DEV") and BACKEND_DEVICES[0] not in Device.available():
+        raise pytest.UsageError(f"DEV={os.environ['DEV']}: device {BACKEND_DEVICES[0]} is not usable here: "
+                                f"{Device.probe(BACKEND_DEVICES[0])}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
