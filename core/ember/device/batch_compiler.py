@@ -1,8 +1,8 @@
 """Building the new kernels of a schedule as one program, for compilers with a high cost per build.
 
-A driver build often costs far more than the kernels in it: PoCL parses its ~18 000-line built-in
-header for every OpenCL program (100-200 ms whether it holds one kernel or ten), and a C compiler
-pays process start-up and linking per shared object (~50 ms). :class:`BatchCompiler` joins the
+A driver build often costs far more than the kernels in it: a kernel-language compiler may parse a
+built-in header of many thousand lines for every program (100-200 ms whether the program holds one
+kernel or ten), and a C compiler pays process start-up and linking per shared object (~50 ms). :class:`BatchCompiler` joins the
 sources of a batch into one program text and builds it once:
 
 - each source keeps its text; its kernel is renamed to a symbol unique in the batch by a

@@ -5,8 +5,8 @@ everyone else calls :meth:`Compiler.compile_cached` (or :meth:`Compiler.compile_
 kernels of a whole schedule), which looks in a per-instance dictionary, then in the on-disk cache,
 and compiles only on a double miss.
 
-A driver whose every build has a large fixed cost (an OpenCL driver parses its whole built-in
-header for each program) also overrides :meth:`Compiler.compile_batch` to build the misses of a
+A driver whose every build has a large fixed cost (a kernel compiler that parses a large built-in
+header for each program, or a compiler started as a process) also overrides :meth:`Compiler.compile_batch` to build the misses of a
 schedule together; each source still gets its own cache entry.
 
 Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0" + src``
