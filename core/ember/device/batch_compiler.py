@@ -2,8 +2,8 @@
 
 A driver build often costs far more than the kernels in it: a kernel-language compiler may parse a
 built-in header of many thousand lines for every program (100-200 ms whether the program holds one
-kernel or ten), and a C compiler pays process start-up and linking per shared object (~50 ms). :class:`BatchCompiler` joins the
-sources of a batch into one program text and builds it once:
+kernel or ten), and a C compiler pays process start-up and linking per shared object (~50 ms).
+:class:`BatchCompiler` joins the sources of a batch into one program text and builds it once:
 
 - each source keeps its text; its kernel is renamed to a symbol unique in the batch by a
   ``#define`` around the source (``#define E_4 ember_b1_E_4`` ... ``#undef E_4``), so sources with

@@ -6,8 +6,9 @@ kernels of a whole schedule), which looks in a per-instance dictionary, then in 
 and compiles only on a double miss.
 
 A driver whose every build has a large fixed cost (a kernel compiler that parses a large built-in
-header for each program, or a compiler started as a process) also overrides :meth:`Compiler.compile_batch` to build the misses of a
-schedule together; each source still gets its own cache entry.
+header for each program, or a compiler started as a process) also overrides
+:meth:`Compiler.compile_batch` to build the misses of a schedule together; each source still gets
+its own cache entry.
 
 Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0" + src``
 (see :mod:`ember.diskcache` for the crash-safe layout): a corrupt entry is recompiled, never used.
