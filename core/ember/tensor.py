@@ -26,12 +26,24 @@ from ember.dtype import (
     truncate,
 )
 from ember.engine.realize import run_schedule
+from ember.frontend.activations import ActivationMixin
+from ember.frontend.arithmetic import ArithmeticMixin
+from ember.frontend.attention import AttentionMixin
+from ember.frontend.bitwise import BitwiseMixin
+from ember.frontend.casts import CastMixin
+from ember.frontend.comparison import ComparisonMixin
+from ember.frontend.conv import ConvMixin
 from ember.frontend.creation import CreationMixin
 from ember.frontend.elementwise import ElementwiseMixin
 from ember.frontend.indexing import IndexingMixin
+from ember.frontend.linalg import LinalgMixin
+from ember.frontend.losses import LossMixin
 from ember.frontend.movement import MovementMixin
-from ember.frontend.nn import NNMixin
+from ember.frontend.normalization import NormalizationMixin
+from ember.frontend.pool import PoolMixin
 from ember.frontend.reduce import ReduceMixin
+from ember.frontend.resample import ResampleMixin
+from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import Scalar, Shape, broadcast_shape, make_const
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.graph.shapetracker import ShapeTracker
@@ -40,7 +52,9 @@ from ember.helpers import prod
 from ember.schedule import create_schedule, mark_realized
 
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, NNMixin):
+class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
+             ActivationMixin, CastMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, ConvMixin, PoolMixin,
+             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin):
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,

@@ -1,11 +1,22 @@
 """Helpers shared by the Tensor class and its mixins."""
 from __future__ import annotations
 
-from ember.dtype import DType, truncate
+from typing import Sequence
+
+import numpy as np
+
+from ember.dtype import DType, dtypes, truncate
 from ember.graph.uop import Ops, UOp
 
 Scalar = int | float | bool
 Shape = tuple[int, ...]
+#: per spatial dim, the padding ``(before, after)``
+Pads = tuple[tuple[int, int], ...]
+
+#: torch's names for dtypes in its "not implemented for" messages
+_TORCH_NAMES = {"bool": "Bool", "char": "Char", "uchar": "Byte", "short": "Short", "ushort": "UInt16", "int": "Int",
+                "uint": "UInt32", "long": "Long", "ulong": "UInt64", "half": "Half", "bfloat16": "BFloat16",
+                "float": "Float", "double": "Double"}
 
 
 def broadcast_shape(*shapes: Shape) -> Shape:
@@ -25,3 +36,46 @@ def broadcast_shape(*shapes: Shape) -> Shape:
 
 def make_const(value: Scalar, dtype: DType, device: str) -> UOp:
     return UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, None, (), device),), truncate(dtype, value))
+
+
+def not_implemented(kernel: str, dt: DType) -> NotImplementedError:
+    """The error torch raises when its kernel ``kernel`` has no version for ``dt``."""
+    return NotImplementedError(f'"{kernel}" not implemented for \'{_TORCH_NAMES.get(dt.name, dt.name)}\'')
+
+
+def compute_dtype(dt: DType) -> DType:
+    """The float type a composed function computes in: float16 and bfloat16 go through float32."""
+    return dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+
+
+def int_tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+    """``value`` repeated ``n`` times, or ``value`` itself when it already has ``n`` entries."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),) * n
+    vals = tuple(int(v) for v in value)
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise RuntimeError(f"expected {name} to be a single integer value or a list of {n} values, "
+                           f"but got {list(vals)}")
+    return vals
+
+
+def resolve_pads(padding: int | Sequence[int], n: int) -> Pads:
+    """Per spatial dim ``(before, after)`` from an int, ``n`` symmetric values or ``2n`` torch-style flat values.
+
+    The flat form lists the last dim first: ``(left, right, top, bottom, ...)``.
+    """
+    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+        return ((int(padding), int(padding)),) * n
+    vals = tuple(int(p) for p in padding)
+    if len(vals) == n:
+        return tuple((p, p) for p in vals)
+    if len(vals) == 2 * n:
+        return tuple((vals[2 * j], vals[2 * j + 1]) for j in reversed(range(n)))
+    raise RuntimeError(f"padding must be an int or a sequence of {n} or {2 * n} ints, but got {list(vals)}")
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    """A shape as torch prints it in size errors: ``2 x 3 x 4``."""
+    return " x ".join(str(s) for s in shape)

@@ -1,0 +1,515 @@
+"""Arithmetic of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): ``+ - * / // % **``,
+minimum and maximum, clamp, where, lerp, abs, sign and rounding.
+
+Semantics follow torch: type promotion with weak Python scalars, ``//`` floors and ``%`` takes
+the sign of the divisor (``idiv`` truncates toward zero, as tinygrad's does), integer arithmetic
+wraps in its own width, ``int ** int`` stays an integer, and a call torch rejects raises the
+exception type torch raises. Two deliberate, documented differences: an integer tensor divided
+(``//``, ``%``, ``idiv``) by a zero *tensor element* gives 0 where torch raises, and a float
+``//`` is ``floor(a / b)`` (``%`` is ``a - floor(a / b) * b``), which can differ from torch by one
+in the rare case where ``a / b`` rounds up to an integer.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ember.dtype import DType, dtypes, result_type_scalar
+from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
+from ember.graph.uop import Ops
+
+if TYPE_CHECKING:
+    from ember.tensor import Tensor
+
+
+class ArithmeticMixin:
+    """Arithmetic, clamping, selection, sign and rounding, with their Python operators."""
+
+    __slots__ = ()
+
+    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """``self + x`` with broadcasting and promotion (bools: logical or)."""
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        return a._alu(Ops.ADD, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
+
+    def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """``self - x`` (``x - self`` when ``reverse``)."""
+        other_bool = x.dtype == dtypes.bool if isinstance(x, type(self)) else isinstance(x, bool)
+        if self.dtype == dtypes.bool and other_bool:  # type: ignore[attr-defined]
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                               "Use the `^` or `logical_xor()` operator instead.")
+        if self.dtype == dtypes.bool or other_bool:  # type: ignore[attr-defined]
+            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                               "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        return a._alu(Ops.SUB, b)
+
+    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """``self * x`` (bools: logical and)."""
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        return a._alu(Ops.MUL, b) if a.dtype != dtypes.bool else a._alu(Ops.AND, b)
+
+    def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """``self / x``: true division (integers give the default float), or rounded with
+        ``rounding_mode="trunc"`` (toward zero) or ``"floor"`` (toward -inf), which keep integer dtypes."""
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        if rounding_mode is None:
+            if a.dtype.kind != "f":
+                a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+            return a._alu(Ops.FDIV, b)
+        if rounding_mode not in ("trunc", "floor"):
+            raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                               f"'{rounding_mode}'")
+        if a.dtype.kind == "f":
+            q = a._alu(Ops.FDIV, b)
+            return q.trunc() if rounding_mode == "trunc" else _float_floor_div(a, b, q)
+        if a.dtype.kind == "b":
+            raise not_implemented(f"div_{rounding_mode}_cpu", a.dtype)
+        _check_int_divisor(x, reverse, a.dtype)
+        q = a._alu(Ops.IDIV, b)
+        if rounding_mode == "trunc" or a.dtype.kind == "u":
+            return q
+        r = a._alu(Ops.MOD, b)
+        fix = (r != 0) & ((r < 0) ^ (b < 0))
+        return fix.where(q - 1, q)
+
+    def idiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """Division truncating toward zero (tinygrad's ``idiv``); float inputs give ``trunc(a / b)``."""
+        return self.div(x, reverse, rounding_mode="trunc")
+
+    def floor_divide(self, x: Tensor | Scalar) -> Tensor:
+        """``self // x``: division rounding toward -inf (torch's ``floor_divide``)."""
+        return self.div(x, rounding_mode="floor")
+
+    def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """``self % x`` with the sign of the divisor (Python's and torch's ``remainder``)."""
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        if a.dtype.kind == "f":
+            return _float_mod(a, b)
+        if a.dtype.kind == "b":
+            raise not_implemented("remainder_cpu", a.dtype)
+        _check_int_divisor(x, reverse, a.dtype)
+        r = a._alu(Ops.MOD, b)
+        if a.dtype.kind == "u":
+            return r
+        fix = (r != 0) & ((r < 0) ^ (b < 0))
+        return fix.where(r + b, r)
+
+    def remainder(self, x: Tensor | Scalar) -> Tensor:
+        """torch's name for :meth:`mod`."""
+        return self.mod(x)
+
+    def true_divide(self, x: Tensor | Scalar) -> Tensor:
+        """torch's name for true division."""
+        return self.div(x)
+
+    def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """``self ** x`` (``x ** self`` when ``reverse``).
+
+        Floats use the device's ``pow`` (negative bases with integer-valued exponents get the right
+        sign, ``0 ** 0 = 1``); ``x`` = 2, 3, 0.5, -0.5, -1, -2 take exact shortcuts as in torch.
+        Integer ``**`` integer stays an integer and wraps on overflow; a negative Python exponent
+        raises, a negative tensor exponent gives 0 except for bases 1 and -1.
+        """
+        if isinstance(x, np.generic):
+            x = x.item()
+        if not reverse and not isinstance(x, type(self)):
+            if not isinstance(x, (int, float, bool)):
+                raise TypeError(f"unsupported exponent type {type(x).__name__}")
+            dt = result_type_scalar(self.dtype, x)  # type: ignore[attr-defined]
+            base = self.cast(dt)  # type: ignore[attr-defined]
+            if dt.kind == "b":
+                raise not_implemented("pow", dt)
+            if dt.kind in "iu":
+                if x < 0:
+                    raise RuntimeError("Integers to negative integer powers are not allowed.")
+                return _int_pow_const(base, int(x))
+            return _float_pow_scalar(base, float(x))
+        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        if a.dtype.kind == "b":
+            raise not_implemented("pow", a.dtype)
+        if a.dtype.kind in "iu":
+            return _int_pow_tensor(a, b)
+        return _float_pow(a, b)
+
+    def maximum(self, x: Tensor | Scalar) -> Tensor:
+        """Elementwise maximum; nan wins, equal inputs share the gradient."""
+        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        return a._alu(Ops.MAX, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
+
+    def minimum(self, x: Tensor | Scalar) -> Tensor:
+        """Elementwise minimum; nan wins, equal inputs share the gradient."""
+        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        if a.dtype == dtypes.bool:
+            return a._alu(Ops.AND, b)
+        if a.dtype.kind == "f":
+            return -((-a)._alu(Ops.MAX, -b))
+        return (a < b).where(a, b)
+
+    def clamp(self, min_: Tensor | Scalar | None = None, max_: Tensor | Scalar | None = None, *,
+              min: Tensor | Scalar | None = None, max: Tensor | Scalar | None = None) -> Tensor:
+        """Limit values to ``[min_, max_]`` (either may be None or a tensor; torch's ``min=``/``max=``
+        keywords work too); ``max_`` wins when ``min_ > max_``, nan stays nan. The gradient flows
+        where ``min_ <= self <= max_``."""
+        min_ = min if min_ is None else min_
+        max_ = max if max_ is None else max_
+        if min_ is None and max_ is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+        x = self.detach()  # type: ignore[attr-defined]
+        out = x
+        lo = hi = None
+        if min_ is not None:
+            lo = min_.detach() if isinstance(min_, type(self)) else min_
+            out = out.maximum(lo)
+        if max_ is not None:
+            hi = max_.detach() if isinstance(max_, type(self)) else max_
+            out = out.minimum(hi)
+        if out.dtype.kind != "f":
+            return out
+        parents = (self,) + tuple(t for t in (min_, max_) if isinstance(t, type(self)))
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor | None, ...]:
+            xs = p[0].detach().cast(o.dtype)
+            conds = ([xs >= lo] if lo is not None else []) + ([xs <= hi] if hi is not None else [])
+            inside = conds[0] & conds[1] if len(conds) == 2 else conds[0]  # false at nan, as in torch
+            grads: list[Tensor | None] = [_unbroadcast(inside.where(g, 0.0), p[0].shape)]
+            if isinstance(min_, type(self)):
+                below = xs < lo
+                if hi is not None:
+                    below = below & (_as_tensor(lo, xs) <= hi)
+                grads.append(_unbroadcast(below.where(g, 0.0), min_.shape))
+            if isinstance(max_, type(self)):
+                above = (xs > hi) if lo is None else ((xs > hi) | (_as_tensor(lo, xs) > hi))
+                grads.append(_unbroadcast(above.where(g, 0.0), max_.shape))
+            return tuple(grads)
+
+        return self._custom(parents, out, rule, "clamp")
+
+    def clip(self, min_: Tensor | Scalar | None = None, max_: Tensor | Scalar | None = None, *,
+             min: Tensor | Scalar | None = None, max: Tensor | Scalar | None = None) -> Tensor:
+        """Alias of :meth:`clamp`."""
+        return self.clamp(min_, max_, min=min, max=max)
+
+    def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        """``x`` where self is true (nonzero), else ``y``; all three broadcast together."""
+        cond = self.cast(dtypes.bool)  # type: ignore[attr-defined]
+        if isinstance(x, type(self)):
+            x2, y2 = x._broadcasted(y)
+        elif isinstance(y, type(self)):
+            y2, x2 = y._broadcasted(x)
+        else:
+            dt = _scalar_pair_dtype(x, y)
+            x2, y2 = type(self)(make_const(x, dt, self.device)), type(self)(make_const(y, dt, self.device))
+        shape = broadcast_shape(cond.shape, x2.shape, y2.shape)
+        c, a, b = cond._broadcast_to(shape), x2._broadcast_to(shape), y2._broadcast_to(shape)
+        return c._alu(Ops.WHERE, a, b, dtype=a.dtype)
+
+    def lerp(self, end: Tensor, weight: Tensor | float) -> Tensor:
+        """``self + weight * (end - self)`` (floats only, like torch)."""
+        self._need_float("lerp_kernel_scalar")
+        if not isinstance(end, type(self)):
+            raise TypeError(f"lerp(): argument 'end' must be Tensor, not {type(end).__name__}")
+        if end.dtype != self.dtype:
+            raise RuntimeError(f"expected dtype {self.dtype.name} for `end` but got dtype {end.dtype.name}")
+        if isinstance(weight, type(self)) and weight.dtype != self.dtype:
+            raise RuntimeError(f"expected dtype {self.dtype.name} for `weight` but got dtype {weight.dtype.name}")
+        s, e = self.detach()._broadcasted(end.detach())  # type: ignore[attr-defined]
+        w = weight.detach() if isinstance(weight, type(self)) else weight
+        if isinstance(w, type(self)):
+            shape = broadcast_shape(s.shape, w.shape)
+            s, e, w = s._broadcast_to(shape), e._broadcast_to(shape), w._broadcast_to(shape)
+        diff = e - s
+        if isinstance(w, type(self)):
+            out = (w.abs() < 0.5).where(s + diff * w, e - diff * (1 - w))
+        else:
+            out = s + diff * w if abs(w) < 0.5 else e - diff * (1 - w)
+        parents = (self, end) + ((weight,) if isinstance(weight, type(self)) else ())
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor, ...]:
+            wt = p[2] if len(p) > 2 else weight
+            grads = [_unbroadcast(g * (1 - wt), p[0].shape), _unbroadcast(g * wt, p[1].shape)]
+            if len(p) > 2:
+                grads.append(_unbroadcast(g * (p[1] - p[0]), p[2].shape))
+            return tuple(grads)
+
+        return self._custom(parents, out, rule, "lerp")
+
+    def neg(self) -> Tensor:
+        """``-self`` (bools raise, as in torch)."""
+        if self.dtype == dtypes.bool:  # type: ignore[attr-defined]
+            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. "
+                               "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+        return self._alu(Ops.NEG)  # type: ignore[attr-defined]
+
+    def reciprocal(self) -> Tensor:
+        """``1 / self`` (integers give the default float)."""
+        return self._to_float()._alu(Ops.RECIP)
+
+    def square(self) -> Tensor:
+        """``self * self`` (bools give int64, like torch)."""
+        x = self.cast(dtypes.int64) if self.dtype == dtypes.bool else self  # type: ignore[attr-defined]
+        return x * x
+
+    def abs(self) -> Tensor:
+        """``|self|`` (``abs(-0.0) = 0.0``); the gradient is ``sign(self)``, 0 at 0."""
+        dt = self.dtype  # type: ignore[attr-defined]
+        if dt.kind == "b":
+            raise not_implemented("abs_cpu", dt)
+        if dt.kind == "u":
+            return self  # type: ignore[return-value]
+        if dt.kind == "i":
+            return (self < 0).where(-self, self)
+        x = self.detach()  # type: ignore[attr-defined]
+        out = (x <= 0).where(0 - x, x)
+        return self._custom((self,), out, lambda g, o, p: (g * p[0].detach().sign(),), "abs")
+
+    def sign(self) -> Tensor:
+        """-1, 0 or 1 in self's dtype (nan gives 0, like torch)."""
+        dt = self.dtype  # type: ignore[attr-defined]
+        if dt.kind == "b":
+            return self  # type: ignore[return-value]
+        x = self.detach()  # type: ignore[attr-defined]
+        one, zero = _full_like(x, 1), _full_like(x, 0)
+        out = (x > 0).where(one, zero if dt.kind == "u" else (x < 0).where(_full_like(x, -1), zero))
+        return self._custom((self,), out, _zero_rule, "sign")
+
+    # --- rounding ---------------------------------------------------------------------------------
+    def trunc(self) -> Tensor:
+        """Round toward zero (integers are returned as they are)."""
+        return self._round_op("trunc_cpu", lambda x: x._alu(Ops.TRUNC))
+
+    def floor(self) -> Tensor:
+        """Round toward -inf."""
+        def fn(x: Tensor) -> Tensor:
+            t = x._alu(Ops.TRUNC)
+            return (x < t).where(t - 1, t)
+        return self._round_op("floor_vml_cpu", fn)
+
+    def ceil(self) -> Tensor:
+        """Round toward +inf."""
+        def fn(x: Tensor) -> Tensor:
+            t = x._alu(Ops.TRUNC)
+            return (x > t).where(t + 1, t)
+        return self._round_op("ceil_vml_cpu", fn)
+
+    def round(self, decimals: int = 0) -> Tensor:
+        """Round half to even (like torch and numpy); ``decimals`` scales by ``10**decimals`` first."""
+        if decimals == 0:
+            return self._round_op("round_vml_cpu", _round_half_even)
+        scale = 10.0 ** decimals
+        return self._round_op("round_vml_cpu", lambda x: _round_half_even(x * scale) / scale)
+
+    def _round_op(self, kernel: str, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        dt = self.dtype  # type: ignore[attr-defined]
+        if dt.kind == "b":
+            raise not_implemented(kernel, dt)
+        if dt.kind in "iu":
+            return self  # type: ignore[return-value]
+        out = fn(self.detach().cast(compute_dtype(dt))).cast(dt)  # type: ignore[attr-defined]
+        return self._custom((self,), out, _zero_rule, kernel.split("_")[0])
+
+    # --- operators -------------------------------------------------------------------------------
+    def __neg__(self) -> Tensor:
+        """``-self``."""
+        return self.neg()
+
+    def __add__(self, x: Tensor | Scalar) -> Tensor:
+        """``self + x``."""
+        return self.add(x)
+
+    def __radd__(self, x: Scalar) -> Tensor:
+        """``x + self``."""
+        return self.add(x, True)
+
+    def __sub__(self, x: Tensor | Scalar) -> Tensor:
+        """``self - x``."""
+        return self.sub(x)
+
+    def __rsub__(self, x: Scalar) -> Tensor:
+        """``x - self``."""
+        return self.sub(x, True)
+
+    def __mul__(self, x: Tensor | Scalar) -> Tensor:
+        """``self * x``."""
+        return self.mul(x)
+
+    def __rmul__(self, x: Scalar) -> Tensor:
+        """``x * self``."""
+        return self.mul(x, True)
+
+    def __truediv__(self, x: Tensor | Scalar) -> Tensor:
+        """``self / x``."""
+        return self.div(x)
+
+    def __rtruediv__(self, x: Scalar) -> Tensor:
+        """``x / self``."""
+        return self.div(x, True)
+
+    def __floordiv__(self, x: Tensor | Scalar) -> Tensor:
+        """``self // x`` (rounds toward -inf)."""
+        return self.div(x, rounding_mode="floor")
+
+    def __rfloordiv__(self, x: Scalar) -> Tensor:
+        """``x // self`` (rounds toward -inf)."""
+        return self.div(x, True, rounding_mode="floor")
+
+    def __mod__(self, x: Tensor | Scalar) -> Tensor:
+        """``self % x`` (sign of ``x``)."""
+        return self.mod(x)
+
+    def __rmod__(self, x: Scalar) -> Tensor:
+        """``x % self`` (sign of ``self``)."""
+        return self.mod(x, True)
+
+    def __pow__(self, x: Tensor | Scalar) -> Tensor:
+        """``self ** x``."""
+        return self.pow(x)
+
+    def __rpow__(self, x: Scalar) -> Tensor:
+        """``x ** self``."""
+        return self.pow(x, True)
+
+    def __ifloordiv__(self, x: Tensor | Scalar) -> Tensor:
+        """In-place ``self //= x``."""
+        return self.assign(self // x)  # type: ignore[attr-defined]
+
+    def __imod__(self, x: Tensor | Scalar) -> Tensor:
+        """In-place ``self %= x``."""
+        return self.assign(self % x)  # type: ignore[attr-defined]
+
+    def __ipow__(self, x: Tensor | Scalar) -> Tensor:
+        """In-place ``self **= x``."""
+        return self.assign(self ** x)  # type: ignore[attr-defined]
+
+
+# --- helpers used by the methods above ---------------------------------------------------------------
+
+def _zero_rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
+    return (g.zeros_like(),)
+
+
+def _full_like(x: Tensor, value: Scalar) -> Tensor:
+    return type(x)(make_const(value, x.dtype, x.device))._broadcast_to(x.shape)
+
+
+def _as_tensor(v: Tensor | Scalar, like: Tensor) -> Tensor:
+    return v if isinstance(v, type(like)) else _full_like(like, v)
+
+
+def _unbroadcast(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum ``g`` over the axes that broadcasting added to reach its shape from ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)
+    out = g.sum(axes, keepdim=True) if axes else g
+    return out.reshape(shape)
+
+
+def _scalar_pair_dtype(x: Scalar, y: Scalar) -> DType:
+    """torch's result dtype for ``where(cond, x, y)`` with two Python scalars."""
+    kinds = {dtypes.from_py(x).kind, dtypes.from_py(y).kind}
+    if "f" in kinds:
+        return dtypes.default_float
+    return dtypes.default_int if "i" in kinds else dtypes.bool
+
+
+def _check_int_divisor(x: Any, reverse: bool, dt: DType) -> None:
+    """An integer tensor divided by the Python constant 0 raises, as in torch."""
+    if isinstance(x, np.generic):
+        x = x.item()
+    if not reverse and isinstance(x, (int, bool)) and x == 0 and dt.kind in "iu":
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _round_half_even(x: Tensor) -> Tensor:
+    t = x.trunc()
+    d = (x - t).abs()  # exact
+    half_t = t * 0.5
+    odd = half_t != half_t.trunc()
+    up = (d > 0.5) | ((d == 0.5) & odd)
+    step = (x < 0).where(_full_like(x, -1.0), _full_like(x, 1.0))
+    return up.where(t + step, t)
+
+
+def _float_floor_div(a: Tensor, b: Tensor, q: Tensor) -> Tensor:
+    """``floor(a / b)`` with Python's and torch's answers where an operand is infinite."""
+    out = q.floor()
+    a_inf, b_inf = a.isinf(), b.isinf()
+    opposite = (a != 0) & ((a < 0) ^ (b < 0))
+    out = (b_inf & a.isfinite() & opposite).where(-1.0, out)
+    return (a_inf & b.isfinite() & (b != 0)).where(math.nan, out)
+
+
+def _float_mod(a: Tensor, b: Tensor) -> Tensor:
+    """``a - floor(a / b) * b``, with the sign of ``b`` (a zero keeps the sign of ``a``), like torch's remainder."""
+    r = a - a._alu(Ops.FDIV, b).floor() * b
+    r = ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
+    r = (r == 0).where(a * 0.0, r)
+    same = (a == 0) | ((a < 0) ^ (b > 0))
+    return (b.isinf() & a.isfinite()).where(same.where(a, b), r)
+
+
+def _int_pow_const(x: Tensor, n: int) -> Tensor:
+    """``x ** n`` for an integer tensor and a non-negative Python int, by repeated squaring (wraps)."""
+    if n == 0:
+        return _full_like(x, 1)
+    out: Tensor | None = None
+    base = x
+    while n:
+        if n & 1:
+            out = base if out is None else out * base
+        n >>= 1
+        if n:
+            base = base * base
+    assert out is not None
+    return out
+
+
+def _int_pow_tensor(a: Tensor, e: Tensor) -> Tensor:
+    """``a ** e`` for integer tensors: square-and-multiply over every bit of the exponent's width."""
+    dt = a.dtype
+    out = _full_like(a, 1)
+    base, rest = a, e
+    for _ in range(dt.bitsize - (1 if dt.kind == "i" else 0)):
+        out = ((rest & 1) != 0).where(out * base, out)
+        base = base * base
+        rest = rest >> 1
+    if dt.kind == "u":
+        return out
+    one = _full_like(a, 1)
+    odd = (e & 1) != 0
+    negative = (a == 1).where(one, (a == -1).where(odd.where(-one, one), _full_like(a, 0)))
+    return (e < 0).where(negative, out)
+
+
+def _float_pow(a: Tensor, b: Tensor) -> Tensor:
+    """``a ** b`` for float tensors with torch's gradient (0 where the exponent is 0 / the base is 0)."""
+    out = a.detach()._alu(Ops.POW, b.detach())
+
+    def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        x, y = p[0], p[1]
+        gx = (y == 0).where(0.0, g * y * x._alu(Ops.POW, y - 1))
+        gy = ((x == 0) & (y >= 0)).where(0.0, g * o * x.log())
+        return gx, gy
+
+    return out._record((a, b), rule, "pow") if out.dtype.kind == "f" else out
+
+
+def _float_pow_scalar(x: Tensor, y: float) -> Tensor:
+    """``x ** y`` for a float tensor and a Python exponent, with torch's exact shortcuts."""
+    if y == 2:
+        return x * x
+    if y == 3:
+        return x * x * x
+    if y == 0.5:
+        return x.sqrt()
+    if y == -0.5:
+        return x.rsqrt()
+    if y == -1:
+        return x.reciprocal()
+    if y == -2:
+        return (x * x).reciprocal()
+    return _float_pow(x, _full_like(x, y))

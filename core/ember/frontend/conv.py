@@ -1,0 +1,159 @@
+"""Convolutions of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): conv2d and conv_transpose2d.
+
+Both work for any number of spatial dims. A convolution multiplies the weight into the sliding
+windows of the padded input (a view, see :mod:`ember.frontend.pool`) and sums; a transposed one
+spreads the input out with zeros and convolves it with the flipped kernel.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ember.dtype import DType, least_upper_dtype, to_dtype
+from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
+
+if TYPE_CHECKING:
+    from ember.tensor import Tensor
+
+
+class ConvMixin:
+    """Grouped, strided, dilated and padded convolutions and their transposes."""
+
+    __slots__ = ()
+
+    def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: int | Sequence[int] = 1,
+               dilation: int | Sequence[int] = 1, padding: int | str | Sequence[int] = 0,
+               dtype: DType | str | None = None) -> Tensor:
+        """Convolution (cross-correlation) like ``torch.nn.functional.conv2d``, for any number of spatial dims.
+
+        ``weight`` is ``(out_channels, in_channels // groups, *kernel)``; the input is ``(batch, in_channels,
+        *spatial)`` or unbatched ``(in_channels, *spatial)``. ``padding`` is an int, one int per spatial dim,
+        ``2 * dims`` ints in torch's flat order ``(left, right, top, bottom, ...)``, or ``"same"``/``"valid"``.
+        """
+        n = weight.ndim - 2
+        if n < 1:
+            raise RuntimeError(f"conv: weight must have at least 3 dims (out, in, *kernel), got shape {weight.shape}")
+        if isinstance(padding, str):
+            pads = _string_pads(padding, weight.shape[2:], int_tuple(stride, n, "stride"),
+                                int_tuple(dilation, n, "dilation"))
+        else:
+            pads = resolve_pads(padding, n)
+            flat_form = not isinstance(padding, (int, np.integer)) and len(padding) == 2 * n
+            if any(p < 0 for pair in pads for p in pair) and not flat_form:  # the flat form may crop, as in tinygrad
+                raise RuntimeError(f"negative padding is not supported: got {padding}")
+        return _conv(self, weight, bias, groups, stride, dilation, pads, dtype)
+
+    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                         stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+                         padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Tensor:
+        """Transposed convolution like ``torch.nn.functional.conv_transpose2d``, for any number of spatial dims.
+
+        ``weight`` is ``(in_channels, out_channels // groups, *kernel)``.
+        """
+        n = weight.ndim - 2
+        if n < 1:
+            raise RuntimeError(f"conv_transpose: weight must have at least 3 dims (in, out, *kernel), got "
+                               f"{weight.shape}")
+        x, unbatched = _batched(self, weight, groups, "conv_transpose")
+        cin, rcout, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
+        if x.shape[1] != cin:
+            raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected "
+                               f"input{list(x.shape)} to have {cin} channels, but got {x.shape[1]} channels instead")
+        if cin % groups:
+            raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+                               f"but got weight of size {list(weight.shape)} instead")
+        s_, d_ = _steps(stride, dilation, n)
+        op_ = int_tuple(output_padding, n, "output_padding")
+        pads = resolve_pads(padding, n)
+        if any(p < 0 for pair in pads for p in pair) or any(p < 0 for p in op_):
+            raise RuntimeError(f"negative padding is not supported: got padding={padding}, "
+                               f"output_padding={output_padding}")
+        for o, s, d in zip(op_, s_, d_):
+            if o >= s and o >= d:
+                raise RuntimeError(f"output padding must be smaller than either stride or dilation, but got "
+                                   f"output_padding={list(op_)}, stride={list(s_)}, dilation={list(d_)}")
+        # spread the input out: stride-1 zeros between neighbours along every spatial dim
+        for j, s in enumerate(s_):
+            if s == 1:
+                continue
+            ax, i = 2 + j, x.shape[2 + j]
+            x = x.reshape(x.shape[:ax] + (i, 1) + x.shape[ax + 1:])
+            x = x.pad(tuple((0, s - 1) if a == ax + 1 else (0, 0) for a in range(x.ndim)))
+            x = x.reshape(x.shape[:ax] + (i * s,) + x.shape[ax + 2:])
+            x = x.shrink(tuple((0, max(i * s - (s - 1), 0)) if a == ax else (0, sz) for a, sz in enumerate(x.shape)))
+        # (groups * cin_g, rcout, *k) -> (groups * rcout, cin_g, *k), kernel flipped
+        cin_g = cin // groups
+        w = weight.reshape(groups, cin_g, rcout, *ks).transpose(1, 2).flip(tuple(range(3, 3 + n)))
+        w = w.reshape(groups * rcout, cin_g, *ks)
+        new_pads = tuple(((k - 1) * d - pb, (k - 1) * d - pa + o) for k, d, (pb, pa), o in zip(ks, d_, pads, op_))
+        out = _conv(x, w, bias, groups, 1, d_, new_pads, None)
+        return out.reshape(out.shape[1:]) if unbatched else out
+
+
+def _batched(x: Tensor, weight: Tensor, groups: int, op: str) -> tuple[Tensor, bool]:
+    """``x`` with a batch dim, and whether it came without one; checks its rank and ``groups`` as torch does."""
+    n = weight.ndim - 2
+    unbatched = x.ndim == weight.ndim - 1
+    inp = x.unsqueeze(0) if unbatched else x
+    if inp.ndim != weight.ndim:
+        raise RuntimeError(f"Expected {n + 1}D (unbatched) or {n + 2}D (batched) input to {op}{n}d, but got input of "
+                           f"size: {list(x.shape)}")
+    if not isinstance(groups, int) or groups <= 0:
+        raise RuntimeError(f"non-positive groups is not supported: got {groups}")
+    return inp, unbatched
+
+
+def _steps(stride: int | Sequence[int], dilation: int | Sequence[int], n: int) -> tuple[tuple[int, ...], ...]:
+    """Stride and dilation, one per spatial dim, each checked positive."""
+    steps = int_tuple(stride, n, "stride"), int_tuple(dilation, n, "dilation")
+    for values, what in zip(steps, ("stride", "dilation")):
+        if any(v <= 0 for v in values):
+            raise RuntimeError(f"non-positive {what} is not supported: got {list(values)}")
+    return steps
+
+
+def _string_pads(padding: str, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Pads:
+    if padding == "valid":
+        return ((0, 0),) * len(kernel)
+    if padding == "same":
+        if any(s != 1 for s in stride):
+            raise RuntimeError("padding='same' is not supported for strided convolutions")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((t // 2, t - t // 2) for t in total)
+    raise RuntimeError(f"Invalid padding string: {padding!r} (expected 'same' or 'valid')")
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, stride: int | Sequence[int],
+          dilation: int | Sequence[int], pads: Pads, dtype: DType | str | None) -> Tensor:
+    """Grouped N-d convolution with explicit per-side padding (negative padding crops)."""
+    n = weight.ndim - 2
+    inp, unbatched = _batched(x, weight, groups, "conv")
+    bs, cin = inp.shape[:2]
+    cout, cin_g, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
+    if cout % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
+                           f"got weight of size {list(weight.shape)} instead")
+    if cin != cin_g * groups:
+        raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected "
+                           f"input{list(inp.shape)} to have {cin_g * groups} channels, but got {cin} channels instead")
+    s_, d_ = _steps(stride, dilation, n)
+    if bias is not None and bias.shape != (cout,):
+        raise RuntimeError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with {cout} "
+                           f"elements, but got bias of size {list(bias.shape)} instead")
+    padded = tuple(i + pb + pa for i, (pb, pa) in zip(inp.shape[2:], pads))
+    eff = tuple(d * (k - 1) + 1 for k, d in zip(ks, d_))
+    if any(p < e for p, e in zip(padded, eff)):
+        raise RuntimeError(f"Calculated padded input size per channel: ({shape_str(padded)}). Kernel size: "
+                           f"({shape_str(eff)}). Kernel size can't be greater than actual input size")
+    windows = inp.pad(((0, 0), (0, 0)) + tuple(pads))._pool(ks, s_, d_)       # (bs, cin, *out, *k)
+    outs = windows.shape[2:2 + n]
+    rcout = cout // groups
+    windows = windows.reshape(bs, groups, cin_g, 1, *outs, *ks).expand(bs, groups, cin_g, rcout, *outs, *ks)
+    windows = windows.permute(0, 1, 3, *range(4, 4 + n), 2, *range(4 + n, 4 + 2 * n))  # (bs, g, rc, *out, cin_g, *k)
+    w = weight.reshape(1, groups, rcout, *([1] * n), cin_g, *ks)
+    out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(inp.dtype, weight.dtype)
+    out = (windows * w).sum(tuple(range(-1 - n, 0)), dtype=out_dt).reshape(bs, cout, *outs)
+    if bias is not None:
+        out = out + bias.reshape(1, cout, *([1] * n))
+    return out.reshape(out.shape[1:]) if unbatched else out

@@ -1,0 +1,188 @@
+"""Matrix products of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): matmul, linear and einsum.
+
+A matrix product is a broadcasted multiply followed by a sum, which the scheduler fuses into one
+kernel; half-precision products multiply and sum in float32.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ember.dtype import DType, dtypes, least_upper_dtype, to_dtype
+from ember.frontend.util import broadcast_shape
+
+if TYPE_CHECKING:
+    from ember.tensor import Tensor
+
+
+class LinalgMixin:
+    """``@``, dot, matmul, linear and einsum."""
+
+    __slots__ = ()
+
+    def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
+        """Matrix product (the same as :meth:`matmul`): 1-D, 2-D and batched inputs."""
+        return self.matmul(w, dtype=dtype)
+
+    def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Matrix product with torch semantics: a 1-D operand is a vector, leading (batch) dims broadcast.
+
+        ``reverse=True`` computes ``x @ self``; ``dtype`` sets the accumulation and output dtype.
+        """
+        if not isinstance(x, type(self)):
+            raise TypeError(f"matmul(): argument 'other' must be Tensor, not {type(x).__name__}")
+        a, b = (x, self) if reverse else (self, x)
+        if a.ndim == 0 or b.ndim == 0:
+            raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
+        if a.dtype == dtypes.bool or b.dtype == dtypes.bool:
+            raise NotImplementedError(f"matmul is not implemented for bool tensors (shapes {a.shape} and {b.shape})")
+        k_a, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
+        if k_a != k_b:
+            if a.ndim == 1 and b.ndim == 1:
+                raise RuntimeError(f"inconsistent tensor size, expected tensor [{k_a}] and src [{k_b}] to have the "
+                                   f"same number of elements, but got {k_a} and {k_b} elements respectively")
+            sa, sb = "x".join(map(str, a.shape)), "x".join(map(str, b.shape))
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({sa} and {sb})")
+        try:
+            broadcast_shape(a.shape[:-2], b.shape[:-2])
+        except RuntimeError as e:
+            raise RuntimeError(f"matmul: the batch dims of shapes {a.shape} and {b.shape} do not broadcast") from e
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(a.dtype, b.dtype)
+        a2 = a.reshape(1, k_a) if a.ndim == 1 else a
+        b2 = b.reshape(k_b, 1) if b.ndim == 1 else b
+        lhs = a2.reshape(*a2.shape[:-1], 1, k_a)                                    # (..., n, 1, k)
+        rhs = b2.transpose(-1, -2).reshape(*b2.shape[:-2], 1, b2.shape[-1], k_b)    # (..., 1, m, k)
+        if out_dt in (dtypes.float16, dtypes.bfloat16):
+            # half-precision products and sums are exact enough only in float32 (as torch's CPU kernels do)
+            lhs, rhs = lhs.cast(dtypes.float32), rhs.cast(dtypes.float32)
+        out = (lhs * rhs).sum(-1, dtype=out_dt)
+        if a.ndim == 1:
+            out = out.reshape(out.shape[:-2] + out.shape[-1:])
+        if b.ndim == 1:
+            out = out.reshape(out.shape[:-1])
+        return out
+
+    def __matmul__(self, x: Tensor) -> Tensor:
+        """``self @ x``."""
+        return self.matmul(x)
+
+    def __rmatmul__(self, x: Tensor) -> Tensor:
+        """``x @ self``."""
+        return self.matmul(x, reverse=True)
+
+    def __imatmul__(self, x: Tensor) -> Tensor:
+        """``self @= x`` (an :meth:`assign` of the product)."""
+        return self.assign(self.matmul(x))
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
+        """``self @ weight + bias`` with ``weight`` of shape (in, out); a 1-D weight scales elementwise."""
+        if dtype is not None:
+            dt = to_dtype(dtype)
+            return self.cast(dt).linear(weight.cast(dt), bias.cast(dt) if bias is not None else None)
+        out = self * weight if weight.ndim == 1 else self.dot(weight)
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def einsum(formula: str, *operands: Any, dtype: DType | str | None = None) -> Tensor:
+        """Einstein summation like ``torch.einsum``: ``Tensor.einsum("ij,jk->ik", a, b)``.
+
+        Supports an implicit output (letters used once, sorted), ``...`` for broadcast dims and repeated
+        letters within one operand (a diagonal).
+        """
+        ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+        if not ops:
+            raise RuntimeError("einsum(): must provide at least one operand")
+        eq = formula.replace(" ", "")
+        lhs, rhs = eq.split("->", 1) if "->" in eq else (eq, None)
+        terms = lhs.split(",")
+        if len(terms) != len(ops):
+            raise RuntimeError(f"einsum(): {len(terms)} operands were specified in the equation {formula!r} but "
+                               f"{len(ops)} were provided")
+        # name the dims an ellipsis stands for with characters no subscript can use
+        n_ell = 0
+        for i, (term, t) in enumerate(zip(terms, ops)):
+            if term.count("...") > 1 or (term.count(".") % 3):
+                raise RuntimeError(f"einsum(): invalid ellipsis in the subscripts {term!r} of operand {i}")
+            n_named = len(term) - (3 if "..." in term else 0)
+            if ("..." in term and n_named > t.ndim) or ("..." not in term and n_named != t.ndim):
+                raise RuntimeError(f"einsum(): the number of subscripts in the equation ({n_named}) does not match the "
+                                   f"number of dimensions ({t.ndim}) for operand {i}"
+                                   f"{'' if '...' in term else ' and no ellipsis was given'}")
+            if "..." in term:
+                n_ell = max(n_ell, t.ndim - n_named)
+        ell = [chr(0x100 + j) for j in range(n_ell)]
+        letters: list[list[str]] = []
+        for term, t in zip(terms, ops):
+            for c in term.replace("...", ""):
+                if not c.isalpha() or not c.isascii():
+                    raise RuntimeError(f"einsum(): invalid subscript {c!r} in the equation {formula!r}; subscripts "
+                                       f"must be in [a-zA-Z]")
+            if "..." in term:
+                pre, post = term.split("...")
+                n_here = t.ndim - len(pre) - len(post)
+                letters.append(list(pre) + ell[n_ell - n_here:] + list(post))
+            else:
+                letters.append(list(term))
+        counts: dict[str, int] = {}
+        for ls in letters:
+            for c in ls:
+                counts[c] = counts.get(c, 0) + 1
+        if rhs is None:
+            out = ell + sorted(c for c, n in counts.items() if n == 1 and c not in ell)
+        else:
+            if rhs.count("...") > 1:
+                raise RuntimeError(f"einsum(): more than one ellipsis in the output subscripts {rhs!r}")
+            pre, _, post = rhs.partition("...")
+            out = list(pre) + (ell if "..." in rhs else []) + list(post)
+            for c in out:
+                if c not in counts:
+                    raise RuntimeError(f"einsum(): output subscript {c!r} does not appear in the equation for any "
+                                       f"input operand")
+            if len(set(out)) != len(out):
+                raise RuntimeError(f"einsum(): output subscripts in {rhs!r} must appear only once")
+        # take diagonals for letters repeated within one operand
+        tensors: list[Tensor] = []
+        for j, t in enumerate(ops):
+            ls = letters[j]
+            while len(set(ls)) != len(ls):
+                c = next(c for c in ls if ls.count(c) > 1)
+                p, q = [i for i, x in enumerate(ls) if x == c][:2]
+                t = _diagonal(t, p, q)
+                ls = [x for i, x in enumerate(ls) if i not in (p, q)] + [c]
+            tensors.append(t)
+            letters[j] = ls
+        sizes: dict[str, int] = {}
+        for i, (t, ls) in enumerate(zip(tensors, letters)):
+            for c, s in zip(ls, t.shape):
+                if c in sizes and sizes[c] != s and 1 not in (sizes[c], s):
+                    raise RuntimeError(f"einsum(): subscript {c!r} has size {s} for operand {i} which does not "
+                                       f"broadcast with the previously seen size {sizes[c]}")
+                sizes[c] = s if c not in sizes or sizes[c] == 1 else sizes[c]
+        summed = [c for c in sizes if c not in out]
+        order = out + summed
+        aligned: list[Tensor] = []
+        for t, ls in zip(tensors, letters):
+            mine = [c for c in order if c in ls]
+            t = t.permute([ls.index(c) for c in mine])
+            aligned.append(t.reshape([t.shape[mine.index(c)] if c in ls else 1 for c in order]))
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(*(t.dtype for t in aligned))
+        result = aligned[0]
+        for t in aligned[1:]:
+            result = result * t
+        result = result._broadcast_to(tuple(sizes[c] for c in order)) if order else result
+        if summed:
+            return result.sum(tuple(range(len(out), len(order))), dtype=out_dt)
+        return result.cast(out_dt)
+
+
+def _diagonal(t: Tensor, p: int, q: int) -> Tensor:
+    """Elements with equal indices along dims p and q, as a new last dim (those two dims removed)."""
+    n = t.shape[p]
+    if t.shape[q] != n:
+        raise RuntimeError(f"einsum(): subscript repeated in one operand needs equal sizes, got {t.shape[p]} and "
+                           f"{t.shape[q]} in shape {t.shape}")
+    rest = [a for a in range(t.ndim) if a not in (p, q)]
+    x = t.permute(rest + [p, q])
+    lead = x.shape[:-2]
+    x = x.reshape(lead + (n * n,)).pad(tuple((0, 0) for _ in lead) + ((0, n),))
+    x = x.reshape(lead + (n, n + 1)).shrink(tuple((0, s) for s in lead) + ((0, n), (0, 1)))
+    return x.reshape(lead + (n,))
