@@ -12,45 +12,13 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import packed_numpy
 
 from ember import Tensor, dtypes
 from ember.dtype import to_np_dtype
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-_UINT = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
-
-
-def packed_numpy(tensors: list[Tensor]) -> list[np.ndarray]:
-    """Values of ``tensors`` (bfloat16 as float32) computed by one kernel, bit for bit."""
-    live = [t for t in tensors if t.numel() > 0]
-    rows: list[np.ndarray] = []
-    if live:
-        n, k = max(t.numel() for t in live), len(live)
-        parts = []
-        for i, t in enumerate(live):
-            bits = t.cast(dtypes.uint8) if t.dtype == dtypes.bool else t.bitcast(_UINT[t.dtype.itemsize])
-            parts.append(bits.reshape(1, -1).cast(dtypes.uint64).pad(((i, k - 1 - i), (0, n - t.numel()))))
-        while len(parts) > 1:  # a balanced sum keeps the graph shallow
-            parts = [parts[j] + parts[j + 1] if j + 1 < len(parts) else parts[j] for j in range(0, len(parts), 2)]
-        raw = parts[0].numpy()
-        rows = [raw[i] for i in range(k)]
-    it = iter(rows)
-    out = []
-    for t in tensors:
-        npdt = np.float32 if t.dtype == dtypes.bfloat16 else to_np_dtype(t.dtype)
-        if t.numel() == 0:
-            out.append(np.zeros(t.shape, npdt))
-            continue
-        bits = next(it)[: t.numel()].astype(np.dtype(f"u{t.dtype.itemsize}"))
-        if t.dtype == dtypes.bfloat16:
-            vals = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        else:
-            vals = bits.view(npdt)
-        out.append(vals.reshape(t.shape))
-    return out
-
 
 ACTS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[Any], Any]]] = {
     "relu": (lambda x: x.relu(), F.relu),

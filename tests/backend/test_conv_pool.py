@@ -6,19 +6,17 @@ pooling inputs are continuous so that maxima are unique (torch sends a tied max'
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from functools import partial
 
 import numpy as np
 import pytest
+from backend_utils import compare_with_torch, raises_like
 
 from ember import GlobalCounters, Tensor, dtypes
-from ember.dtype import from_np_dtype
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-FWD = {"rtol": 1e-3, "atol": 1e-6}
-BWD = {"rtol": 1e-3, "atol": 1e-4}
 rng = np.random.default_rng(11)
 
 
@@ -31,56 +29,8 @@ def randn(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def build(a: np.ndarray, device: str, layout: str = "contiguous") -> tuple[Tensor, Tensor, Any, Any]:
-    """(ember leaf, ember input, torch leaf, torch input) holding ``a``; the input is ``layout`` of the leaf."""
-    grad = a.dtype.kind == "f"
-    if layout == "permuted":
-        order = tuple(reversed(range(a.ndim)))
-        base = np.ascontiguousarray(a.transpose(order))
-        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
-        return e, e.permute(order), t, t.permute(order)
-    if layout == "flipped":
-        axes = tuple(range(a.ndim))
-        base = np.ascontiguousarray(np.flip(a))
-        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
-        return e, e.flip(axes), t, t.flip(axes)
-    e, t = Tensor(a, device=device, requires_grad=grad), torch.tensor(a, requires_grad=grad)
-    return e, e, t, t
-
-
-def compare(device: str, fn: Callable, tfn: Callable, arrays: list[np.ndarray | None],
-            layouts: list[str] | None = None, backward: bool = True) -> Any:
-    """Run ``fn`` on ember tensors and ``tfn`` on torch tensors (None passes through): same shape, dtype, values and
-    input gradients. Returns the ember output."""
-    layouts = layouts or ["contiguous"] * len(arrays)
-    built = [None if a is None else build(a, device, lay) for a, lay in zip(arrays, layouts)]
-    out = fn(*[None if b is None else b[1] for b in built])
-    tout = tfn(*[None if b is None else b[3] for b in built])
-    outs, touts = (out, tout) if isinstance(out, tuple) else ((out,), (tout,))
-    for o, t in zip(outs, touts):
-        expected = t.detach().numpy()
-        assert o.shape == expected.shape, f"shape {o.shape} != torch {expected.shape}"
-        assert o.dtype == from_np_dtype(expected.dtype), f"dtype {o.dtype} != torch {expected.dtype}"
-        np.testing.assert_allclose(o.numpy(), expected, **FWD)
-    if backward and outs[0].dtype.kind == "f":
-        g = q(*outs[0].shape)
-        (outs[0] * Tensor(g, device=device)).sum().backward()
-        (touts[0] * torch.tensor(g)).sum().backward()
-        for b in built:
-            if b is None or b[2].grad is None:
-                continue
-            assert b[0].grad is not None and b[0].grad.shape == tuple(b[2].grad.shape)
-            np.testing.assert_allclose(b[0].grad.numpy(), b[2].grad.numpy(), **BWD)
-    return out
-
-
-def raises_like(fn: Callable, tfn: Callable) -> None:
-    """``fn`` raises the exception type torch's ``tfn`` raises."""
-    with pytest.raises(Exception) as want:
-        tfn()
-    with pytest.raises(want.type):
-        fn()
-
+# the upstream gradient of a comparison is drawn like the other inputs of this module
+compare = partial(compare_with_torch, upstream=q)
 
 TORCH_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
 TORCH_CONV_T = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}

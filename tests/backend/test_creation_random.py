@@ -11,38 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from backend_utils import assert_like, other_device
 
 from ember import Device, GlobalCounters, Tensor, dtypes
 from ember.dtype import DType
 
 torch = pytest.importorskip("torch")
-
-TORCH_NAMES = {"bool": "bool", "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "int": "int32",
-               "uint": "uint32", "long": "int64", "ulong": "uint64", "half": "float16", "bfloat16": "bfloat16",
-               "float": "float32", "double": "float64"}
-
-
-def torch_dtype_name(t: Any) -> str:
-    return str(t.dtype).split(".")[-1]
-
-
-def same(got: Tensor, want: Any, exact: bool = False) -> None:
-    """Shape, dtype and values equal torch's ``want``."""
-    assert got.shape == tuple(want.shape), f"shape {got.shape} != torch {tuple(want.shape)}"
-    assert TORCH_NAMES[got.dtype.name] == torch_dtype_name(want), f"dtype {got.dtype} != torch {want.dtype}"
-    if exact or got.dtype.kind in "biu":
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
-    else:
-        np.testing.assert_allclose(got.numpy(), want.float().numpy() if want.dtype == torch.bfloat16 else want.numpy(),
-                                   rtol=1e-3, atol=1e-6)
-
-
-def other_device(device: str) -> str:
-    other = "PYTHON" if device == "CPU" else "CPU"
-    if other not in Device.available():
-        pytest.skip(f"needs device {other} too: {Device.probe(other)}")
-    return other
-
 
 # --------------------------------------------------------------------------------------------
 # Tensor(data): dtype inference like torch.tensor
@@ -57,22 +31,22 @@ DATA = [
 
 @pytest.mark.parametrize("data", DATA, ids=[f"{type(d).__name__}{i}" for i, d in enumerate(DATA)])
 def test_tensor_from_data_infers_dtype_like_torch(device, data):
-    same(Tensor(data, device=device), torch.tensor(data), exact=True)
+    assert_like(Tensor(data, device=device), torch.tensor(data), exact=True)
 
 
 def test_tensor_from_bytes_and_overrides(device):
     t = Tensor(b"\x01\xff\x10", device=device)
     assert t.dtype == dtypes.uint8 and t.tolist() == [1, 255, 16]
-    same(Tensor([1, 2], device=device, dtype=dtypes.float16), torch.tensor([1, 2], dtype=torch.float16))
-    same(Tensor([1.7, -1.7], device=device, dtype="int32"), torch.tensor([1.7, -1.7]).to(torch.int32))
-    same(Tensor(np.array([1.5, 2.5]), device=device, dtype=dtypes.float32), torch.tensor([1.5, 2.5]))
+    assert_like(Tensor([1, 2], device=device, dtype=dtypes.float16), torch.tensor([1, 2], dtype=torch.float16))
+    assert_like(Tensor([1.7, -1.7], device=device, dtype="int32"), torch.tensor([1.7, -1.7]).to(torch.int32))
+    assert_like(Tensor(np.array([1.5, 2.5]), device=device, dtype=dtypes.float32), torch.tensor([1.5, 2.5]))
     r = Tensor([1.0, 2.0], device=device, requires_grad=True)
     assert r.requires_grad and r.grad is None and r.device == device
 
 
 def test_list_of_numpy_scalars_keeps_their_dtype():
     for data in ([np.float64(2.0)], [np.int8(3)], [np.float16(1.0), 2]):
-        same(Tensor(data), torch.tensor(data), exact=True)
+        assert_like(Tensor(data), torch.tensor(data), exact=True)
 
 
 def test_tensor_from_bad_data_raises(device):
@@ -89,14 +63,14 @@ def test_tensor_from_bad_data_raises(device):
 # --------------------------------------------------------------------------------------------
 
 def test_full_zeros_ones_empty(device):
-    same(Tensor.full((2, 3), 7, device=device), torch.full((2, 3), 7))
-    same(Tensor.full((2, 3), 2.5, device=device), torch.full((2, 3), 2.5))
-    same(Tensor.full((2, 3), True, device=device), torch.full((2, 3), True))
-    same(Tensor.full(4, -1, device=device, dtype=dtypes.int8), torch.full((4,), -1, dtype=torch.int8))
-    same(Tensor.zeros(2, 3, device=device), torch.zeros(2, 3))
-    same(Tensor.zeros((2, 3), device=device, dtype=dtypes.int32), torch.zeros((2, 3), dtype=torch.int32))
-    same(Tensor.ones([2, 3], device=device, dtype=dtypes.bool), torch.ones([2, 3], dtype=torch.bool))
-    same(Tensor.ones(device=device), torch.ones(()))
+    assert_like(Tensor.full((2, 3), 7, device=device), torch.full((2, 3), 7))
+    assert_like(Tensor.full((2, 3), 2.5, device=device), torch.full((2, 3), 2.5))
+    assert_like(Tensor.full((2, 3), True, device=device), torch.full((2, 3), True))
+    assert_like(Tensor.full(4, -1, device=device, dtype=dtypes.int8), torch.full((4,), -1, dtype=torch.int8))
+    assert_like(Tensor.zeros(2, 3, device=device), torch.zeros(2, 3))
+    assert_like(Tensor.zeros((2, 3), device=device, dtype=dtypes.int32), torch.zeros((2, 3), dtype=torch.int32))
+    assert_like(Tensor.ones([2, 3], device=device, dtype=dtypes.bool), torch.ones([2, 3], dtype=torch.bool))
+    assert_like(Tensor.ones(device=device), torch.ones(()))
     e = Tensor.empty(0, 3, device=device)
     assert e.shape == (0, 3) and e.dtype == dtypes.float32 and e.numpy().shape == (0, 3)
     with pytest.raises(RuntimeError):
@@ -128,12 +102,12 @@ def test_like_constructors_take_overrides(device):
     other = other_device(device)
     base = Tensor(np.arange(6, dtype=np.int32).reshape(2, 3), device=device)
     tb = torch.arange(6, dtype=torch.int32).reshape(2, 3)
-    same(base.zeros_like(), torch.zeros_like(tb))
-    same(base.ones_like(dtype=dtypes.float16), torch.ones_like(tb, dtype=torch.float16))
-    same(base.full_like(9), torch.full_like(tb, 9))
+    assert_like(base.zeros_like(), torch.zeros_like(tb))
+    assert_like(base.ones_like(dtype=dtypes.float16), torch.ones_like(tb, dtype=torch.float16))
+    assert_like(base.full_like(9), torch.full_like(tb, 9))
     moved = base.full_like(2.5, dtype=dtypes.float32, device=other)
     assert moved.device == other
-    same(moved, torch.full_like(tb, 2.5, dtype=torch.float32))
+    assert_like(moved, torch.full_like(tb, 2.5, dtype=torch.float32))
     e = base.empty_like(dtype=dtypes.int64)
     assert e.shape == (2, 3) and e.dtype == dtypes.int64 and e.device == device
     r = base.rand_like(dtype=dtypes.float32)
@@ -161,7 +135,7 @@ ARANGE = [
 @pytest.mark.parametrize("args, kwargs", ARANGE, ids=[f"{a}{k.get('dtype', '')}" for a, k in ARANGE])
 def test_arange_matches_torch(device, args, kwargs):
     tk = {k: getattr(torch, v) for k, v in kwargs.items()}
-    same(Tensor.arange(*args, device=device, **kwargs), torch.arange(*args, **tk))
+    assert_like(Tensor.arange(*args, device=device, **kwargs), torch.arange(*args, **tk))
 
 
 def test_arange_errors_like_torch(device):
@@ -179,7 +153,7 @@ LINSPACE = [((0, 10, 4), {"dtype": "int64"}), ((0, 1, 1), {}), ((0, 1, 0), {}), 
 @pytest.mark.parametrize("args, kwargs", LINSPACE, ids=[f"{a}{k.get('dtype', '')}" for a, k in LINSPACE])
 def test_linspace_matches_torch(device, args, kwargs):
     tk = {k: getattr(torch, v) for k, v in kwargs.items()}
-    same(Tensor.linspace(*args, device=device, **kwargs), torch.linspace(*args, **tk))
+    assert_like(Tensor.linspace(*args, device=device, **kwargs), torch.linspace(*args, **tk))
 
 
 def test_linspace_negative_steps_raises(device):
@@ -194,7 +168,7 @@ def test_linspace_negative_steps_raises(device):
 def test_eye_matches_torch(device, n, m, dtype):
     kw = {"dtype": dtype} if dtype else {}
     tkw = {"dtype": getattr(torch, dtype)} if dtype else {}
-    same(Tensor.eye(n, m, device=device, **kw), torch.eye(n, m, **tkw) if m is not None else torch.eye(n, **tkw))
+    assert_like(Tensor.eye(n, m, device=device, **kw), torch.eye(n, m, **tkw) if m is not None else torch.eye(n, **tkw))
     with pytest.raises(RuntimeError):
         torch.eye(-1)
     with pytest.raises(RuntimeError):

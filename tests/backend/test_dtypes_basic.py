@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_utils import dtype_name
 
 from ember import Tensor, dtypes
 from ember.dtype import DType, to_np_dtype
@@ -14,13 +15,6 @@ INT_DTYPES = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint
               dtypes.uint64)
 FLOAT_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
 ALL_DTYPES = (dtypes.bool, *INT_DTYPES, *FLOAT_DTYPES, dtypes.bfloat16)
-
-
-DT_NAMES = {dt: name for name, dt in dtypes.fields().items()}
-
-
-def dt_id(dt: DType) -> str:
-    return DT_NAMES[dt]
 
 
 def np_of(dt: DType) -> np.dtype:
@@ -47,7 +41,7 @@ def tol(dt: DType) -> dict[str, float]:
     return {"rtol": 1e-3, "atol": 1e-3} if dt in (dtypes.float16, dtypes.bfloat16) else {"rtol": 1e-6, "atol": 0}
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_arithmetic_every_dtype(device, check, dt):
     a, b = sample(dt)
     x, y = Tensor(a, device=device, dtype=dt), Tensor(b, device=device, dtype=dt)
@@ -65,7 +59,7 @@ def test_arithmetic_every_dtype(device, check, dt):
         check(x.abs(), np.abs(a), dtype=dt)
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_compare_every_dtype(device, check, dt):
     a, b = sample(dt)
     x, y = Tensor(a, device=device, dtype=dt), Tensor(b, device=device, dtype=dt)
@@ -74,7 +68,7 @@ def test_compare_every_dtype(device, check, dt):
     check(x.T >= y.T, a.T >= b.T)  # built from < and == (or a negation), on transposed inputs
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_reduce_every_dtype(device, check, dt):
     a, _ = sample(dt)
     x = Tensor(a, device=device, dtype=dt)
@@ -87,7 +81,7 @@ def test_reduce_every_dtype(device, check, dt):
         check(x.mean(), a.astype(np.float64).mean().astype(np_of(dt)), dtype=dt, **tol(dt))
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_cast_round_trip_every_dtype(device, check, dt):
     a, _ = sample(dt)
     x = Tensor(a, device=device, dtype=dt)
@@ -97,7 +91,7 @@ def test_cast_round_trip_every_dtype(device, check, dt):
     check(Tensor(a.astype(np.float32), device=device).cast(dt), a, dtype=dt)
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_where_and_movement_every_dtype(device, check, dt):
     a, b = sample(dt)
     cond = np.array([[True, False, False], [True, True, False]])
@@ -107,7 +101,7 @@ def test_where_and_movement_every_dtype(device, check, dt):
     check(x.reshape(3, 2).expand(2, 3, 2), np.broadcast_to(a.reshape(3, 2), (2, 3, 2)), dtype=dt)
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_zeros_ones_every_dtype(device, check, dt):
     check(Tensor.zeros(2, 2, device=device, dtype=dt), np.zeros((2, 2), np_of(dt)), dtype=dt)
     check(Tensor.ones(3, device=device, dtype=dt) + Tensor.zeros(3, device=device, dtype=dt), np.ones(3, np_of(dt)),
@@ -172,7 +166,7 @@ def test_float_division_by_zero(device, check):
         check(Tensor(d, device=device) / Tensor(np.zeros(3), device=device), d / 0)
 
 
-@pytest.mark.parametrize("dt", INT_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", INT_DTYPES, ids=dtype_name)
 def test_int_true_division_gives_float32(device, check, dt):
     a = np.array([7, 9, 0], np_of(dt))
     b = np.array([2, 4, 5], np_of(dt))
@@ -198,10 +192,10 @@ def test_bfloat16_arithmetic(device, check):
 
 def torch_dtype(dt: DType):
     torch = pytest.importorskip("torch")
-    return getattr(torch, DT_NAMES[dt])
+    return getattr(torch, dtype_name(dt))
 
 
-@pytest.mark.parametrize("dt1", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt1", ALL_DTYPES, ids=dtype_name)
 def test_tensor_tensor_promotion_matches_torch(device, dt1):
     torch = pytest.importorskip("torch")
     mismatches = []
@@ -212,13 +206,13 @@ def test_tensor_tensor_promotion_matches_torch(device, dt1):
             continue  # torch leaves e.g. uint16 with int8 undefined
         x, y = Tensor.zeros(2, dtype=dt1, device=device), Tensor.zeros(2, dtype=dt2, device=device)
         got = {"add": (x + y).dtype, "maximum": x.maximum(y).dtype, "where": (x < y).where(x, y).dtype}
-        mismatches += [f"{op}({DT_NAMES[dt1]}, {DT_NAMES[dt2]}) = {DT_NAMES[d]}, torch: {want}"
+        mismatches += [f"{op}({dtype_name(dt1)}, {dtype_name(dt2)}) = {dtype_name(d)}, torch: {want}"
                        for op, d in got.items() if torch_dtype(d) != want]
         assert (x < y).dtype == dtypes.bool
     assert not mismatches, "\n".join(mismatches)
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("scalar", [3, 2.5, True], ids=["int", "float", "bool"])
 def test_tensor_scalar_promotion_matches_torch(device, dt, scalar):
     torch = pytest.importorskip("torch")
@@ -228,7 +222,7 @@ def test_tensor_scalar_promotion_matches_torch(device, dt, scalar):
     assert torch_dtype((scalar * x).dtype) == want
 
 
-@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=dtype_name)
 def test_true_division_dtype_matches_torch(device, dt):
     torch = pytest.importorskip("torch")
     tt = torch.ones(2, dtype=torch_dtype(dt))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import FROM_TORCH, TORCH_DTYPES, dtype_name, packed_numpy
 
 from ember import Tensor, dtypes
 from ember.dtype import DType, to_np_dtype
@@ -21,50 +22,11 @@ from ember.dtype import DType, to_np_dtype
 torch = pytest.importorskip("torch")
 
 DTYPES = tuple(dtypes.fields().values())
-TORCH_DT = {dt: getattr(torch, name) for name, dt in dtypes.fields().items()}
-FROM_TORCH = {v: k for k, v in TORCH_DT.items()}
 UNSIGNED_WIDE = (dtypes.uint16, dtypes.uint32, dtypes.uint64)
-_UINT = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
-_NP_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def dt_id(dt: DType) -> str:
-    return next(n for n, d in dtypes.fields().items() if d == dt)
-
-
-def packed_numpy(tensors: list[Tensor]) -> list[np.ndarray]:
-    """The values of ``tensors`` (bfloat16 as float32), all computed by one kernel, bit for bit."""
-    live = [t for t in tensors if t.numel() > 0]
-    rows: list[np.ndarray] = []
-    if live:
-        n, k = max(t.numel() for t in live), len(live)
-        parts = []
-        for i, t in enumerate(live):
-            bits = t.cast(dtypes.uint8) if t.dtype == dtypes.bool else t.bitcast(_UINT[t.dtype.itemsize])
-            parts.append(bits.reshape(1, -1).cast(dtypes.uint64).pad(((i, k - 1 - i), (0, n - t.numel()))))
-        while len(parts) > 1:  # a balanced sum keeps the graph shallow
-            parts = [parts[j] + parts[j + 1] if j + 1 < len(parts) else parts[j] for j in range(0, len(parts), 2)]
-        raw = parts[0].numpy()
-        rows = [raw[i] for i in range(k)]
-    out = []
-    it = iter(rows)
-    for t in tensors:
-        if t.numel() == 0:
-            out.append(np.zeros(t.shape, np.float32 if t.dtype == dtypes.bfloat16 else to_np_dtype(t.dtype)))
-            continue
-        bits = next(it)[: t.numel()].astype(_NP_UINT[t.dtype.itemsize])
-        if t.dtype == dtypes.bool:
-            vals = bits.astype(bool)
-        elif t.dtype == dtypes.bfloat16:
-            vals = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        else:
-            vals = bits.view(to_np_dtype(t.dtype))
-        out.append(vals.reshape(t.shape))
-    return out
 
 
 def to_torch(a: np.ndarray, dt: DType) -> Any:
-    return torch.from_numpy(np.array(a)).to(TORCH_DT[dt])
+    return torch.from_numpy(np.array(a)).to(TORCH_DTYPES[dt])
 
 
 def from_torch(t: Any) -> np.ndarray:
@@ -253,14 +215,14 @@ DEVIATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 def compare(name: str, dt: DType, got: Tensor, got_np: np.ndarray, want: Any) -> None:
     want_dt = FROM_TORCH[want.dtype]
-    assert got.dtype == want_dt, f"{name} on {dt_id(dt)}: dtype {got.dtype} != torch's {want_dt}"
-    assert got.shape == tuple(want.shape), f"{name} on {dt_id(dt)}: shape {got.shape} != {tuple(want.shape)}"
+    assert got.dtype == want_dt, f"{name} on {dtype_name(dt)}: dtype {got.dtype} != torch's {want_dt}"
+    assert got.shape == tuple(want.shape), f"{name} on {dtype_name(dt)}: shape {got.shape} != {tuple(want.shape)}"
     w = from_torch(want)
     if want_dt.kind in "biu":
-        np.testing.assert_array_equal(got_np, w, err_msg=f"{name} on {dt_id(dt)}")
+        np.testing.assert_array_equal(got_np, w, err_msg=f"{name} on {dtype_name(dt)}")
     else:
         np.testing.assert_allclose(got_np.astype(np.float64), w.astype(np.float64), equal_nan=True,
-                                   err_msg=f"{name} on {dt_id(dt)}", **tolerance(want_dt))
+                                   err_msg=f"{name} on {dtype_name(dt)}", **tolerance(want_dt))
 
 
 def run_matrix(cases: list[tuple[str, Callable[..., Any], Callable[..., Any]]], dt: DType, device: str,
@@ -303,22 +265,22 @@ def run_matrix(cases: list[tuple[str, Callable[..., Any], Callable[..., Any]]], 
             compare(name, dt, t, got, want)
         except AssertionError as e:
             problems.append(str(e).strip())
-    assert not problems, f"{len(problems)} mismatches on {dt_id(dt)}:\n" + "\n".join(problems)
+    assert not problems, f"{len(problems)} mismatches on {dtype_name(dt)}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("dt", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", DTYPES, ids=dtype_name)
 def test_unary_ops_every_dtype(device, dt):
     with np.errstate(all="ignore"):
         run_matrix(UNARY, dt, device, binary=False)
 
 
-@pytest.mark.parametrize("dt", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", DTYPES, ids=dtype_name)
 def test_binary_ops_every_dtype(device, dt):
     with np.errstate(all="ignore"):
         run_matrix(BINARY, dt, device, binary=True)
 
 
-@pytest.mark.parametrize("dt", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("dt", DTYPES, ids=dtype_name)
 def test_promotion_with_every_dtype(device, dt):
     """``a op b`` for ``a`` of ``dt`` and ``b`` of every dtype: result dtype and values like torch."""
     x, _, tx, _ = make_pair(dt, device)
@@ -331,12 +293,12 @@ def test_promotion_with_every_dtype(device, dt):
                 want = theirs(tx, ty)
             except (NotImplementedError, RuntimeError):
                 continue
-            pending.append((f"{name} with {dt_id(other)}", ours(x, y), want))
+            pending.append((f"{name} with {dtype_name(other)}", ours(x, y), want))
     for (name, t, want), got in zip(pending, packed_numpy([t for _, t, _ in pending])):
         compare(name, dt, t, got, want)
 
 
-@pytest.mark.parametrize("dt", [d for d in DTYPES if d.kind in "iu"], ids=dt_id)
+@pytest.mark.parametrize("dt", [d for d in DTYPES if d.kind in "iu"], ids=dtype_name)
 def test_integer_wraparound(device, dt):
     info = np.iinfo(to_np_dtype(dt))
     a = np.array([info.max, info.min, info.max, info.min], dtype=to_np_dtype(dt))
@@ -356,7 +318,7 @@ def test_integer_wraparound(device, dt):
         np.testing.assert_array_equal(got[0], np.array([-128, -127, -128, -127], np.int8))  # 127 + 1 == -128
 
 
-@pytest.mark.parametrize("dt", [d for d in DTYPES if d.kind in "iu"], ids=dt_id)
+@pytest.mark.parametrize("dt", [d for d in DTYPES if d.kind in "iu"], ids=dtype_name)
 def test_integer_division_by_zero(device, dt):
     """torch raises on CPU; ember mirrors that for a Python 0 and gives 0 for zero elements of a tensor."""
     a = np.array([7, 0, 5, 1], dtype=to_np_dtype(dt))
@@ -399,7 +361,7 @@ def cast_values(src: DType, dst: DType) -> np.ndarray:
     return np.array(vals, np.float64)
 
 
-@pytest.mark.parametrize("src", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("src", DTYPES, ids=dtype_name)
 def test_cast_every_pair(device, src):
     pending = []
     for dst in DTYPES:
@@ -407,18 +369,18 @@ def test_cast_every_pair(device, src):
         with np.errstate(over="ignore"):  # 1e30 becomes inf in float16, as in torch
             x = Tensor(vals.astype(np.float32 if src == dtypes.bfloat16 else to_np_dtype(src)), device=device,
                        dtype=src)
-        want = to_torch(vals, src).to(TORCH_DT[dst])
+        want = to_torch(vals, src).to(TORCH_DTYPES[dst])
         pending.append((dst, x.cast(dst), want))
     for (dst, t, want), got in zip(pending, packed_numpy([t for _, t, _ in pending])):
         assert t.dtype == dst
         w = from_torch(want)
         if dst.kind == "f":  # zeros and infinities keep their sign (a nan's sign bit is not specified)
             np.testing.assert_array_equal(np.signbit(got) & ~np.isnan(got), np.signbit(w) & ~np.isnan(w),
-                                          err_msg=f"{dt_id(src)} -> {dt_id(dst)}")
-        np.testing.assert_array_equal(got, w, err_msg=f"{dt_id(src)} -> {dt_id(dst)}")
+                                          err_msg=f"{dtype_name(src)} -> {dtype_name(dst)}")
+        np.testing.assert_array_equal(got, w, err_msg=f"{dtype_name(src)} -> {dtype_name(dst)}")
 
 
-@pytest.mark.parametrize("src", [d for d in DTYPES if d != dtypes.bool], ids=dt_id)
+@pytest.mark.parametrize("src", [d for d in DTYPES if d != dtypes.bool], ids=dtype_name)
 def test_bitcast_every_pair(device, src):
     rng = np.random.default_rng(7)
     raw = rng.integers(0, 256, size=8 * src.itemsize, dtype=np.uint8)
@@ -427,20 +389,20 @@ def test_bitcast_every_pair(device, src):
                                                          to_np_dtype(src)).tobytes(), np.uint8)
         if src == dtypes.bfloat16:
             raw = np.frombuffer((np.frombuffer(raw.tobytes(), np.uint32) >> 16).astype(np.uint16).tobytes(), np.uint8)
-    src_t = torch.frombuffer(bytearray(raw.tobytes()), dtype=TORCH_DT[src])
+    src_t = torch.frombuffer(bytearray(raw.tobytes()), dtype=TORCH_DTYPES[src])
     x = Tensor(from_torch(src_t), device=device, dtype=src)
     pending = []
     for dst in DTYPES:
         if dst.itemsize != src.itemsize or dst == dtypes.bool:
             continue
-        pending.append((dst, x.bitcast(dst), src_t.view(TORCH_DT[dst])))
+        pending.append((dst, x.bitcast(dst), src_t.view(TORCH_DTYPES[dst])))
     for (dst, t, want), got in zip(pending, packed_numpy([t for _, t, _ in pending])):
         assert t.dtype == dst
         got_bits = got.view(np.uint32) >> 16 if dst == dtypes.bfloat16 else got
         want_bits = want.view(torch.int16).numpy().view(np.uint16) if dst == dtypes.bfloat16 else want.numpy()
         np.testing.assert_array_equal(np.asarray(got_bits).astype(np.uint64) if dst == dtypes.bfloat16 else got_bits,
                                       want_bits.astype(np.uint64) if dst == dtypes.bfloat16 else want_bits,
-                                      err_msg=f"{dt_id(src)} -> {dt_id(dst)}")
+                                      err_msg=f"{dtype_name(src)} -> {dtype_name(dst)}")
 
 
 def test_bitcast_size_mismatch_raises(device):

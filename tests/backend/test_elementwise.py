@@ -14,13 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import dtype_name, packed_numpy, torch_dtype_name
 
 from ember import Tensor, dtypes
-from ember.dtype import DType, to_np_dtype
+from ember.dtype import to_np_dtype
 
 torch = pytest.importorskip("torch")
 
-_UINT = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
 RNG = np.random.default_rng(77)
 
 
@@ -29,41 +29,6 @@ def _seed_per_test(request: pytest.FixtureRequest) -> None:
     """Inputs depend only on the test, not on which tests ran before it in this worker."""
     global RNG
     RNG = np.random.default_rng(zlib.crc32(request.node.name.encode()))
-
-
-def packed_numpy(tensors: list[Tensor]) -> list[np.ndarray]:
-    """Values of ``tensors`` (bfloat16 as float32) computed by one kernel, bit for bit."""
-    live = [t for t in tensors if t.numel() > 0]
-    rows: list[np.ndarray] = []
-    if live:
-        n, k = max(t.numel() for t in live), len(live)
-        parts = []
-        for i, t in enumerate(live):
-            bits = t.cast(dtypes.uint8) if t.dtype == dtypes.bool else t.bitcast(_UINT[t.dtype.itemsize])
-            parts.append(bits.reshape(1, -1).cast(dtypes.uint64).pad(((i, k - 1 - i), (0, n - t.numel()))))
-        while len(parts) > 1:  # a balanced sum keeps the graph shallow
-            parts = [parts[j] + parts[j + 1] if j + 1 < len(parts) else parts[j] for j in range(0, len(parts), 2)]
-        raw = parts[0].numpy()
-        rows = [raw[i] for i in range(k)]
-    it = iter(rows)
-    out = []
-    for t in tensors:
-        npdt = np.float32 if t.dtype == dtypes.bfloat16 else to_np_dtype(t.dtype)
-        if t.numel() == 0:
-            out.append(np.zeros(t.shape, npdt))
-            continue
-        bits = next(it)[: t.numel()].astype(np.dtype(f"u{t.dtype.itemsize}"))
-        vals = bits.astype(bool) if t.dtype == dtypes.bool else bits.view(npdt)
-        out.append(vals.reshape(t.shape))
-    return out
-
-
-def torch_dtype_name(t: Any) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def ember_dtype_name(dt: DType) -> str:
-    return next(n for n, d in dtypes.fields().items() if d == dt)
 
 
 def randf(*shape: int, lo: float = -3.0, hi: float = 3.0) -> np.ndarray:
@@ -305,7 +270,7 @@ def test_pow_integers(device):
     wants = [ta ** 2, ta ** 3, ta ** 0, 2 ** ta.clip(0, 20), ta ** 2.0, torch.tensor([3, -2, 5], dtype=torch.int8) ** 7,
              (ta > 0) ** 2, ta ** True]
     for i, (out, got, want) in enumerate(zip(outs, packed_numpy(outs), wants)):
-        assert ember_dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}: {out.dtype} vs {want.dtype}"
+        assert dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}: {out.dtype} vs {want.dtype}"
         np.testing.assert_array_equal(got, want.numpy(), err_msg=f"case {i}")
     with pytest.raises(RuntimeError, match="negative integer powers"):
         x ** -1
@@ -315,7 +280,7 @@ def test_pow_integers(device):
 
 
 @pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64],
-                         ids=lambda d: ember_dtype_name(d))
+                         ids=lambda d: dtype_name(d))
 def test_pow_integer_tensor_exponent(device, dt):
     """int ** int tensor: exact and wrapping like torch; negative exponents give 0 except for bases 1 and -1."""
     npdt = to_np_dtype(dt)
@@ -387,7 +352,7 @@ def test_where_dtypes_and_gradient(device):
              (t.where(Tensor(np.array([1, 2, 3], np.int8), device=device), 0.5),
               torch.where(tc, torch.tensor([1, 2, 3], dtype=torch.int8), 0.5))]
     for i, ((out, want), got) in enumerate(zip(cases, packed_numpy([o for o, _ in cases]))):
-        assert ember_dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
+        assert dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
         np.testing.assert_array_equal(got, want.numpy())
     a, b = randf(3), randf(3)
     x, y = Tensor(a, device=device, requires_grad=True), Tensor(b, device=device, requires_grad=True)
@@ -468,7 +433,7 @@ def test_comparisons_and_logic(device):
 
 # --- bitwise -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64], ids=ember_dtype_name)
+@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64], ids=dtype_name)
 def test_bitwise(device, dt):
     npdt = to_np_dtype(dt)
     a = np.array([5, 12, 0, 127, 3, 100], npdt)
@@ -482,7 +447,7 @@ def test_bitwise(device, dt):
     outs = [f(x, y) for f in fns]
     for i, (f, out, got) in enumerate(zip(fns, outs, packed_numpy(outs))):
         want = f(ta, tb)
-        assert ember_dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
+        assert dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
         np.testing.assert_array_equal(got, want.numpy(), err_msg=f"case {i}")
 
 
@@ -494,11 +459,11 @@ def test_bool_bitwise(device):
     outs = [f(x, y) for f in fns]
     for i, (f, out, got) in enumerate(zip(fns, outs, packed_numpy(outs))):
         want = f(ta, tb)
-        assert ember_dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
+        assert dtype_name(out.dtype) == torch_dtype_name(want), f"case {i}"
         np.testing.assert_array_equal(got, want.numpy(), err_msg=f"case {i}")
 
 
-@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.int64], ids=ember_dtype_name)
+@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.int64], ids=dtype_name)
 def test_shift_by_width_or_more(device, dt):
     """Shifting by the bit width or more (or by a negative amount) gives 0, or -1 for a negative value >>."""
     npdt = to_np_dtype(dt)

@@ -5,18 +5,18 @@ and must equal torch's too; invalid calls raise torch's exception types.
 """
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import BWD, FWD, assert_like
 
 from ember import Device, GlobalCounters, Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 
 RNG = np.random.default_rng(77)
-FWD = {"rtol": 1e-3, "atol": 1e-6}
-BWD = {"rtol": 1e-3, "atol": 1e-4}
 
 
 def per_device(table: list[tuple[Any, ...]], cpu: set[str]) -> list[Any]:
@@ -59,16 +59,19 @@ def to_device_index(idx: Any, device: str) -> Any:
     return idx
 
 
-def same(got: Tensor, want: Any, exact: bool = True) -> None:
-    """Shape, dtype (by name) and values of ``got`` equal torch's ``want``."""
-    assert got.shape == tuple(want.shape), f"shape {got.shape} != torch {tuple(want.shape)}"
-    assert str(want.dtype).split(".")[-1] == {"char": "int8", "uchar": "uint8", "short": "int16", "int": "int32",
-                                               "long": "int64", "half": "float16", "float": "float32",
-                                               "double": "float64"}.get(got.dtype.name, got.dtype.name)
-    if exact:
-        np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
-    else:
-        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), **FWD)
+# an index only moves values, so results are compared exactly unless a test says otherwise
+same = partial(assert_like, exact=True)
+
+
+def raises_in_both(calls: list[tuple[Callable[[Any, Callable], Any], type[Exception]]], theirs: Any,
+                   make_theirs: Callable[[Any], Any], ours: Any, make_ours: Callable[[Any], Any]) -> None:
+    """Each ``call(x, make)`` raises its exception type on torch's ``theirs`` and on ember's ``ours`` alike
+    (``make`` builds a tensor of that library from data)."""
+    for call, exc in calls:
+        with pytest.raises(exc):
+            call(theirs, make_theirs)
+        with pytest.raises(exc):
+            call(ours, make_ours)
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,11 +480,7 @@ def test_scatter_errors_like_torch(device):
         (lambda t, T: t.scatter_reduce(0, T([[0, 1]]), t, reduce="foo"), RuntimeError),
         (lambda t, T: t.scatter(0, T([0, 1]), 1.0), RuntimeError),  # index dims differ
     ]
-    for call, exc in calls:
-        with pytest.raises(exc):
-            call(tx, torch.tensor)
-        with pytest.raises(exc):
-            call(x, lambda v: Tensor(v, device=device))
+    raises_in_both(calls, tx, torch.tensor, x, lambda v: Tensor(v, device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,11 +516,7 @@ def test_masked_fill_errors_like_torch(device):
         (lambda t, T: t.masked_fill(T(np.ones(4, bool)), T(np.ones(1, np.float32))), RuntimeError),
         (lambda t, T: t.masked_fill(T(np.ones(5, bool)), 1), RuntimeError),
     ]
-    for call, exc in cases:
-        with pytest.raises(exc):
-            call(tx, torch.from_numpy)
-        with pytest.raises(exc):
-            call(x, lambda v: Tensor(v, device=device))
+    raises_in_both(cases, tx, torch.from_numpy, x, lambda v: Tensor(v, device=device))
 
 
 @pytest.mark.parametrize("device, name, mask_shape", per_device(

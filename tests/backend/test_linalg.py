@@ -5,18 +5,16 @@ results do not depend on summation order.
 """
 from __future__ import annotations
 
-from typing import Callable
+from functools import partial
 
 import numpy as np
 import pytest
+from backend_utils import FWD, compare_with_torch
 
 from ember import GlobalCounters, Tensor, dtypes
-from ember.dtype import from_np_dtype
 
 torch = pytest.importorskip("torch")
 
-FWD = {"rtol": 1e-3, "atol": 1e-6}
-BWD = {"rtol": 1e-3, "atol": 1e-4}
 rng = np.random.default_rng(7)
 
 
@@ -25,55 +23,8 @@ def q(*shape: int) -> np.ndarray:
     return (rng.integers(-8, 9, size=shape) / 8).astype(np.float32)
 
 
-def build(a: np.ndarray, device: str, view: str = "contiguous") -> tuple[Tensor, Tensor, object, object]:
-    """(ember leaf, ember input, torch leaf, torch input) holding ``a``; the input is ``view`` of the leaf."""
-    if view == "contiguous":
-        base = a
-    elif view == "permuted":
-        base = np.ascontiguousarray(a.transpose(tuple(reversed(range(a.ndim)))))
-    elif view == "flipped":
-        base = np.ascontiguousarray(np.flip(a))
-    elif view == "shrunk":
-        base = np.pad(a, [(1, 2)] * a.ndim, mode="wrap" if a.size else "constant")
-    else:
-        raise ValueError(view)
-    grad = a.dtype.kind == "f"
-    e_leaf = Tensor(base, device=device, requires_grad=grad)
-    t_leaf = torch.tensor(base, requires_grad=grad)
-    if view == "contiguous":
-        return e_leaf, e_leaf, t_leaf, t_leaf
-    if view == "permuted":
-        order = tuple(reversed(range(a.ndim)))
-        return e_leaf, e_leaf.permute(order), t_leaf, t_leaf.permute(order)
-    if view == "flipped":
-        axes = tuple(range(a.ndim))
-        return e_leaf, e_leaf.flip(axes), t_leaf, t_leaf.flip(axes)
-    box = tuple(slice(1, 1 + s) for s in a.shape)
-    return e_leaf, e_leaf.shrink(tuple((1, 1 + s) for s in a.shape)), t_leaf, t_leaf[box]
-
-
-def compare(device: str, fn: Callable, tfn: Callable, arrays: list[np.ndarray], views: list[str] | None = None,
-            backward: bool = True) -> None:
-    """Run ``fn`` on ember tensors and ``tfn`` on torch tensors: same shape, dtype, values and input gradients."""
-    views = views or ["contiguous"] * len(arrays)
-    built = [build(a, device, v) for a, v in zip(arrays, views)]
-    out = fn(*[b[1] for b in built])
-    tout = tfn(*[b[3] for b in built])
-    expected = tout.detach().numpy()
-    assert out.shape == expected.shape, f"shape {out.shape} != torch {expected.shape}"
-    assert out.dtype == from_np_dtype(expected.dtype), f"dtype {out.dtype} != torch {expected.dtype}"
-    np.testing.assert_allclose(out.numpy(), expected, **FWD)
-    if not backward or out.dtype.kind != "f":
-        return
-    g = q(*expected.shape)
-    (out * Tensor(g, device=device)).sum().backward()
-    (tout * torch.tensor(g)).sum().backward()
-    for e_leaf, _, t_leaf, _ in built:
-        if t_leaf.grad is None:
-            continue
-        assert e_leaf.grad is not None
-        assert e_leaf.grad.shape == tuple(t_leaf.grad.shape)
-        np.testing.assert_allclose(e_leaf.grad.numpy(), t_leaf.grad.numpy(), **BWD)
+# the upstream gradient of a comparison is drawn like the other inputs of this module
+compare = partial(compare_with_torch, upstream=q)
 
 
 # --------------------------------------------------------------------------------------------------

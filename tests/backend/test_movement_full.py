@@ -10,74 +10,12 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import assert_like, check_grad, laid_out, rand, same_error
 
 from ember import Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-T2E = {torch.float32: dtypes.float32, torch.float64: dtypes.float64, torch.float16: dtypes.float16,
-       torch.int64: dtypes.int64, torch.int32: dtypes.int32, torch.int16: dtypes.int16, torch.int8: dtypes.int8,
-       torch.uint8: dtypes.uint8, torch.bool: dtypes.bool}
-
-
-# --- helpers -------------------------------------------------------------------------------------
-def assert_like(ours: Tensor, theirs: Any) -> None:
-    """Same shape, dtype and values as the torch tensor."""
-    assert ours.shape == tuple(theirs.shape), f"shape {ours.shape} != torch {tuple(theirs.shape)}"
-    assert ours.dtype == T2E[theirs.dtype], f"dtype {ours.dtype} != torch {theirs.dtype}"
-    exp = theirs.detach().numpy()
-    if ours.dtype.kind in "biu":
-        np.testing.assert_array_equal(ours.numpy(), exp)
-    else:
-        np.testing.assert_allclose(ours.numpy(), exp, atol=1e-6, rtol=1e-3, equal_nan=True)
-
-
-def same_error(ours: Callable[[], Any], theirs: Callable[[], Any]) -> BaseException:
-    """torch raises, and ember raises the same builtin exception type; returns ember's exception."""
-    try:
-        theirs()
-    except Exception as e:  # noqa: BLE001
-        kind = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
-        with pytest.raises(kind) as info:
-            ours()
-        return info.value
-    raise AssertionError("torch did not raise")
-
-
-def check_grad(device: str, ours: Callable[..., Tensor], theirs: Callable[..., Any], *arrays: np.ndarray) -> None:
-    """Forward and backward of ``ours`` on ember against ``theirs`` on torch (gradient of a random projection)."""
-    ts = [Tensor(a, device=device, requires_grad=True) for a in arrays]
-    tt = [torch.tensor(a, requires_grad=True) for a in arrays]
-    out, ref = ours(*ts), theirs(*tt)
-    assert_like(out, ref)
-    w = np.random.default_rng(0).standard_normal(tuple(ref.shape)).astype(np.float32)
-    (out * Tensor(w, device=device)).sum().backward()
-    (ref * torch.tensor(w)).sum().backward()
-    for t, r, a in zip(ts, tt, arrays):
-        want = np.zeros_like(a) if r.grad is None else r.grad.numpy()
-        assert t.grad is not None and t.grad.shape == a.shape
-        np.testing.assert_allclose(t.grad.numpy(), want, atol=1e-4, rtol=1e-3)
-
-
-def laid_out(a: np.ndarray, kind: str) -> tuple[np.ndarray, Callable, Callable]:
-    """A base array and the view ops (ember, torch) that turn it into ``a``."""
-    nd = a.ndim
-    if kind == "contiguous":
-        return a, (lambda t: t), (lambda t: t)
-    if kind == "permuted":
-        order = tuple(reversed(range(nd)))
-        return np.ascontiguousarray(a.transpose(order)), (lambda t: t.permute(order)), (lambda t: t.permute(order))
-    if kind == "flipped":
-        axes = tuple(range(nd))
-        return np.ascontiguousarray(np.flip(a, axes)), (lambda t: t.flip(axes)), (lambda t: t.flip(axes))
-    big = np.pad(a, [(1, 2)] * nd, mode="wrap") if a.size else np.pad(a, [(1, 2)] * nd)
-    box = tuple((1, 1 + s) for s in a.shape)
-    return big, (lambda t: t.shrink(box)), (lambda t: t[tuple(slice(lo, hi) for lo, hi in box)])
-
-
-def rand(*shape: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def pieces(parts: Any, scale: Callable[[Any, int], Any], join: Callable[..., Any], dim: int) -> Any:

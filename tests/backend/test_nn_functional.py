@@ -2,19 +2,17 @@
 gradients and errors."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from functools import partial
 
 import numpy as np
 import pytest
+from backend_utils import FWD, compare_with_torch, raises_like
 
 from ember import Tensor, dtypes
-from ember.dtype import from_np_dtype
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-FWD = {"rtol": 1e-3, "atol": 1e-6}
-BWD = {"rtol": 1e-3, "atol": 1e-4}
 rng = np.random.default_rng(5)
 
 
@@ -22,52 +20,8 @@ def randn(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def build(a: np.ndarray | None, device: str, layout: str) -> tuple[Any, Any, Any, Any] | None:
-    """(ember leaf, ember input, torch leaf, torch input) holding ``a``; the input is ``layout`` of the leaf."""
-    if a is None:
-        return None
-    grad = a.dtype.kind == "f"
-    if layout == "permuted":
-        order = tuple(reversed(range(a.ndim)))
-        base = np.ascontiguousarray(a.transpose(order))
-        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
-        return e, e.permute(order), t, t.permute(order)
-    if layout == "flipped":
-        axes = tuple(range(a.ndim))
-        base = np.ascontiguousarray(np.flip(a))
-        e, t = Tensor(base, device=device, requires_grad=grad), torch.tensor(base, requires_grad=grad)
-        return e, e.flip(axes), t, t.flip(axes)
-    e, t = Tensor(a, device=device, requires_grad=grad), torch.tensor(a, requires_grad=grad)
-    return e, e, t, t
-
-
-def compare(device: str, fn: Callable, tfn: Callable, arrays: list[np.ndarray | None],
-            layouts: list[str] | None = None, backward: bool = True) -> None:
-    """``fn`` on ember tensors vs ``tfn`` on torch tensors (None passes through): shape, dtype, values, gradients."""
-    built = [build(a, device, lay) for a, lay in zip(arrays, layouts or ["contiguous"] * len(arrays))]
-    out = fn(*[None if b is None else b[1] for b in built])
-    tout = tfn(*[None if b is None else b[3] for b in built])
-    expected = tout.detach().numpy()
-    assert out.shape == expected.shape, f"shape {out.shape} != torch {expected.shape}"
-    assert out.dtype == from_np_dtype(expected.dtype), f"dtype {out.dtype} != torch {expected.dtype}"
-    np.testing.assert_allclose(out.numpy(), expected, **FWD)
-    if not backward or out.dtype.kind != "f":
-        return
-    g = randn(*expected.shape)
-    (out * Tensor(g, device=device)).sum().backward()
-    (tout * torch.tensor(g)).sum().backward()
-    for b in built:
-        if b is None or b[2].grad is None:
-            continue
-        assert b[0].grad is not None and b[0].grad.shape == tuple(b[2].grad.shape)
-        np.testing.assert_allclose(b[0].grad.numpy(), b[2].grad.numpy(), **BWD)
-
-
-def raises_like(fn: Callable, tfn: Callable) -> None:
-    with pytest.raises(Exception) as want:
-        tfn()
-    with pytest.raises(want.type):
-        fn()
+# the upstream gradient of a comparison is drawn like the other inputs of this module
+compare = partial(compare_with_torch, upstream=randn)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import operator
 
 import numpy as np
 import pytest
+from backend_utils import other_device
 
-from ember import Device, Tensor, dtypes
+from ember import Tensor, dtypes
 from ember.dtype import to_np_dtype
 
 RNG = np.random.default_rng(1234)
@@ -24,13 +25,6 @@ BROADCAST_SHAPES = [((3, 4), (3, 4)), ((), ()), ((), (2, 3)), ((0, 3), (0, 3)), 
 
 def randf(*shape: int, lo: float = -2.0, hi: float = 2.0) -> np.ndarray:
     return RNG.uniform(lo, hi, size=shape).astype(np.float32)
-
-
-def other_device(device: str) -> str:
-    other = "PYTHON" if device == "CPU" else "CPU"
-    if other not in Device.available():
-        pytest.skip(f"needs device {other} too: {Device.probe(other)}")
-    return other
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,50 +10,15 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import assert_like, builtin_error, check_grad, laid_out, rand, same_error
 
 from ember import GlobalCounters, Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 
-T2E = {torch.float32: dtypes.float32, torch.float64: dtypes.float64, torch.float16: dtypes.float16,
-       torch.bfloat16: dtypes.bfloat16, torch.int64: dtypes.int64, torch.int32: dtypes.int32,
-       torch.int16: dtypes.int16, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.bool: dtypes.bool}
 NP2T = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64, np.dtype(np.float16): torch.float16,
         np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.int16): torch.int16,
         np.dtype(np.int8): torch.int8, np.dtype(np.uint8): torch.uint8, np.dtype(np.bool_): torch.bool}
-
-FWD = {"atol": 1e-6, "rtol": 1e-3}
-BWD = {"atol": 1e-4, "rtol": 1e-3}
-
-
-# --- helpers -------------------------------------------------------------------------------------
-def assert_like(ours: Tensor, theirs: Any, atol: float = 1e-6, rtol: float = 1e-3) -> None:
-    """Same shape, same dtype and (close) values as the torch tensor."""
-    assert ours.shape == tuple(theirs.shape), f"shape {ours.shape} != torch {tuple(theirs.shape)}"
-    assert ours.dtype == T2E[theirs.dtype], f"dtype {ours.dtype} != torch {theirs.dtype}"
-    exp = theirs.detach()
-    exp = exp.float().numpy() if exp.dtype == torch.bfloat16 else exp.numpy()
-    got = ours.numpy()
-    if ours.dtype.kind in "biu":
-        np.testing.assert_array_equal(got, exp)
-    else:
-        np.testing.assert_allclose(got.astype(np.float64), exp.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True)
-
-
-def builtin_error(e: BaseException) -> type[BaseException]:
-    """The builtin exception class a torch error is (torch raises subclasses such as torch.AcceleratorError)."""
-    return next(c for c in type(e).__mro__ if c.__module__ == "builtins")
-
-
-def same_error(ours: Callable[[], Any], theirs: Callable[[], Any]) -> None:
-    """torch raises, and ember raises the same builtin exception type."""
-    try:
-        theirs()
-    except Exception as e:  # noqa: BLE001
-        with pytest.raises(builtin_error(e)):
-            ours()
-        return
-    raise AssertionError("torch did not raise")
 
 
 def both(ours: Callable[[], Any], theirs: Callable[[], Any]) -> tuple[Any, Any] | None:
@@ -67,47 +32,7 @@ def both(ours: Callable[[], Any], theirs: Callable[[], Any]) -> tuple[Any, Any] 
     return ours(), ref
 
 
-def check_grad(device: str, ours: Callable[..., Tensor], theirs: Callable[..., Any], *arrays: np.ndarray,
-               fwd: dict | None = None, bwd: dict | None = None, seed: int = 0) -> None:
-    """Forward and backward of ``ours`` on ember against ``theirs`` on torch (gradient of a random projection)."""
-    ts = [Tensor(a, device=device, requires_grad=True) for a in arrays]
-    tt = [torch.tensor(a, requires_grad=True) for a in arrays]
-    out, ref = ours(*ts), theirs(*tt)
-    assert_like(out, ref, **(fwd or FWD))
-    w = np.random.default_rng(seed).standard_normal(tuple(ref.shape)).astype(np.float32)
-    (out * Tensor(w, device=device, dtype=out.dtype)).sum().backward()
-    (ref * torch.tensor(w, dtype=ref.dtype)).sum().backward()
-    for t, r, a in zip(ts, tt, arrays):
-        want = np.zeros_like(a) if r.grad is None else r.grad.numpy()
-        assert t.grad is not None, "no gradient reached an input"
-        assert t.grad.shape == a.shape and t.grad.dtype == T2E[r.dtype]
-        np.testing.assert_allclose(t.grad.numpy(), want, equal_nan=True, **(bwd or BWD))
-
-
 LAYOUTS = ("contiguous", "permuted", "flipped", "shrunk")
-
-
-def laid_out(a: np.ndarray, kind: str) -> tuple[np.ndarray, Callable, Callable]:
-    """A base array and the view ops (ember, torch) that turn it into ``a`` (non-contiguous unless "contiguous")."""
-    nd = a.ndim
-    if kind == "contiguous":
-        return a, (lambda t: t), (lambda t: t)
-    if kind == "permuted":
-        order = tuple(reversed(range(nd)))
-        return np.ascontiguousarray(a.transpose(order)), (lambda t: t.permute(order)), (lambda t: t.permute(order))
-    if kind == "flipped":
-        axes = tuple(range(nd))
-        return np.ascontiguousarray(np.flip(a, axes)), (lambda t: t.flip(axes)), (lambda t: t.flip(axes))
-    big = np.pad(a, [(1, 2)] * nd, mode="wrap") if a.size else np.pad(a, [(1, 2)] * nd)
-    box = tuple((1, 1 + s) for s in a.shape)
-    return big, (lambda t: t.shrink(box)), (lambda t: t[tuple(slice(lo, hi) for lo, hi in box)])
-
-
-def rand(*shape: int, seed: int = 0, low: float | None = None) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if low is not None:  # magnitudes in [low, low + 1) with random signs: keeps products moderate
-        return ((rng.random(shape) + low) * rng.choice([-1.0, 1.0], shape)).astype(np.float32)
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 def tdims(t: Any, axis: Any) -> Any:

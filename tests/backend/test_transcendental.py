@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from backend_utils import packed_numpy
 
 import ember.frontend.elementwise as elementwise
 from ember import Tensor, dtypes
@@ -35,31 +36,6 @@ F32_TINY = float(np.finfo(np.float32).tiny)
 F32_DENORM = float(np.finfo(np.float32).smallest_subnormal)
 SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan, F32_MAX, -F32_MAX, F32_TINY, -F32_TINY, F32_DENORM,
             -F32_DENORM, 1.0, -1.0, 0.5, -0.5, 2.0]
-
-
-_UINT = {2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
-_NP_FLOAT = {dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}
-
-
-def packed_numpy(tensors: list[Tensor]) -> list[np.ndarray]:
-    """The values of float tensors (bfloat16 as float32) computed by one kernel: each is bitcast to an
-    unsigned integer, widened to uint64 and given its own row (one compile instead of one per tensor)."""
-    n, k = max(t.numel() for t in tensors), len(tensors)
-    rows = [t.bitcast(_UINT[t.dtype.itemsize]).reshape(1, -1).cast(dtypes.uint64).pad(((i, k - 1 - i),
-                                                                                       (0, n - t.numel())))
-            for i, t in enumerate(tensors)]
-    while len(rows) > 1:  # a balanced sum keeps the graph shallow
-        rows = [rows[j] + rows[j + 1] if j + 1 < len(rows) else rows[j] for j in range(0, len(rows), 2)]
-    raw = rows[0].numpy()
-    out = []
-    for i, t in enumerate(tensors):
-        bits = raw[i, : t.numel()]
-        if t.dtype == dtypes.bfloat16:
-            vals = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        else:
-            vals = bits.astype(np.dtype(f"u{t.dtype.itemsize}")).view(_NP_FLOAT[t.dtype])
-        out.append(vals.reshape(t.shape))
-    return out
 
 
 def ulp_distance(got: np.ndarray, want: np.ndarray) -> np.ndarray:
