@@ -455,7 +455,9 @@ def test_bool_bitwise(device):
     a, b = np.array([True, False, True, False]), np.array([True, True, False, False])
     x, y, ta, tb = Tensor(a, device=device), Tensor(b, device=device), torch.from_numpy(a), torch.from_numpy(b)
     fns = [operator.and_, operator.or_, operator.xor, lambda p, q: ~p, lambda p, q: p.bitwise_not(),
-           lambda p, q: p << 1, lambda p, q: p + q, lambda p, q: p * q, lambda p, q: p.maximum(q)]
+           lambda p, q: p << 1, lambda p, q: p + q, lambda p, q: p * q, lambda p, q: p.maximum(q),
+           # a negated bool combined again: its value range must stay {False, True} (was folded to False)
+           lambda p, q: p & ~q, lambda p, q: ~p | q, lambda p, q: (~p) ^ (~q), lambda p, q: p & p.logical_not()]
     outs = [f(x, y) for f in fns]
     for i, (f, out, got) in enumerate(zip(fns, outs, packed_numpy(outs))):
         want = f(ta, tb)

@@ -368,6 +368,8 @@ def _alu_bounds(u: UOp, lo_hi: tuple[Any, Any]) -> tuple[Any, Any]:
     if u.op is Ops.SUB:
         return s0.vmin - u.src[1].vmax, s0.vmax - u.src[1].vmin
     if u.op is Ops.NEG:
+        if isinstance(dt, DType) and dt.kind == "b":  # NEG of a bool is logical not
+            return not s0.vmax, not s0.vmin
         return -s0.vmax, -s0.vmin
     if u.op is Ops.MUL:
         vals = [a * b for a in (s0.vmin, s0.vmax) for b in (u.src[1].vmin, u.src[1].vmax)
