@@ -43,6 +43,7 @@ from ember.frontend.normalization import NormalizationMixin
 from ember.frontend.pool import PoolMixin
 from ember.frontend.reduce import ReduceMixin
 from ember.frontend.resample import ResampleMixin
+from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import Scalar, Shape, broadcast_shape, make_const
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
@@ -54,7 +55,7 @@ from ember.schedule import create_schedule, mark_realized
 
 class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
              ActivationMixin, CastMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, ConvMixin, PoolMixin,
-             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin):
+             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin):
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,

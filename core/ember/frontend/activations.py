@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
-from ember.dtype import dtypes
+from ember.dtype import DType, dtypes
 from ember.frontend import libm
 from ember.frontend.util import make_const
 
@@ -25,7 +25,7 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 
 class ActivationMixin:
-    """relu and its relatives, sigmoid, softplus, gelu, silu, mish and the hard approximations."""
+    """relu and its relatives, sigmoid, softplus, gelu, silu, mish, the hard approximations and softmin."""
 
     __slots__ = ()
 
@@ -209,3 +209,10 @@ class ActivationMixin:
             return (x <= -3).where(0.0, (x < 3).where(g * (x / 3 + 0.5), g))
 
         return self._unary("hardswish", lambda x: x * (x + 3).maximum(0).minimum(6) / 6, grad)
+
+    def softmin(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """``softmax(-self)`` along ``axis``: weights in [0, 1] that sum to 1, largest for the smallest inputs.
+
+        ``dtype`` casts the negated input first, as torch does (so bool inputs raise like torch's negation).
+        """
+        return (-self).softmax(axis, dtype)

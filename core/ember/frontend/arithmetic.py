@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ember.dtype import DType, dtypes, result_type_scalar
+from ember.frontend import elementwise
 from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
 from ember.graph.uop import Ops
 
@@ -100,6 +101,56 @@ class ArithmeticMixin:
     def remainder(self, x: Tensor | Scalar) -> Tensor:
         """torch's name for :meth:`mod`."""
         return self.mod(x)
+
+    def fmod(self, x: Tensor | Scalar) -> Tensor:
+        """C's remainder ``self - trunc(self / x) * x``: the sign follows the dividend (torch's ``fmod``).
+
+        Integers use the device's truncating remainder (a Python 0 divisor raises like torch). Floats
+        compute the quotient in float64 where the device has it (float16/bfloat16 in float32), which is
+        exact for quotients below 2**29; ``fmod(x, inf) = x`` for finite ``x``, a zero divisor gives nan,
+        and a zero result keeps the dividend's sign. Gradients: ``g`` for self, ``-g * trunc(self / x)``
+        for ``x``.
+        """
+        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        if a.dtype.kind == "b":
+            raise not_implemented("fmod_cpu", a.dtype)
+        if a.dtype.kind in "iu":
+            _check_int_divisor(x, False, a.dtype)
+            return a._alu(Ops.MOD, b)
+        dt = a.dtype
+        wide = dt == dtypes.float32 and elementwise.PREFER_WIDE_MATH and elementwise._has_float64(a.device)
+        cdt = dtypes.float64 if wide else compute_dtype(dt)
+        n, d = a.detach().cast(cdt), b.detach().cast(cdt)
+        r = n - n._alu(Ops.FDIV, d)._alu(Ops.TRUNC) * d
+        # a quotient rounded up to the next integer leaves r with the wrong sign: add one |d| back
+        r = ((r != 0) & ((r < 0) ^ (n < 0))).where(r + d.abs() * n.sign(), r)
+        r = (r == 0).where(n * 0.0, r)  # -0.0 for a negative dividend, like C
+        out = (d.isinf() & n.isfinite()).where(n, r).cast(dt)
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+            return g, -g * p[0].detach().div(p[1].detach(), rounding_mode="trunc")
+
+        return self._custom((a, b), out, rule, "fmod")
+
+    def copysign(self, other: Tensor | Scalar) -> Tensor:
+        """The magnitude of self with the sign bit of ``other`` (``-0.0`` and signed nan included), like torch.
+
+        Integer and bool inputs give the default float, as in torch. The gradient for self is
+        ``g * out / self`` (0 where self is 0); ``other`` gets none.
+        """
+        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        if a.dtype.kind != "f":
+            a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+        bits = _INT_OF_SIZE[a.dtype.itemsize]
+        sign = dtypes.min(bits)  # only the top bit set
+        mag = a.detach().bitcast(bits) & dtypes.max(bits)
+        out = (mag | (b.detach().bitcast(bits) & sign)).bitcast(a.dtype)
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+            x = p[0].detach()
+            return (x == 0).where(0.0, g * (o / x)), g.zeros_like()
+
+        return self._custom((a, b), out, rule, "copysign")
 
     def true_divide(self, x: Tensor | Scalar) -> Tensor:
         """torch's name for true division."""
@@ -385,6 +436,10 @@ class ArithmeticMixin:
 
 
 # --- helpers used by the methods above ---------------------------------------------------------------
+
+#: the signed integer dtype of each float item size, for bit manipulation of floats
+_INT_OF_SIZE = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+
 
 def _zero_rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
     return (g.zeros_like(),)

@@ -1,7 +1,8 @@
 """Comparisons and logic of the Tensor API (a mixin of :class:`ember.tensor.Tensor`).
 
 Comparisons broadcast and promote like arithmetic and give bool tensors; nan compares unequal to
-everything, itself included. The logical ops treat any nonzero value as true.
+everything, itself included. The logical ops treat any nonzero value as true. ``isclose`` and
+``allclose`` compare within tolerances, like torch's.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class ComparisonMixin:
-    """``< > <= >= == !=``, nan and inf tests, and logical not/and/or/xor."""
+    """``< > <= >= == !=``, nan and inf tests, logical not/and/or/xor, isclose and allclose."""
 
     __slots__ = ()
 
@@ -117,3 +118,38 @@ class ComparisonMixin:
     def logical_xor(self, x: Tensor | Scalar) -> Tensor:
         """``self xor x`` elementwise, as bools."""
         return self._logical(Ops.XOR, x)
+
+    # --- closeness ---------------------------------------------------------------------------------
+    def isclose(self, other: Tensor | Scalar, rtol: float = 1e-05, atol: float = 1e-08,
+                equal_nan: bool = False) -> Tensor:
+        """True where ``|self - other| <= atol + rtol * |other|`` (or the two are equal), like ``torch.isclose``.
+
+        Infinities are close only to themselves; nan is close to nan only with ``equal_nan``. ``other``
+        may be a Python number; a tensor must have self's dtype (as in torch). Integers compute the
+        difference in their own dtype and compare it with the float tolerance, as torch does.
+        """
+        if rtol < 0:
+            raise RuntimeError(f"rtol must be greater than or equal to zero, but got {rtol}")
+        if atol < 0:
+            raise RuntimeError(f"atol must be greater than or equal to zero, but got {atol}")
+        if isinstance(other, type(self)) and other.dtype != self.dtype:  # type: ignore[attr-defined]
+            raise RuntimeError(f"{self.dtype.name} did not match {other.dtype.name}")  # type: ignore[attr-defined]
+        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        close = a == b
+        if equal_nan and a.dtype.kind == "f":
+            close = close | (a.isnan() & b.isnan())
+        if rtol == 0 and atol == 0:
+            return close
+        if a.dtype == dtypes.bool:
+            a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+        allowed = (b * rtol).abs() + atol
+        diff = (a - b).abs()
+        return close | (diff.isfinite() & (diff <= allowed))
+
+    def allclose(self, other: Tensor | Scalar, rtol: float = 1e-05, atol: float = 1e-08,
+                 equal_nan: bool = False) -> Tensor:
+        """Whether every element is :meth:`isclose` to ``other``, as a 0-d bool tensor (as in tinygrad).
+
+        ``bool()`` of it is torch's answer; until it is read, it stays on the device (no host round trip).
+        """
+        return self.isclose(other, rtol=rtol, atol=atol, equal_nan=equal_nan).all()

@@ -7,7 +7,8 @@ depends only on the seed, how many draws came before it since :meth:`CreationMix
 the element's position: the same seed gives bit-identical ``rand`` on every device.
 
 The seed and the call number travel in a small uploaded buffer rather than as constants in the
-kernel, so every draw of one shape reuses one compiled kernel.
+kernel, so every draw of one shape reuses one compiled kernel. :meth:`CreationMixin.random_bits`
+exposes the same generator with an explicit key and counter, tinygrad's stateless interface.
 """
 from __future__ import annotations
 
@@ -62,6 +63,10 @@ class CreationMixin:
     def _leaf(cls, t: Tensor, requires_grad: bool | None) -> Tensor:
         """``t``'s value as a fresh leaf tensor (no history) with ``requires_grad``."""
         return cls(t.lazydata, requires_grad=requires_grad)
+
+    def const_like(self, b: Scalar, dtype: DType | str | None = None) -> Tensor:
+        """``b`` broadcast to self's shape on self's device, in self's dtype unless ``dtype`` (no buffer)."""
+        return type(self).full(self.shape, b, dtype=dtype if dtype is not None else self.dtype, device=self.device)
 
     def zeros_like(self, **kwargs: Any) -> Tensor:
         """Zeros of self's shape (dtype and device default to self's)."""
@@ -189,6 +194,35 @@ class CreationMixin:
         words = [params[i:i + 1].expand(n) for i in range(4)]
         x0, x1 = _threefry2x32(words[:3], cls._ramp(n, device), words[3])
         return x0.reshape(shape), x1.reshape(shape)
+
+    @classmethod
+    def random_bits(cls, key: Tensor, counter: Tensor, num: int) -> Tensor:
+        """``num`` random uint32 words from Threefry-2x32-20 under an explicit key, like tinygrad's.
+
+        ``key`` and ``counter`` hold two uint32 words each (low word first). The pair ``(key, counter)``
+        first hashes into a per-call key; then word pair ``j`` of the output is the block of counter
+        ``(j, j + ceil(num / 2))`` under that key, its first words filling the first half of the result and
+        its second words the second half. Computed on the key's device; the same inputs give the same bits
+        on every device.
+        """
+        if not isinstance(num, int) or num < 0:
+            raise ValueError(f"random_bits: num must be a non-negative int, got {num!r}")
+        for name, t in (("key", key), ("counter", counter)):
+            if t.shape != (2,):
+                raise ValueError(f"random_bits: {name} must hold two uint32 words (shape (2,)), got shape {t.shape}")
+        k, c = key.detach().cast(dtypes.uint32), counter.detach().cast(dtypes.uint32)
+        low, high = c[0:1], c[1:2]
+        chunks = []
+        for start in range(0, num, _MASK32):  # a counter block covers at most 2**32 - 1 words
+            size = min(num - start, _MASK32)
+            c_low = low + (start & _MASK32)
+            c_high = high + (start >> 32) + (c_low < low).cast(dtypes.uint32)  # carry out of the low word
+            sub0, sub1 = _threefry2x32(_key_schedule(k[0:1], k[1:2]), c_low, c_high)
+            half = -(-size // 2)
+            ctr = cls._ramp(half, key.device)
+            x0, x1 = _threefry2x32(_key_schedule(sub0, sub1), ctr, ctr + half)
+            chunks.append(x0.cat(x1)[:size])
+        return chunks[0].cat(*chunks[1:]) if chunks else c[0:0]
 
     @staticmethod
     def _bits_to_unit(bits: Tensor, dtype: DType, bits2: Tensor | None = None) -> Tensor:
@@ -427,6 +461,11 @@ def _shift(x: Tensor, op: Ops, amount: int) -> Tensor:
 
 def _rotl32(x: Tensor, r: int) -> Tensor:
     return _shift(x, Ops.SHL, r)._alu(Ops.OR, _shift(x, Ops.SHR, 32 - r))
+
+
+def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
+    """Threefry's three key words ``[k0, k1, k0 ^ k1 ^ parity]`` from two uint32 tensors."""
+    return [k0, k1, k0._alu(Ops.XOR, k1) ^ _THREEFRY_PARITY]
 
 
 def _threefry2x32(key: list[Tensor], ctr0: Tensor, ctr1: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,11 +1,13 @@
-"""Matrix products of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): matmul, linear and einsum.
+"""Matrix products of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): matmul, linear and einsum,
+and ``sequential``, which applies a list of layers (callables) in turn.
 
 A matrix product is a broadcasted multiply followed by a sum, which the scheduler fuses into one
 kernel; half-precision products multiply and sum in float32.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ember.dtype import DType, dtypes, least_upper_dtype, to_dtype
 from ember.frontend.util import broadcast_shape
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class LinalgMixin:
-    """``@``, dot, matmul, linear and einsum."""
+    """``@``, dot, matmul, linear, sequential and einsum."""
 
     __slots__ = ()
 
@@ -80,6 +82,10 @@ class LinalgMixin:
             return self.cast(dt).linear(weight.cast(dt), bias.cast(dt) if bias is not None else None)
         out = self * weight if weight.ndim == 1 else self.dot(weight)
         return out if bias is None else out + bias
+
+    def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+        """Apply the callables of ``ll`` in order, each to the previous result: ``ll[-1](...ll[0](self))``."""
+        return functools.reduce(lambda x, f: f(x), ll, self)  # type: ignore[arg-type, return-value]
 
     @staticmethod
     def einsum(formula: str, *operands: Any, dtype: DType | str | None = None) -> Tensor:

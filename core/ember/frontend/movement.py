@@ -3,10 +3,12 @@
 Everything here is built from the movement primitives of the Tensor (reshape, permute,
 expand, pad, shrink, flip), so the results stay views (no copy, no kernel) and gradients
 come from those primitives. ``cat``/``stack`` and the non-constant pad modes combine
-padded views with ``where``, which fuses into the consumer's kernel.
+padded views with ``where``, which fuses into the consumer's kernel. Diagonals, sliding windows
+(``unfold``) and einops-style ``rearrange`` are views too.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
@@ -392,3 +394,170 @@ class MovementMixin:
             raise RuntimeError("tril: input tensor must have at least 2 dimensions")
         drop = type(self)._tri(self.shape[-2], self.shape[-1], diagonal + 1, device=self.device)
         return drop.where(self.zeros_like(), self)
+
+    # --- diagonals -------------------------------------------------------------------------------
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The view of the elements ``[i, i + offset]`` of dims ``dim1`` and ``dim2``, as a new last dim.
+
+        ``offset > 0`` is above the main diagonal, ``< 0`` below; the two dims are removed, as in torch.
+        """
+        a, b = self._axis(dim1), self._axis(dim2)
+        if a == b:
+            raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+        rest = [i for i in range(self.ndim) if i not in (a, b)]
+        x = self.permute(rest + [a, b])
+        lead = x.shape[:-2]
+        keep = tuple((0, s) for s in lead)
+        rows, cols = x.shape[-2:]
+        r0, c0 = max(-offset, 0), max(offset, 0)
+        n = max(0, min(rows - r0, cols - c0))
+        x = x.shrink(keep + ((min(r0, rows), min(r0, rows) + n), (min(c0, cols), min(c0, cols) + n)))
+        if n == 0:
+            return x.reshape(lead + (0,))
+        # row i of an n x (n + 1) reading of the flattened square starts at element i * (n + 1): the diagonal
+        x = x.reshape(lead + (n * n,)).pad(tuple((0, 0) for _ in lead) + ((0, n),))
+        return x.reshape(lead + (n, n + 1)).shrink(keep + ((0, n), (0, 1))).reshape(lead + (n,))
+
+    def diag(self, diagonal: int = 0) -> Tensor:
+        """``torch.diag``: a 1-D tensor becomes the ``diagonal``-th diagonal of a square matrix (zeros
+        elsewhere); a 2-D tensor gives its ``diagonal``-th diagonal as a 1-D view."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {self.ndim}D")
+        n = self.shape[0]
+        # each element followed by n zeros, read back n wide: element i lands at [i, i]
+        sq = self.reshape(n, 1).pad(((0, 0), (0, n))).reshape(n * (n + 1))[:n * n].reshape(n, n)
+        k = abs(diagonal)
+        return sq.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))
+
+    # --- sliding windows -------------------------------------------------------------------------
+    def unfold(self, dim: int, size: int, step: int) -> Tensor:
+        """Windows of ``size`` elements every ``step`` along ``dim``, like ``torch.Tensor.unfold``.
+
+        Dim ``dim`` becomes the window count ``(n - size) // step + 1`` and a new last dim of ``size``
+        holds each window. A view: overlapping windows share their elements (and add their gradients).
+        """
+        d = self._axis(dim)
+        n = self.shape[d] if self.ndim else 1
+        if size < 0:
+            raise RuntimeError(f"size is {size} but must be >= 0")
+        if step <= 0:
+            raise RuntimeError(f"step is {step} but must be > 0")
+        if size > n:
+            raise RuntimeError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+        if self.ndim == 0:
+            return self.reshape(1).shrink(((0, size),))
+        count = (n - size) // step + 1
+        if size == 0:  # empty windows: any view with no elements (it keeps the gradient link)
+            empty = self.shrink(tuple((0, 0) if i == d else None for i in range(self.ndim)))
+            return empty.reshape(self.shape[:d] + (count,) + self.shape[d + 1:] + (0,))
+        order = [i for i in range(self.ndim) if i != d] + [d]
+        windows = self.permute(order)._pool((size,), step)  # (..., count, size)
+        back = [order.index(i) for i in range(self.ndim)] + [self.ndim]
+        return windows.permute(back)
+
+    # --- einops-style rearrangement ----------------------------------------------------------------
+    def rearrange(self, formula: str, **sizes: int) -> Tensor:
+        """Reorder, split and merge dims by an einops pattern, e.g. ``"b c (h w) -> b h w c"``, ``h=4``.
+
+        A name in parentheses is one factor of a merged dim; the sizes of split factors come from
+        ``sizes`` (one per group may be inferred). ``...`` stands for any number of dims (once per side,
+        not inside parentheses on the left); ``()`` and ``1`` are dims of size 1. Names are identifiers
+        without a leading or trailing underscore. Malformed patterns raise RuntimeError, as einops does.
+        """
+        if formula.count("->") != 1:
+            raise RuntimeError(f'rearrange: the pattern needs exactly one "->": {formula!r}')
+        left_text, right_text = formula.split("->")
+        left, right = _parse_axes(left_text, formula), _parse_axes(right_text, formula)
+        names_l, names_r = _axis_names(left), _axis_names(right)
+        for names in (names_l, names_r):
+            if len(set(names)) != len(names):
+                raise RuntimeError(f"rearrange: a name appears twice on one side of {formula!r}")
+        if set(names_l) != set(names_r):
+            raise RuntimeError(f"rearrange: the two sides of {formula!r} name different axes: "
+                               f"{sorted(set(names_l) ^ set(names_r))}")
+        if any(isinstance(g, list) and "..." in g for g in left):
+            raise RuntimeError(f"rearrange: an ellipsis cannot be inside parentheses on the left of {formula!r}")
+        for name in sizes:
+            if name not in names_l:
+                raise RuntimeError(f"rearrange: axis {name} is not used in {formula!r}")
+        n_ell = self.ndim - (len(left) - 1) if "..." in names_l else 0
+        if n_ell < 0 or ("..." not in names_l and len(left) != self.ndim):
+            raise RuntimeError(f"rearrange: {formula!r} has {len(left)} dims on the left, the tensor {self.ndim}")
+        dots = [f"...{i}" for i in range(n_ell)]
+        dims_l, dims_r = _expand(left, dots), _expand(right, dots)
+        size_of: dict[str, int] = {}
+        for group, n in zip(dims_l, self.shape):
+            if len(group) == 1:
+                name = group[0]
+                if name in sizes and sizes[name] != n:
+                    raise RuntimeError(f"rearrange: axis {name} has size {n}, not {sizes[name]}")
+                size_of[name] = n
+                continue
+            unknown = [x for x in group if x not in sizes]
+            known = prod(sizes[x] for x in group if x in sizes)
+            if len(unknown) > 1:
+                raise RuntimeError(f"rearrange: cannot infer the sizes of {unknown} in {formula!r}")
+            if unknown:
+                if known == 0 or n % known:
+                    raise RuntimeError(f"rearrange: cannot split a dim of {n} into {group} with sizes {sizes}")
+                size_of[unknown[0]] = n // known
+            elif known != n:
+                raise RuntimeError(f"rearrange: the sizes of {group} multiply to {known}, not to the dim's {n}")
+            size_of.update((x, sizes[x]) for x in group if x in sizes)
+        flat_l, flat_r = _axis_names(dims_l), _axis_names(dims_r)
+        x = self.reshape(tuple(size_of[n] for n in flat_l)).permute([flat_l.index(n) for n in flat_r])
+        return x.reshape(tuple(prod(size_of[n] for n in g) for g in dims_r))
+
+
+_AXIS_TOKEN = re.compile(r"\(|\)|\.\.\.|…|[^\s()]+")
+
+
+def _parse_axes(side: str, formula: str) -> list[list[str] | str]:
+    """One side of an einops pattern as its dims: each a list of axis names (empty: a size-1 dim), or the
+    string ``"..."`` for a bare ellipsis (any number of dims)."""
+    groups: list[list[str] | str] = []
+    group: list[str] | None = None
+    for tok in _AXIS_TOKEN.findall(side):
+        if tok == "(":
+            if group is not None:
+                raise RuntimeError(f"rearrange: nested parentheses in {formula!r}")
+            group = []
+        elif tok == ")":
+            if group is None:
+                raise RuntimeError(f"rearrange: unbalanced parentheses in {formula!r}")
+            groups.append(group)
+            group = None
+        elif tok == "1":
+            if group is None:
+                groups.append([])
+        else:
+            name = "..." if tok in ("...", "…") else tok
+            if name != "..." and not (name.isidentifier() and not name.startswith("_") and not name.endswith("_")):
+                raise RuntimeError(f"rearrange: invalid axis name {tok!r} in {formula!r}")
+            if group is None:
+                groups.append(name if name == "..." else [name])
+            else:
+                group.append(name)
+    if group is not None:
+        raise RuntimeError(f"rearrange: unbalanced parentheses in {formula!r}")
+    if _axis_names(groups).count("...") > 1:
+        raise RuntimeError(f"rearrange: more than one ellipsis on one side of {formula!r}")
+    return groups
+
+
+def _axis_names(groups: Sequence[list[str] | str]) -> list[str]:
+    """Every axis name of one side of a pattern, ``"..."`` included, in order."""
+    return [n for g in groups for n in ([g] if isinstance(g, str) else g)]
+
+
+def _expand(groups: list[list[str] | str], dots: list[str]) -> list[list[str]]:
+    """The dims with ``...`` replaced by ``dots``: its own dims where it stands alone, names inside a group."""
+    out: list[list[str]] = []
+    for g in groups:
+        if isinstance(g, str):
+            out.extend([d] for d in dots)
+        else:
+            out.append([d for x in g for d in (dots if x == "..." else [x])])
+    return out

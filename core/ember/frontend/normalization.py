@@ -2,18 +2,22 @@
 
 The functions a network applies to rescale activations between its weighted layers: layer,
 batch, RMS and group normalization (without their learned parameters where torch's functional
-forms have none), and dropout, which acts only in training mode.
+forms have none), Lp normalization along a dim (``F.normalize``), and dropout, which acts only in
+training mode.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
+
+from ember.frontend.util import _TORCH_NAMES
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
 class NormalizationMixin:
-    """layernorm, batchnorm, rms_norm, group_norm and dropout."""
+    """layernorm, batchnorm, rms_norm, group_norm, normalize and dropout."""
 
     __slots__ = ()
 
@@ -54,6 +58,17 @@ class NormalizationMixin:
             y = y * weight.reshape(cshape)
         return y + bias.reshape(cshape) if bias is not None else y
 
+    def normalize(self, p: float = 2.0, dim: int | Sequence[int] = 1, eps: float = 1e-12) -> Tensor:
+        """``self / max(||self||_p, eps)`` with the norm over ``dim``, like ``torch.nn.functional.normalize``.
+
+        ``p`` may be any float, ``inf`` and ``-inf`` (largest and smallest magnitude) and 0 (the count of
+        nonzero entries). The norm has torch's gradient, which is 0 (not nan) for an all-zero slice.
+        """
+        if self.dtype.kind != "f":
+            raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
+                               f"{_TORCH_NAMES.get(self.dtype.name, self.dtype.name)}")
+        return self / _vector_norm(self, float(p), dim).maximum(eps)
+
     def dropout(self, p: float = 0.5) -> Tensor:
         """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``, only in training mode."""
         if not 0 <= p <= 1:
@@ -64,3 +79,37 @@ class NormalizationMixin:
             return self * 0
         keep = type(self).rand(*self.shape, device=self.device) >= p
         return keep.where(self * (1.0 / (1.0 - p)), 0)
+
+
+def _vector_norm(x: Tensor, p: float, dim: int | Sequence[int]) -> Tensor:
+    """The ``p``-norm of ``x`` over ``dim`` (kept as size-1 dims), with torch's gradient where it is not smooth."""
+    axes = x._reduce_axes(dim)
+    xs = x.detach()
+    mag = xs.abs()
+    if p == 0:
+        out = (xs != 0).sum(axes, keepdim=True, dtype=xs.dtype)
+    elif p == 1:
+        out = mag.sum(axes, keepdim=True)
+    elif math.isinf(p):
+        out = mag.max(axes, keepdim=True) if p > 0 else mag.min(axes, keepdim=True)
+    elif p == 2:
+        out = (xs * xs).sum(axes, keepdim=True).sqrt()
+    else:
+        out = (mag ** p).sum(axes, keepdim=True) ** (1.0 / p)
+
+    def rule(g: Tensor, o: Tensor, parents: Sequence[Tensor]) -> tuple[Tensor]:
+        v = parents[0].detach()
+        if p == 0:
+            return (v.zeros_like(),)
+        if p == 1:
+            return (g * v.sign(),)
+        if math.isinf(p):
+            # split evenly between the entries that reach the extreme magnitude (like torch's amax/amin)
+            hit = (v.abs() == o).cast(v.dtype)
+            return (g * v.sign() * hit / hit.sum(axes, keepdim=True),)
+        if p == 2:
+            return ((o == 0).where(0.0, g * v / o),)
+        local = v.sign() * v.abs() ** (p - 1) / o ** (p - 1)
+        return ((o == 0).where(0.0, g * local),)
+
+    return x._custom((x,), out, rule, "norm")

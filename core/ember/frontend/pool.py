@@ -2,7 +2,8 @@
 
 A pooling window is a chain of views (pad, reshape, expand, shrink, permute) over the input, built
 by ``_pool``, which convolution uses too; the reduction over the window then fuses with the views
-into one kernel. Arguments, output sizes, ceil mode and divisors follow torch.
+into one kernel. Arguments, output sizes, ceil mode and divisors follow torch. ``max_unpool2d`` puts
+pooled maxima back at the positions ``max_pool2d(return_indices=True)`` reported.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class PoolMixin:
-    """Sliding-window views and max/avg/adaptive pooling over the trailing dims."""
+    """Sliding-window views, max/avg/adaptive pooling over the trailing dims, and max unpooling."""
 
     __slots__ = ()
 
@@ -184,6 +185,55 @@ class PoolMixin:
         first = (cand == best).where(mask_t, False).where(flat, big).min(axes)
         return best.reshape(best.shape[:-n]), first
 
+    def max_unpool2d(self, indices: Tensor, kernel_size: int | Sequence[int] = (2, 2),
+                     stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
+        """The partial inverse of :meth:`max_pool2d`: each value goes to the flat spatial position given by
+        ``indices`` (from ``max_pool2d(..., return_indices=True)``); every other position is 0.
+
+        Works over the last ``len(kernel_size)`` dims (2 for an int) with at least one leading dim. The
+        output size is ``(i - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1`` per dim unless
+        ``output_size`` (``n`` or ``n + 2`` sizes, as in torch) picks one within a stride of it. One
+        kernel of ``input numel x output spatial size`` work (a one-hot match of the indices); entries of
+        ``indices`` outside the output write nothing. The gradient gathers ``g`` at the indices.
+        """
+        k = ((int(kernel_size),) * 2 if isinstance(kernel_size, (int, np.integer))
+             else tuple(int(v) for v in kernel_size))
+        n = len(k)
+        if n == 0 or self.ndim <= n:
+            raise RuntimeError(f"Input to max_unpooling{n}d should be a {n + 1}d or {n + 2}d Tensor, but got a tensor "
+                               f"with {self.ndim} dimensions.")
+        if not isinstance(indices, type(self)) or indices.shape != self.shape:
+            got = list(indices.shape) if isinstance(indices, type(self)) else type(indices).__name__
+            raise RuntimeError(f"Expected shape of indices to be same as that of the input tensor ({list(self.shape)}) "
+                               f"but got indices tensor with shape: {got}")
+        if indices.dtype.kind not in "iu":
+            raise RuntimeError(f"elements in indices should be type int64 but got: {indices.dtype.name}")
+        s_ = k if stride is None else int_tuple(stride, n, "stride")
+        d_ = int_tuple(dilation, n, "dilation")
+        pads = resolve_pads(padding, n)
+        lead, spatial = self.shape[:-n], self.shape[-n:]
+        default = tuple((i - 1) * s - (pb + pa) + d * (kk - 1) + 1
+                        for i, kk, s, d, (pb, pa) in zip(spatial, k, s_, d_, pads))
+        outs = default if output_size is None else _unpool_size(output_size, default, s_)
+        cells, total = prod(spatial), prod(outs)
+        x = self.reshape(lead + (cells,))
+        slot = indices.reshape(lead + (1, cells))
+        hit = slot == self._positions(total).cast(indices.dtype).reshape(total, 1)  # (..., total, cells)
+        xs = x.detach().unsqueeze(-2)
+        # duplicate indices (overlapping windows) all carry the same maximum: take it once, not their sum
+        if self.dtype == dtypes.bool:
+            best = hit.where(xs.cast(dtypes.uint8), 0)._max_any(-1).cast(dtypes.bool)
+        else:
+            best = hit.where(xs, dtypes.min(self.dtype))._max_any(-1)
+        out = hit.any(-1).where(best, type(self).zeros((), dtype=self.dtype, device=self.device))
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
+            flat = g.reshape(lead + (total, 1))
+            return (hit.where(flat, 0.0).sum(-2).reshape(p[0].shape),)
+
+        return self._custom((self,), out.reshape(lead + outs), rule, "max_unpool")
+
 
 def _interleave(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     return tuple(v for pair in zip(a, b) for v in pair)
@@ -273,3 +323,18 @@ def _adaptive_mask(i: int, o: int) -> np.ndarray:
     for j in range(o):
         mask[j, (j * i) // o:-(-((j + 1) * i) // o)] = True
     return mask
+
+
+def _unpool_size(output_size: Sequence[int], default: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's check of an explicit unpooling size: the last ``n`` entries, each within a stride of the default."""
+    n = len(default)
+    req = tuple(int(v) for v in output_size)
+    if len(req) == n + 2:
+        req = req[2:]
+    if len(req) != n:
+        raise ValueError(f"output_size should be a sequence containing {n} or {n + 2} elements, but it has a length "
+                         f"of '{len(req)}'")
+    for j, (o, dflt, s) in enumerate(zip(req, default, stride)):
+        if not dflt - s < o < dflt + s:
+            raise ValueError(f'invalid output_size "{req}" (dim {j} must be between {dflt - s} and {dflt + s})')
+    return req

@@ -5,6 +5,7 @@ torch. exp, exp2, log, log2, sqrt and sin are single device primitives; the othe
 from :mod:`ember.frontend.libm` with their own derivatives. The math-library functions (cos, tan,
 asin, acos, atan, sinh, cosh, asinh, acosh, atanh, erf, expm1, log1p, log10) evaluate float32
 inputs in float64 when the device supports it and round once; elsewhere they run in float32.
+``logaddexp`` combines two tensors: ``log(exp(a) + exp(b))`` without overflow.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import math
 from typing import TYPE_CHECKING
 
 from ember.frontend import libm
+from ember.frontend.reduce import _logaddexp
+from ember.frontend.util import Scalar, compute_dtype, not_implemented
 from ember.graph.uop import Ops
 
 if TYPE_CHECKING:
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class TranscendentalMixin:
-    """exp, log, sqrt, trigonometric, hyperbolic and error functions."""
+    """exp, log, sqrt, trigonometric, hyperbolic and error functions, and logaddexp."""
 
     __slots__ = ()
 
@@ -114,3 +117,15 @@ class TranscendentalMixin:
     def erf(self) -> Tensor:
         """The error function."""
         return self._unary("erf", libm.erf, lambda g, o, x: g * (-(x * x)).exp() * (2 / math.sqrt(math.pi)), wide=True)
+
+    def logaddexp(self, other: Tensor | Scalar) -> Tensor:
+        """``log(exp(self) + exp(other))`` elementwise, shifted by the larger input so it never overflows.
+
+        Floats only, like torch (float16/bfloat16 compute in float32). Two ``-inf`` give ``-inf``; the
+        gradients are ``g * exp(self - out)`` and ``g * exp(other - out)``.
+        """
+        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        if a.dtype.kind != "f":
+            raise not_implemented("logaddexp_cpu", a.dtype)
+        cdt = compute_dtype(a.dtype)
+        return _logaddexp(a.cast(cdt), b.cast(cdt)).cast(a.dtype)
