@@ -66,10 +66,9 @@ def linearize(sink: UOp) -> list[UOp]:
                      and (rsets[m.src[0]] - frozenset(ranges)) <= open_ranges]
             if n not in group:
                 group.append(n)
-            for red in group:
-                for m in toposort([red.src[0]]):
-                    if m.op is not Ops.RANGE and rsets[m] <= open_ranges and not (m in sub and visible(m)):
-                        emit(m)
+            for m in toposort([red.src[0] for red in group]):
+                if m.op is not Ops.RANGE and rsets[m] <= open_ranges and not (m in sub and visible(m)):
+                    emit(m)
             accs = []
             for red in group:
                 dt = red.dtype

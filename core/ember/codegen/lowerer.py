@@ -10,13 +10,14 @@ Optimizations reshape the iteration space before lowering (see :mod:`ember.codeg
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.graph.shapetracker import ShapeTracker
-from ember.graph.symbolic import simplify
+from ember.graph.symbolic import simplify, split_terms
 from ember.graph.uop import GroupOp, Ops, UOp
 from ember.helpers import prod
 
@@ -58,6 +59,7 @@ class LoweringContext:
     memo: dict[tuple, UOp] = field(default_factory=dict)
     shapes: dict[UOp, tuple[int, ...]] = field(default_factory=dict)
     reduce_ranges: dict[tuple[UOp, int], UOp] = field(default_factory=dict)
+    view_index: dict[tuple, tuple[UOp, UOp]] = field(default_factory=dict)
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
@@ -66,7 +68,65 @@ class LoweringContext:
         return r
 
 
+@functools.lru_cache(maxsize=4096)
+def _unused_dims(st: ShapeTracker) -> tuple[bool, ...]:
+    """For each dim of ``st``, whether its index neither moves the address nor is masked."""
+    last = st.views[-1]
+    return tuple(stride == 0 and (last.mask is None or last.mask[d] == (0, last.shape[d]))
+                 for d, stride in enumerate(last.strides))
+
+
+def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType) -> tuple[UOp, ...]:
+    """``idxs`` with 0 for the dims ``st`` does not use (the copies of an upcast tile that differ only
+    there share one lowering)."""
+    unused = _unused_dims(st)
+    if not any(unused):
+        return idxs
+    zero = UOp.const(idx_dtype, 0)
+    return tuple(zero if skip else i for skip, i in zip(unused, idxs))
+
+
+def _add_const(x: UOp, c: int) -> UOp:
+    """``x + c`` for a simplified sum ``x``, in the form simplify gives (constant term last, merged)."""
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
+        x, c = x.src[0], c + x.src[1].arg
+    elif x.op is Ops.CONST:
+        return UOp.const(x.dtype, x.arg + c)  # type: ignore[arg-type]
+    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.dtype, c))) if c else x  # type: ignore[arg-type]
+
+
+def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+    """``st.to_index(idxs)``, sharing work between indices that differ by constants.
+
+    A single unmasked view is affine in the indices, so an upcast copy's index is the first copy's
+    index plus a constant: simplifying that is much cheaper than simplifying the whole index again.
+    """
+    key = (st, idxs)
+    if key in ctx.view_index:
+        return ctx.view_index[key]
+    if len(st.views) == 1 and st.views[0].mask is None:
+        bases, offset = [], 0
+        for i, stride in zip(idxs, st.views[0].strides):
+            terms = split_terms(i)
+            const = sum(t.arg for t in terms if t.op is Ops.CONST)
+            if const and stride:
+                offset += const * stride
+                rest = [t for t in terms if t.op is not Ops.CONST]
+                i = rest[0] if len(rest) == 1 else simplify(i - const)
+            bases.append(i)
+        if offset:
+            base_idx, valid = view_index(ctx, st, tuple(bases))
+            out = (_add_const(base_idx, offset), valid)
+            ctx.view_index[key] = out
+            return out
+    out = st.to_index(list(idxs), ctx.idx_dtype)
+    ctx.view_index[key] = out
+    return out
+
+
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
+    if u.op is Ops.VIEW:
+        idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype)
     key = (u, idxs, gate)
     if key in ctx.memo:
         return ctx.memo[key]
@@ -74,11 +134,15 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         out = u
     elif u.op is Ops.VIEW:
         st: ShapeTracker = u.arg
-        idx, valid = st.to_index(list(idxs), ctx.idx_dtype)
+        idx, valid = view_index(ctx, st, idxs)
         src_shape = ast_shape(u.src[0], ctx.shapes)
         # unflatten the flat index into the source's logical shape
         if len(src_shape) == 1:
             sub = (idx,)
+        elif st.contiguous and [d for d in st.shape if d != 1] == [d for d in src_shape if d != 1]:
+            # a reshape that only adds or drops size-1 dims: the indices carry over unchanged
+            moving = iter(i for i, d in zip(idxs, st.shape) if d != 1)
+            sub = tuple(next(moving) if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in src_shape)
         else:
             parts, acc = [], 1
             for s in reversed(src_shape):
@@ -162,10 +226,10 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, in
     if upcast and max_global_dims is None:
         loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(out_shape))
         base = _global_indices(ctx, loop_shape, None)
-        dims = sorted(upcast)
-        combos = list(itertools.product(*[range(upcast[d]) for d in dims]))
-        all_gidx = [tuple(simplify(b * upcast[i] + combo[dims.index(i)]) if i in upcast else b
-                          for i, b in enumerate(base)) for combo in combos]
+        # each dim's candidate indices once; a tile copy picks one per dim
+        choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if i in upcast else [b]
+                   for i, b in enumerate(base)]
+        all_gidx = list(itertools.product(*choices))
     else:
         all_gidx = [_global_indices(ctx, out_shape, max_global_dims)]
     stores = []
@@ -174,7 +238,7 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, in
             assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"
             buf, value = store.src
             val = _lower(ctx, value, gidx, UOp.const(dtypes.bool, True))
-            idx, valid = store.arg.to_index(list(gidx), idx_dtype)
+            idx, valid = view_index(ctx, store.arg, gidx)
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
     return simplify(UOp(Ops.SINK, None, tuple(stores)))

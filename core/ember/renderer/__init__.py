@@ -26,6 +26,10 @@ class Renderer:
     parallel_threads: int = 1
     #: minimum estimated work (loop iterations) before a kernel is worth running in parallel
     parallel_min_work: int = 1 << 15
+    #: float32 lanes per vector register and vector registers per core: register tiles are sized from
+    #: them (see :func:`ember.codegen.opts.heuristic_opts`)
+    vector_floats: int = 4
+    vector_registers: int = 16
 
     def render(self, name: str, uops: list[UOp]) -> str:
         """Render the linear program ``uops`` as the source of a kernel called ``name``."""

@@ -2,9 +2,8 @@
 
 The compiler is ``CC`` from the environment when set (it may carry arguments, e.g.
 ``CC="ccache gcc"``), else ``clang``, else ``gcc``, else ``cc``. Kernels are built with
-``-O2 -march=native -fPIC -shared -fno-math-errno`` (never ``-ffast-math``: kernels must
-keep IEEE inf/nan semantics) plus ``-fopenmp`` when the compiler can build and link an
-OpenMP program. ``CPU_OPENMP=0`` turns OpenMP off.
+``BASE_FLAGS`` (never ``-ffast-math``: kernels must keep IEEE inf/nan semantics) plus
+``-fopenmp`` when the compiler can build and link an OpenMP program. ``CPU_OPENMP=0`` turns OpenMP off.
 
 The new kernels of a schedule are compiled as one shared object (one compiler process instead
 of one per kernel; see :mod:`ember.device.batch_compiler`).
@@ -25,7 +24,10 @@ from ember.device.batch_compiler import BatchCompiler
 from ember.device.compiler import CompileError
 from ember.helpers import DEBUG, GlobalCounters, getenv
 
-BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
+# -fno-trapping-math: ember never reads floating-point exception flags, and gcc's default
+# (-ftrapping-math) keeps a select feeding an exp out of vector code; values, inf and nan stay IEEE
+# (this is not -ffast-math, and it is clang's default).
+BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 LINK_FLAGS: tuple[str, ...] = ("-lm",)
 
 _OPENMP_TEST = """#include <omp.h>

@@ -1,0 +1,165 @@
+"""The C the CPU renderer writes for speed: register tiles, ``omp simd`` loops, the vectorizable exp.
+
+Each speed-up is checked twice: the source has the shape that makes the host compiler vectorize,
+and the results stay exact (matmul tiles against numpy, exp within 1 ulp of float64 exp).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from ember import Tensor
+from ember.codegen import get_program
+from ember.codegen.opts import Opt, heuristic_opts
+from ember_cpu.compiler import BASE_FLAGS, find_cc
+from ember_cpu.renderer import CPURenderer
+
+pytestmark = pytest.mark.skipif(find_cc() is None, reason="no C compiler found")
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache_dir(tmp_path_factory):
+    """Kernels compiled here go to a folder of their own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
+        yield
+
+
+class RegisterFile(CPURenderer):
+    """A CPU renderer with a chosen register file, so tile choices do not depend on the test machine."""
+
+    def __init__(self, lanes: int, registers: int):
+        self.vector_floats, self.vector_registers = lanes, registers
+
+
+def kernel_ast(t: Tensor):
+    """The AST of the last kernel computing ``t`` (its inputs realized)."""
+    return [si for si in t.schedule() if getattr(si, "ast", None) is not None][-1].ast
+
+
+def randf(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def realized(*arrays: np.ndarray) -> list[Tensor]:
+    return [Tensor(a, device="CPU").realize() for a in arrays]
+
+
+@pytest.mark.parametrize("lanes,registers,tile", [(16, 32, [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)]),
+                                                  (8, 16, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)]),
+                                                  (4, 16, [Opt("UPCAST", 1, 8), Opt("UPCAST", 0, 4)])])
+def test_matmul_tile_fits_the_register_file(lanes, registers, tile):
+    a, b = realized(randf(64, 48), randf(48, 64))
+    assert heuristic_opts(kernel_ast(a @ b), RegisterFile(lanes, registers)) == tile
+
+
+def test_transposed_matmul_tile_is_a_block_of_vector_sums():
+    x, w = realized(randf(64, 48), randf(64, 48))
+    opts = heuristic_opts(kernel_ast(x @ w.T), RegisterFile(16, 32))
+    assert sorted(o.amount for o in opts) == [4, 4]
+
+
+def test_loads_outside_the_reduction_do_not_pick_the_tile():
+    # the row max of a softmax is read once per row: it must not make rows look like a contiguous output axis
+    x, m = realized(randf(64, 48), randf(64, 1))
+    assert heuristic_opts(kernel_ast((x - m).exp().sum(1)), RegisterFile(16, 32)) == []
+
+
+def test_big_bodies_get_smaller_tiles():
+    a, b = realized(randf(64, 48), randf(48, 64))
+    plain = heuristic_opts(kernel_ast(a @ b), RegisterFile(16, 32))
+    body = (a.reshape(64, 48, 1) * b.reshape(1, 48, 64)).exp().sin().sqrt().log().cos().sum(1)
+    heavy = heuristic_opts(kernel_ast(body), RegisterFile(16, 32))
+    assert np.prod([o.amount for o in heavy]) < np.prod([o.amount for o in plain])
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 64), (100, 30, 100), (12, 7, 40), (33, 17, 20), (8, 3, 96)])
+def test_tiled_matmul_matches_numpy(m, k, n):
+    a, b, bias = randf(m, k), randf(k, n), randf(n)
+    ta, tb, tbias = realized(a, b, bias)
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose((ta @ Tensor(np.ascontiguousarray(b.T), device="CPU").T).numpy(), a @ b,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(((ta @ tb) + tbias).relu().numpy(), np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_batched_tiled_matmul_matches_numpy():
+    a, b = randf(3, 40, 24), randf(3, 24, 48)
+    ta, tb = realized(a, b)
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_kernel_is_register_tiled():
+    a, b = realized(randf(64, 64), randf(64, 64))
+    renderer = RegisterFile(16, 32)
+    src = get_program(kernel_ast(a @ b), renderer).src
+    assert src.count("float acc") == 32 * 8  # one accumulator per output of the tile
+    assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 64; ridx\d+\+\+\)", src)
+
+
+def test_elementwise_loop_is_simd_and_exp_vectorizes():
+    x, y = realized(randf(4096), randf(4096))
+    src = get_program(kernel_ast((x * 2 + y).relu().exp() * y - x), CPURenderer()).src
+    assert "#pragma omp parallel for simd" in src or "#pragma omp simd" in src
+    assert "ember_expf(" in src and "expf(" not in src.replace("ember_expf(", "")
+
+
+def test_strided_inner_loop_is_not_forced_simd():
+    x = realized(randf(64, 64))[0]
+    src = get_program(kernel_ast(x.T + 1), CPURenderer()).src
+    assert "simd" not in src.split("void ", 1)[1]
+
+
+def is_gcc() -> bool:
+    cc = find_cc()
+    if cc is None:
+        return False
+    out = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=False).stdout
+    return "Free Software Foundation" in out and "clang" not in out
+
+
+@pytest.mark.skipif(not is_gcc(), reason="reads gcc's vectorizer report")
+def test_gcc_vectorizes_the_fused_chain(tmp_path):
+    """A relu in front of exp must not keep the loop scalar (-fno-trapping-math in BASE_FLAGS makes that possible)."""
+    x, y = realized(randf(4096), randf(4096))
+    src = get_program(kernel_ast((x * 2 + y).relu().exp() * y - x), CPURenderer()).src
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    cc = find_cc()
+    assert cc is not None
+    flags = [f for f in BASE_FLAGS if f != "-shared"]
+    out = subprocess.run([*cc, *flags, "-fopenmp", "-fopt-info-vec-optimized", "-c", str(path), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True, check=True)
+    assert "loop vectorized" in out.stderr, out.stderr
+
+
+def ulp_distance(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """float32 steps between ``got`` and ``want`` (both finite or equal specials)."""
+    def ordered(a: np.ndarray) -> np.ndarray:
+        i = a.view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return np.abs(ordered(got) - ordered(want))
+
+
+@pytest.mark.parametrize("op", ["exp", "exp2"])
+def test_exp_is_within_one_ulp_on_a_sweep(op):
+    # every 997th float32 from -inf to +inf (overflow, denormal results, underflow to 0) and the specials
+    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.72284, 128.0, -149.5, -150.0, -103.97,
+                         -104.0, 1e-45, -1e-45, np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
+    x = np.concatenate([bits.view(np.float32), specials])
+    got = getattr(Tensor(x, device="CPU"), op)().numpy()
+    with np.errstate(all="ignore"):
+        want = (np.exp(x.astype(np.float64)) if op == "exp" else np.exp2(x.astype(np.float64))).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    inf = np.isinf(want) | np.isinf(got)
+    np.testing.assert_array_equal(got[inf], want[inf])
+    finite = ~nan & ~inf
+    worst = int(np.argmax(ulp_distance(got[finite], want[finite])))
+    assert ulp_distance(got[finite], want[finite]).max() <= 1, (x[finite][worst], got[finite][worst])
