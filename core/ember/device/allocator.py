@@ -19,6 +19,31 @@ from typing import Any
 from ember.helpers import DEBUG, GlobalCounters, getenv
 
 
+def copyin_source(src: Any, dest_nbytes: int) -> memoryview:
+    """``src`` as a contiguous memoryview, checked to fit a buffer of ``dest_nbytes`` (for ``copyin``)."""
+    view = _contiguous(src)
+    if view.nbytes > dest_nbytes:
+        raise ValueError(f"copyin of {view.nbytes} bytes into a buffer of {dest_nbytes} bytes")
+    return view
+
+
+def copyout_dest(dest: Any, src_nbytes: int) -> memoryview:
+    """``dest`` as a writable contiguous memoryview, checked to fit in a buffer of ``src_nbytes`` (for ``copyout``)."""
+    view = _contiguous(dest)
+    if view.readonly:
+        raise ValueError("copyout needs a writable memoryview")
+    if view.nbytes > src_nbytes:
+        raise ValueError(f"copyout of {view.nbytes} bytes from a buffer of {src_nbytes} bytes")
+    return view
+
+
+def _contiguous(mem: Any) -> memoryview:
+    view = memoryview(mem)
+    if not view.c_contiguous:
+        raise ValueError("device copies need a C-contiguous memoryview")
+    return view
+
+
 class Allocator(abc.ABC):
     """Allocate, free and copy device buffers.
 

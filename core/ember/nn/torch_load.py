@@ -160,6 +160,18 @@ def _storage_from_pid(where: str, pid: Any) -> _Storage:
     return _Storage(key, stype, numel)
 
 
+class _StorageTable(dict):
+    """The storages a pickle references, by key; called as the unpickler's persistent-id loader."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+
+    def __call__(self, pid: Any) -> _Storage:
+        st = _storage_from_pid(self.where, pid)
+        return self.setdefault(st.key, st)
+
+
 class _TorchFile:
     """Where each storage's bytes are, and how to turn tensor records into ember tensors."""
 
@@ -257,15 +269,9 @@ def _torch_load_zip(src: _Source) -> Any:
         byteorder = zf.read(prefix + "byteorder").decode().strip() if prefix + "byteorder" in names else "little"
         if byteorder not in ("little", "big"):
             raise TorchLoadError(f"{src.name}: unknown byteorder {byteorder!r}")
-        storages: dict[str, _Storage] = {}
-
-        def persistent(pid: Any) -> _Storage:
-            st = _storage_from_pid(src.name, pid)
-            storages.setdefault(st.key, st)
-            return st
-
+        storages = _StorageTable(src.name)
         try:
-            obj = _TorchUnpickler(zf.open(pickles[0]), src.name, persistent).load()
+            obj = _TorchUnpickler(zf.open(pickles[0]), src.name, storages).load()
         except TorchLoadError:
             raise
         except Exception as e:
@@ -299,20 +305,14 @@ def _torch_load_legacy(src: _Source) -> Any:
         raise TorchLoadError(not_torch) from e
     if magic != _TORCH_MAGIC:
         raise TorchLoadError(not_torch)
-    storages: dict[str, _Storage] = {}
-
-    def persistent(pid: Any) -> _Storage:
-        st = _storage_from_pid(src.name, pid)
-        storages.setdefault(st.key, st)
-        return st
-
+    storages = _StorageTable(src.name)
     try:
         protocol = load()
         if protocol != _TORCH_LEGACY_PROTOCOL:
             raise TorchLoadError(f"{src.name}: unsupported legacy torch protocol {protocol!r}")
         sys_info = load()
         little = bool(sys_info.get("little_endian", True)) if isinstance(sys_info, dict) else True
-        obj = load(persistent)
+        obj = load(storages)
         keys = load()
     except TorchLoadError:
         raise

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.device.allocator import LRUAllocator
+from ember.device.allocator import LRUAllocator, copyin_source, copyout_dest
 from ember_cpu.runtime import ffi
 
 #: Alignment of every buffer (a cache line; enough for AVX-512 aligned loads).
@@ -46,19 +46,13 @@ class CPUAllocator(LRUAllocator):
 
     def copyin(self, dest: CPUBuffer, src: memoryview) -> None:
         """Copy ``src`` (any C-contiguous buffer) into the start of ``dest``."""
-        src = _contiguous(src)
-        if src.nbytes > dest.nbytes:
-            raise ValueError(f"copyin of {src.nbytes} bytes into a buffer of {dest.nbytes} bytes")
+        src = copyin_source(src, dest.nbytes)
         if src.nbytes:
             ffi.memmove(dest.ptr, src, src.nbytes)
 
     def copyout(self, dest: memoryview, src: CPUBuffer) -> None:
         """Fill the writable memoryview ``dest`` from the start of ``src``."""
-        dest = _contiguous(dest)
-        if dest.readonly:
-            raise ValueError("copyout needs a writable memoryview")
-        if dest.nbytes > src.nbytes:
-            raise ValueError(f"copyout of {dest.nbytes} bytes from a buffer of {src.nbytes} bytes")
+        dest = copyout_dest(dest, src.nbytes)
         if dest.nbytes:
             ffi.memmove(dest, src.ptr, dest.nbytes)
 
@@ -81,10 +75,3 @@ class CPUAllocator(LRUAllocator):
         if nbytes:
             ffi.memmove(dest.ptr, src.ptr, nbytes)
 
-
-def _contiguous(mem: Any) -> memoryview:
-    """``mem`` as a memoryview, checked to be one contiguous block of bytes."""
-    view = memoryview(mem)
-    if not view.c_contiguous:
-        raise ValueError("CPU copies need a C-contiguous memoryview")
-    return view

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.device.allocator import LRUAllocator
+from ember.device.allocator import LRUAllocator, copyin_source, copyout_dest
 from ember_opencl.platforms import import_pyopencl
 
 
@@ -53,19 +53,13 @@ class CLAllocator(LRUAllocator):
 
     def copyin(self, dest: CLBuffer, src: memoryview) -> None:
         """Copy the host bytes ``src`` into the start of ``dest`` (returns when the copy is done)."""
-        src = _contiguous(src)
-        if src.nbytes > dest.nbytes:
-            raise ValueError(f"copyin of {src.nbytes} bytes into a buffer of {dest.nbytes} bytes")
+        src = copyin_source(src, dest.nbytes)
         if src.nbytes:
             self.cl.enqueue_copy(self.device.queue, dest.mem, src, is_blocking=True)
 
     def copyout(self, dest: memoryview, src: CLBuffer) -> None:
         """Fill the writable memoryview ``dest`` from the start of ``src``, after all queued work."""
-        dest = _contiguous(dest)
-        if dest.readonly:
-            raise ValueError("copyout needs a writable memoryview")
-        if dest.nbytes > src.nbytes:
-            raise ValueError(f"copyout of {dest.nbytes} bytes from a buffer of {src.nbytes} bytes")
+        dest = copyout_dest(dest, src.nbytes)
         if dest.nbytes:
             self.cl.enqueue_copy(self.device.queue, dest, src.mem, is_blocking=True)
 
@@ -118,10 +112,3 @@ def _device_object(dev: Any) -> Any:
         return Device[dev]
     return dev
 
-
-def _contiguous(mem: Any) -> memoryview:
-    """``mem`` as a memoryview, checked to be one contiguous block of bytes."""
-    view = memoryview(mem)
-    if not view.c_contiguous:
-        raise ValueError("CL copies need a C-contiguous memoryview")
-    return view
