@@ -88,6 +88,11 @@ def test_a_failing_batch_is_rebuilt_alone_and_names_the_bad_source():
     assert c.built[0].count("#define") == 2 and c.built[1:] == [src("E_4"), bad]
 
 
+def test_an_empty_batch_builds_nothing():
+    c = FakeCompiler(parallel=4)
+    assert c.compile_batch([]) == [] and c.built == []
+
+
 def test_unjoinable_sources_are_built_one_by_one():
     c = FakeCompiler()
     out = c.compile_batch(["helper only", src("E_4")])

@@ -112,6 +112,8 @@ class BatchCompiler(Compiler):
     def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
         """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and split in
         up to ``parallel_builds`` programs built at the same time."""
+        if not srcs:
+            return []
         count = max(-(-len(srcs) // self.max_batch), min(self.parallel_builds, len(srcs)))
         size = -(-len(srcs) // count)
         groups = [srcs[i:i + size] for i in range(0, len(srcs), size)]

@@ -93,11 +93,11 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)
     if (hit := method_cache.get(key)) is not None:
         return hit
-    runner = method_cache[key] = CompiledRunner(device, lower_ast(device, ast))
+    runner = method_cache[key] = CompiledRunner(device, program_for(device, ast))
     return runner
 
 
-def lower_ast(device: str, ast: UOp) -> ProgramSpec:
+def program_for(device: str, ast: UOp) -> ProgramSpec:
     """The rendered program for ``ast`` on ``device`` (from the disk lowering cache when possible)."""
     renderer = Device[device].renderer
     spec = None if DEBUG >= 5 else _load_lowered(renderer, ast)
@@ -114,7 +114,7 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         if si.ast.op is not Ops.COPY:
             key = (si.bufs[0].device, si.ast)
             if key not in method_cache and key not in pending:
-                pending[key] = lower_ast(*key)
+                pending[key] = program_for(*key)
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
         binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
