@@ -65,19 +65,27 @@ def cc_version(cc: tuple[str, ...]) -> str:
 
 
 @functools.cache
-def host_identity() -> str:
-    """What ``-march=native`` depends on: the machine type and the CPU model and feature flags."""
-    ident = [platform.machine(), platform.processor()]
+def host_cpu() -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags", "Features", "CPU part"):
-                    ident.append(line.strip())
                 if not line.strip():  # the first processor is enough
                     break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+@functools.cache
+def host_identity() -> str:
+    """What ``-march=native`` depends on: the machine type and the CPU model and feature flags."""
+    cpu = host_cpu()
+    ident = [platform.machine(), platform.processor(),
+             *(f"{key}: {cpu[key]}" for key in ("model name", "flags", "Features", "CPU part") if key in cpu)]
     return hashlib.sha256("\n".join(ident).encode()).hexdigest()[:16]
 
 

@@ -17,6 +17,7 @@ from ember.dtype import DType, PtrDType, dtypes
 from ember.graph.symbolic import split_terms, term_coeff
 from ember.graph.uop import Ops, UOp, toposort
 from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer
+from ember_cpu.compiler import host_cpu
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a
 #: degree-8 Taylor polynomial (relative error < 3e-10), one rounding to float at the end. That is
@@ -53,15 +54,7 @@ def host_vector_registers() -> tuple[int, int]:
         return 4, 32
     if machine not in ("x86_64", "amd64", "i386", "i686"):
         return 4, 16
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = set(host_cpu().get("flags", "").split())
     if "avx512f" in flags:
         return 16, 32
     if "avx" in flags:
