@@ -24,6 +24,7 @@ from ember import diskcache
 from ember.codegen import ProgramSpec, get_program
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
+from ember.engine import corpus
 from ember.graph.uop import Ops, UOp, serialize_uop
 from ember.helpers import DEBUG, GlobalCounters, colored
 from ember.schedule import ScheduleItem
@@ -99,6 +100,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 
 def program_for(device: str, ast: UOp) -> ProgramSpec:
     """The rendered program for ``ast`` on ``device`` (from the disk lowering cache when possible)."""
+    corpus.record(ast)
     renderer = Device[device].renderer
     spec = None if DEBUG >= 5 else _load_lowered(renderer, ast)
     if spec is None:
