@@ -140,7 +140,7 @@ def _codegen_fingerprint(renderer_type: type) -> str:
 
 def _lowering_key(renderer: Any, ast: UOp) -> str:
     caps = (renderer.device, renderer.has_local, renderer.global_max, renderer.local_max, renderer.parallel_threads,
-            tuple(sorted(d.name for d in renderer.supported_dtypes)))
+            tuple(sorted(d.name for d in renderer.supported_dtypes)), renderer.variant)
     return f"{_codegen_fingerprint(type(renderer))}\0{type(renderer).__qualname__}\0{caps!r}\0{serialize_uop(ast)}"
 
 

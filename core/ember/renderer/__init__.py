@@ -5,8 +5,57 @@ local memory, thread limits, supported dtypes). Core asks the renderer, never a 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ember.dtype import DType, dtypes
 from ember.graph.uop import UOp
+
+
+@dataclass(frozen=True)
+class TensorCore:
+    """One matrix-multiply-accumulate instruction a target offers: ``D[M,N] = A[M,K] @ B[K,N] + C[M,N]``.
+
+    A renderer lists what it has in :attr:`Renderer.tensor_cores`; codegen's ``TC`` opt picks one whose
+    dtypes match a matmul and tiles the kernel by ``dims``. The instruction is cooperative: ``threads``
+    work-items (a warp / SIMD group / wave) share one tile, each holding ``elements_per_thread`` values
+    of A, B and C/D in registers, in the order the renderer's intrinsic expects.
+
+    Fields:
+        dims: (M, N, K) of one instruction.
+        dtype_in: element type of A and B.
+        dtype_out: element type of the accumulator C/D.
+        threads: work-items that execute one instruction together.
+        elements_per_thread: (A, B, C) values each work-item holds.
+        intrinsic: the name the renderer emits (``"__builtin_amdgcn_wmma_f32_16x16x16_f16_w32"``,
+            ``"mma.sync.aligned.m16n8k16"``, ``"simdgroup_multiply_accumulate"``); opaque to core.
+        layout: free-form per-target description of which lane holds which element (the renderer
+            interprets it; e.g. ``(("row", 2), ("col", 4))`` for the lane -> (row, col) bits); opaque to core.
+    """
+
+    dims: tuple[int, int, int]
+    dtype_in: DType
+    dtype_out: DType
+    threads: int
+    elements_per_thread: tuple[int, int, int]
+    intrinsic: str = ""
+    layout: tuple = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dims) != 3 or any(d <= 0 for d in self.dims):
+            raise ValueError(f"TensorCore dims must be three positive sizes (M, N, K), got {self.dims}")
+        if self.threads <= 0:
+            raise ValueError(f"TensorCore threads must be positive, got {self.threads}")
+        m, n, k = self.dims
+        a, b, c = self.elements_per_thread
+        if (a * self.threads, b * self.threads, c * self.threads) != (m * k, k * n, m * n):
+            raise ValueError(f"TensorCore {self.dims} with {self.threads} threads cannot hold "
+                             f"{self.elements_per_thread} elements of (A, B, C) per thread")
+
+    @property
+    def name(self) -> str:
+        """``WMMA_M_N_K_in_out``: used in kernel names and DEBUG output."""
+        m, n, k = self.dims
+        return f"WMMA_{m}_{n}_{k}_{self.dtype_in.name}_{self.dtype_out.name}"
 
 
 class Renderer:
@@ -30,6 +79,11 @@ class Renderer:
     #: them (see :func:`ember.codegen.opts.heuristic_opts`)
     vector_floats: int = 4
     vector_registers: int = 16
+    #: anything else that changes the rendered source for the same UOps (a dialect option such as
+    #: how float16 is emulated); part of every cache key, like the capabilities above
+    variant: str = ""
+    #: matrix-multiply instructions the target has (see :class:`TensorCore`); empty: none
+    tensor_cores: tuple[TensorCore, ...] = ()
 
     def render(self, name: str, uops: list[UOp]) -> str:
         """Render the linear program ``uops`` as the source of a kernel called ``name``."""
