@@ -18,7 +18,8 @@ class TensorCore:
     A renderer lists what it has in :attr:`Renderer.tensor_cores`; codegen's ``TC`` opt picks one whose
     dtypes match a matmul and tiles the kernel by ``dims``. The instruction is cooperative: ``threads``
     work-items (a warp / SIMD group / wave) share one tile, each holding ``elements_per_thread`` values
-    of A, B and C/D in registers, in the order the renderer's intrinsic expects.
+    of A, B and C/D in registers
+    (a target may hold copies: RDNA3 keeps A and B twice per wave), in the order its intrinsic expects.
 
     Fields:
         dims: (M, N, K) of one instruction.
@@ -47,9 +48,10 @@ class TensorCore:
             raise ValueError(f"TensorCore threads must be positive, got {self.threads}")
         m, n, k = self.dims
         a, b, c = self.elements_per_thread
-        if (a * self.threads, b * self.threads, c * self.threads) != (m * k, k * n, m * n):
-            raise ValueError(f"TensorCore {self.dims} with {self.threads} threads cannot hold "
-                             f"{self.elements_per_thread} elements of (A, B, C) per thread")
+        # at least one copy of each matrix across the threads (RDNA3 WMMA holds A and B twice)
+        if a * self.threads < m * k or b * self.threads < k * n or c * self.threads < m * n:
+            raise ValueError(f"TensorCore {self.dims} with {self.threads} threads cannot hold A, B and C "
+                             f"with {self.elements_per_thread} elements of each per thread")
 
     @property
     def name(self) -> str:
