@@ -1,9 +1,10 @@
 """Compile C kernels to shared objects with the system C compiler.
 
 The compiler is ``CC`` from the environment when set (it may carry arguments, e.g.
-``CC="ccache gcc"``), else ``clang``, else ``gcc``, else ``cc``. Kernels are built with
+``CC="ccache gcc"``), else the best of gcc, clang and cc as probed by
+:mod:`ember_cpu.toolchain` (OpenMP first, then native float16). Kernels are built with
 ``BASE_FLAGS`` (never ``-ffast-math``: kernels must keep IEEE inf/nan semantics) plus
-``-fopenmp`` when the compiler can build and link an OpenMP program. ``CPU_OPENMP=0`` turns OpenMP off.
+``-fopenmp`` when the probe found that OpenMP builds, links and runs. ``CPU_OPENMP=0`` turns it off.
 
 The new kernels of a schedule are compiled as one shared object (one compiler process instead
 of one per kernel; see :mod:`ember.device.batch_compiler`).
@@ -16,13 +17,13 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
 
 from ember.device.batch_compiler import BatchCompiler
 from ember.device.compiler import CompileError
-from ember.helpers import DEBUG, GlobalCounters, getenv
+from ember.helpers import DEBUG, getenv
+from ember_cpu.toolchain import cc_version, probe_toolchain, select_toolchain
 
 # -fno-trapping-math: ember never reads floating-point exception flags, and gcc's default
 # (-ftrapping-math) keeps a select feeding an exp out of vector code; values, inf and nan stay IEEE
@@ -30,38 +31,13 @@ from ember.helpers import DEBUG, GlobalCounters, getenv
 BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 LINK_FLAGS: tuple[str, ...] = ("-lm",)
 
-_OPENMP_TEST = """#include <omp.h>
-int ember_omp_probe(int n) {
-  int total = 0;
-  #pragma omp parallel for reduction(+:total)
-  for (int i = 0; i < n; i++) total += i;
-  return total + omp_get_max_threads();
-}
-"""
+__all__ = ["BASE_FLAGS", "CPUCompiler", "cc_version", "find_cc", "host_cpu", "host_identity"]
 
 
 def find_cc() -> list[str] | None:
-    """The C compiler command as an argument list (``CC``, clang, gcc or cc), or ``None`` when none is found."""
-    env_cc = os.environ.get("CC", "").strip()
-    if env_cc:
-        cmd = shlex.split(env_cc)
-        exe = shutil.which(cmd[0])
-        return [exe, *cmd[1:]] if exe else None
-    for name in ("clang", "gcc", "cc"):
-        exe = shutil.which(name)
-        if exe:
-            return [exe]
-    return None
-
-
-@functools.cache
-def cc_version(cc: tuple[str, ...]) -> str:
-    """The first line of ``cc --version`` (memoized per process)."""
-    try:
-        out = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=False).stdout
-    except OSError as e:
-        return f"unknown ({e})"
-    return out.splitlines()[0].strip() if out else "unknown"
+    """The C compiler command the CPU device uses, as an argument list, or ``None`` when none is found."""
+    tc = select_toolchain()
+    return list(tc.cc) if tc is not None else None
 
 
 @functools.cache
@@ -89,24 +65,6 @@ def host_identity() -> str:
     return hashlib.sha256("\n".join(ident).encode()).hexdigest()[:16]
 
 
-@functools.cache
-def openmp_supported(cc: tuple[str, ...]) -> bool:
-    """Whether ``cc -fopenmp`` builds and links a small OpenMP shared object.
-
-    Memoized per process; a success is also kept in the compile cache (as the probe
-    program's binary), so later processes skip the ~50 ms probe compile.
-    """
-    probe = CPUCompiler(list(cc), openmp=True)
-    compiled_before = GlobalCounters.kernels_compiled
-    try:
-        probe.compile_cached(_OPENMP_TEST)
-    except CompileError:
-        return False
-    finally:
-        GlobalCounters.kernels_compiled = compiled_before  # the probe is not a kernel
-    return True
-
-
 class CPUCompiler(BatchCompiler):
     """Compiles C source to a shared object (``.so``), returned as packed
     :class:`~ember.device.batch_compiler.KernelBinary` bytes."""
@@ -122,7 +80,7 @@ class CPUCompiler(BatchCompiler):
             raise RuntimeError("no C compiler found: install gcc or clang, or set CC to one")
         self.cc: tuple[str, ...] = tuple(found)
         if openmp is None:
-            openmp = bool(getenv("CPU_OPENMP", 1)) and openmp_supported(self.cc)
+            openmp = bool(getenv("CPU_OPENMP", 1)) and probe_toolchain(self.cc).openmp
             if not openmp and getenv("CPU_OPENMP", 1) and DEBUG >= 1:
                 _warn_no_openmp(self.cc)
         self.openmp = openmp
@@ -151,4 +109,4 @@ class CPUCompiler(BatchCompiler):
 
 @functools.cache
 def _warn_no_openmp(cc: tuple[str, ...]) -> None:
-    print(f"CPU: {cc[0]} cannot build OpenMP code; kernels run on one thread")
+    print(f"CPU: no OpenMP with {cc[0]}, kernels run on one thread: {probe_toolchain(cc).openmp_reason}")

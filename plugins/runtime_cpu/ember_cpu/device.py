@@ -9,6 +9,7 @@ from ember_cpu.compiler import CPUCompiler
 from ember_cpu.graph import CPUGraph
 from ember_cpu.renderer import CPURenderer
 from ember_cpu.runtime import CPUProgram
+from ember_cpu.toolchain import probe_toolchain
 
 # OpenMP workers that spin between kernels steal the core Python (or a second test worker) runs on:
 # a training step of small kernels ran 2.5x slower with libgomp's default spinning on 2 cores.
@@ -20,4 +21,6 @@ class CPUDevice(Compiled):
     """``CPU`` (and ``CPU:N``, which share the same host memory and compiler setup)."""
 
     def __init__(self, device: str = "CPU"):
-        super().__init__(device, CPUAllocator(), CPURenderer(), CPUCompiler(), CPUProgram, CPUGraph)
+        compiler = CPUCompiler()
+        renderer = CPURenderer(float16=probe_toolchain(compiler.cc).float16)
+        super().__init__(device, CPUAllocator(), renderer, compiler, CPUProgram, CPUGraph)

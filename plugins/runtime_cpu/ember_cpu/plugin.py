@@ -4,16 +4,21 @@ Importing it must stay cheap: the device itself is imported only when first used
 """
 from __future__ import annotations
 
+import os
+
 from ember.device.hookspecs import hookimpl
 from ember.device.spec import DeviceSpec
 from ember.helpers import getenv
-from ember_cpu.compiler import cc_version, find_cc, openmp_supported
+from ember_cpu.toolchain import find_compilers, select_toolchain
 
 
 def probe() -> str | None:
     """``None`` when a C compiler is found, else why the CPU device cannot work."""
-    if find_cc() is None:
-        return "no C compiler found: install gcc or clang, or set CC to one"
+    if not find_compilers():
+        cc = os.environ.get("CC", "").strip()
+        if cc:
+            return f"CC={cc} is not an executable on PATH: set CC to an installed C compiler, or unset it"
+        return "no C compiler found: install gcc or clang (Debian/Ubuntu: apt install gcc), or set CC to one"
     return None
 
 
@@ -26,12 +31,20 @@ def ember_devices() -> list[DeviceSpec]:
 
 @hookimpl
 def ember_report_header() -> list[str]:
-    """One line naming the C compiler and whether OpenMP works."""
-    cc = find_cc()
-    if cc is None:
-        return ["CPU: no C compiler found"]
+    """The C compiler, and for OpenMP and float16 what is used and, for each "no", why and the remedy."""
+    tc = select_toolchain()
+    if tc is None:
+        return [f"CPU: {probe()}"]
+    lines = [f"CPU: compiler {' '.join(tc.cc)} ({tc.version})"]
     if not getenv("CPU_OPENMP", 1):
-        omp = "off (CPU_OPENMP=0)"
+        lines.append("CPU: OpenMP: off (CPU_OPENMP=0): kernels run on one thread")
+    elif tc.openmp:
+        lines.append("CPU: OpenMP: yes (kernels use every core)")
     else:
-        omp = "yes" if openmp_supported(tuple(cc)) else "no"
-    return [f"CPU: compiler {' '.join(cc)} ({cc_version(tuple(cc))}), OpenMP: {omp}"]
+        lines.append(f"CPU: OpenMP: no, kernels run on one thread: {tc.openmp_reason}")
+    if tc.float16 == "native":
+        lines.append("CPU: float16: native _Float16")
+    else:
+        lines.append(f"CPU: float16: emulated (16-bit storage, float arithmetic rounded to half; correct, slower): "
+                     f"{tc.float16_reason}")
+    return lines

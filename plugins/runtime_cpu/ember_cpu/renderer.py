@@ -5,6 +5,12 @@ register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` 
 :attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`), ``omp simd`` on
 unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
+
+float16 is ``_Float16`` where the compiler has it and converts correctly (see
+:mod:`ember_cpu.toolchain`); elsewhere (``float16="emulated"``) a float16 buffer holds 16-bit
+patterns, values are ``float``, conversions are ember's own branch-free C (round to nearest even,
+denormals, inf and nan; float64 rounds to half directly, never through float) and every float16
+result is rounded to half precision, which gives the answers of half arithmetic.
 """
 from __future__ import annotations
 
@@ -44,6 +50,43 @@ static inline float ember_expf(float x) { return ember_exp2_to_f32((double)x * 0
 static inline float ember_exp2f(float x) { return ember_exp2_to_f32((double)x); }
 #endif
 """
+
+
+#: float16 <-> float conversions without a runtime-library helper (bit-exact with numpy's)
+HALF_HELPERS = """#ifndef EMBER_F16_HELPERS
+#define EMBER_F16_HELPERS
+static inline float ember_f16_to_f32(unsigned short h) {
+  unsigned int o = ((unsigned int)h & 0x7fffu) << 13, s = ((unsigned int)h & 0x8000u) << 16, u;
+  float f; __builtin_memcpy(&f, &o, 4);
+  f *= 0x1p112f;  /* rebias the exponent; exact for normals and denormals alike */
+  __builtin_memcpy(&u, &f, 4);
+  if (o >= 0x0f800000u) u |= 0x7f800000u;  /* inf and nan */
+  u |= s; __builtin_memcpy(&f, &u, 4); return f; }
+static inline unsigned short ember_f32_to_f16(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  unsigned int s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, out;
+  if (a > 0x7f800000u) out = 0x7e00u | ((a >> 13) & 0x3ffu);  /* nan stays nan */
+  else if (a >= 0x477ff000u) out = 0x7c00u;  /* 65520 and up round to inf */
+  else if (a < 0x38800000u) { float v; __builtin_memcpy(&v, &a, 4);  /* a half denormal */
+    out = (unsigned int)((v * 0x1p24f + 0x1p23f) - 0x1p23f); }
+  else out = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  return (unsigned short)(out | s); }
+static inline unsigned short ember_f64_to_f16(double d) {
+  unsigned long long u; __builtin_memcpy(&u, &d, 8);
+  unsigned long long a = u & 0x7fffffffffffffffull, out;
+  unsigned int s = (unsigned int)(u >> 48) & 0x8000u;
+  if (a > 0x7ff0000000000000ull) out = 0x7e00u | ((a >> 42) & 0x3ffu);
+  else if (a >= 0x40effe0000000000ull) out = 0x7c00u;
+  else if (a < 0x3f10000000000000ull) { double v; __builtin_memcpy(&v, &a, 8);
+    out = (unsigned long long)((v * 0x1p24 + 0x1p52) - 0x1p52); }
+  else out = (a - 0x3f00000000000000ull + 0x1ffffffffffull + ((a >> 42) & 1u)) >> 42;
+  return (unsigned short)(out | s); }
+static inline float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
+#endif
+"""
+
+#: ops whose float16 result needs no rounding (it is one of the inputs, or exact)
+_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
 @functools.cache
@@ -90,6 +133,57 @@ class CPURenderer(CStyleRenderer):
     vector_floats, vector_registers = host_vector_registers()
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
+
+    def __init__(self, float16: str = "native"):
+        """``float16``: "native" (``_Float16``) or "emulated" (16-bit storage, float arithmetic rounded to half)."""
+        if float16 not in ("native", "emulated"):
+            raise ValueError(f"float16 must be 'native' or 'emulated', got {float16!r}")
+        self.float16 = float16
+        self.variant = f"float16={float16}"
+        if self.emulated_half:
+            self.type_map = {**self.type_map, dtypes.float16: "float"}
+            self.preamble = self.preamble + HALF_HELPERS
+
+    @property
+    def emulated_half(self) -> bool:
+        """Whether float16 lives in 16-bit storage with float arithmetic."""
+        return self.float16 == "emulated"
+
+    def _is_soft_half(self, dt: object) -> bool:
+        return self.emulated_half and dt == dtypes.float16
+
+    def storage_type(self, dt: DType) -> str:
+        return "unsigned short" if self._is_soft_half(dt) else super().storage_type(dt)
+
+    def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
+        if self._is_soft_half(dt):
+            return f"ember_f16_to_f32({buf}[{idx}])"
+        return super().render_load_value(buf, idx, dt)
+
+    def render_store_value(self, value: str, dt: DType) -> str:
+        return f"ember_f32_to_f16({value})" if self._is_soft_half(dt) else super().render_store_value(value, dt)
+
+    def render_alu(self, u: UOp, a: list[str]) -> str:
+        expr = super().render_alu(u, a)
+        return f"ember_f16_round({expr})" if self._is_soft_half(u.dtype) and u.op not in _EXACT_OPS else expr
+
+    def render_cast(self, u: UOp, x: str) -> str:
+        dt, sdt = u.dtype, u.src[0].dtype
+        if self._is_soft_half(dt) and isinstance(sdt, DType):
+            if sdt == dtypes.float64:
+                return f"ember_f16_to_f32(ember_f64_to_f16({x}))"
+            return f"((float){x})" if sdt.kind == "b" or sdt == dtypes.float16 else f"ember_f16_round((float){x})"
+        return super().render_cast(u, x)
+
+    def render_bitcast(self, u: UOp, x: str) -> str:
+        dt, sdt = u.dtype, u.src[0].dtype
+        if not (self._is_soft_half(dt) or self._is_soft_half(sdt)):
+            return super().render_bitcast(u, x)
+        assert isinstance(dt, DType) and isinstance(sdt, DType)
+        src_t, dst_t = self.storage_type(sdt), self.storage_type(dt)
+        val = {dtypes.float16: f"ember_f32_to_f16({x})", dtypes.bfloat16: f"ember_f32_to_bf16({x})"}.get(sdt, x)
+        out = f"({{ {src_t} s_ = {val}; {dst_t} d_; __builtin_memcpy(&d_, &s_, sizeof(d_)); d_; }})"
+        return {dtypes.float16: f"ember_f16_to_f32({out})", dtypes.bfloat16: f"ember_bf16_to_f32({out})"}.get(dt, out)
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:

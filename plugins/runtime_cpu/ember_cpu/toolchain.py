@@ -1,0 +1,232 @@
+"""What the host C compiler can do, found by building and running small probe programs.
+
+The CPU device renders and compiles according to these facts instead of assuming them:
+
+- **float16**: native ``_Float16`` arithmetic where the compiler has it *and* its conversions give
+  the right bits when run (clang 14 on x86-64 has no ``_Float16``; its ``__fp16`` double->half
+  conversion calls a libgcc helper with a mismatched ABI and returns garbage). Otherwise float16
+  buffers hold 16-bit patterns converted by ember's own C helpers, with every result rounded to
+  half precision: the same answers, no runtime-library dependency.
+- **OpenMP**: whether ``-fopenmp`` builds, links and runs. When it does not, the reason and the
+  remedy (``apt install libomp-dev`` for clang, ``CC=gcc``) are kept for the doctor.
+
+Probing costs a few compiles (~0.1-0.3 s per compiler), so results are kept on disk keyed by the
+compiler's path, size, modification time and version: a later process reads them back.
+
+Without ``CC``, :func:`select_toolchain` probes gcc, then clang, then cc, and takes the first with
+both OpenMP and native float16 (gcc also compiles kernels about twice as fast as clang), else the
+best of them. ``CC`` chooses the compiler explicitly and is never second-guessed.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ember import diskcache
+
+#: probe format version: bump when the probes change, so cached results are not reused
+_PROBE_VERSION = 1
+
+_HALF_PROBE = """
+void ember_probe_half(const double* d, const float* f, unsigned short* out, int n) {
+  for (int i = 0; i < n; i++) {
+    _Float16 a = (_Float16)d[i], b = (_Float16)f[i];
+    _Float16 c = a * b + b;
+    __builtin_memcpy(&out[3 * i], &a, 2); __builtin_memcpy(&out[3 * i + 1], &b, 2);
+    __builtin_memcpy(&out[3 * i + 2], &c, 2);
+  }
+}
+"""
+
+_OPENMP_PROBE = """#include <omp.h>
+int ember_probe_omp(int n) {
+  int total = 0;
+  #pragma omp parallel for reduction(+:total)
+  for (int i = 0; i < n; i++) total += i;
+  return total + 0 * omp_get_max_threads();
+}
+"""
+
+#: values whose conversion to float16 exercises rounding to even, denormals, overflow and signs
+_HALF_VALUES = [0.0, -0.0, 1.0, -2.5, 0.1, 1.0 / 3.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, 6.1e-5,
+                5.96e-8, 2.98e-8, 1.0009765625, 1.00048828125, 1.000732421875, 2049.0, 3.14159265358979, -7e-6]
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What one C compiler can do here, found by probing it."""
+
+    cc: tuple[str, ...]
+    version: str
+    #: "native" (``_Float16``) or "emulated" (16-bit storage, ember's conversions)
+    float16: str
+    #: why float16 is emulated ("" when native)
+    float16_reason: str
+    openmp: bool
+    #: why OpenMP is unavailable and how to get it ("" when available)
+    openmp_reason: str
+
+    @property
+    def score(self) -> int:
+        """Higher is a faster working setup: OpenMP matters most (all cores), then native float16."""
+        return 2 * self.openmp + (self.float16 == "native")
+
+
+def find_compilers() -> list[list[str]]:
+    """The candidate compiler commands: ``CC`` alone when set, else gcc, clang and cc (distinct binaries)."""
+    env_cc = os.environ.get("CC", "").strip()
+    if env_cc:
+        cmd = shlex.split(env_cc)
+        exe = shutil.which(cmd[0])
+        return [[exe, *cmd[1:]]] if exe else []
+    found: list[list[str]] = []
+    seen: set[str] = set()
+    for name in ("gcc", "clang", "cc"):
+        exe = shutil.which(name)
+        if exe and os.path.realpath(exe) not in seen:
+            seen.add(os.path.realpath(exe))
+            found.append([exe])
+    return found
+
+
+@functools.cache
+def cc_version(cc: tuple[str, ...]) -> str:
+    """The first line of ``cc --version`` (memoized per process)."""
+    try:
+        out = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError as e:
+        return f"unknown ({e})"
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def _is_clang(cc: tuple[str, ...]) -> bool:
+    return "clang" in cc_version(cc).lower() or "clang" in os.path.basename(cc[0])
+
+
+def _build(cc: tuple[str, ...], src: str, flags: list[str], tmp: str, name: str) -> tuple[str | None, str]:
+    """Compile ``src`` to a shared object in ``tmp``: (its path, "") or (None, the compiler's first error line)."""
+    c_path, so_path = os.path.join(tmp, f"{name}.c"), os.path.join(tmp, f"{name}.so")
+    with open(c_path, "w") as f:
+        f.write(src)
+    cmd = [*cc, "-O2", "-fPIC", "-shared", *flags, c_path, "-o", so_path]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False, cwd=tmp)
+    except OSError as e:
+        return None, str(e)
+    if proc.returncode != 0 or not os.path.exists(so_path):
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "error" in ln.lower()]
+        first = (lines or (proc.stderr + proc.stdout).splitlines() or ["failed"])[0]
+        return None, first.replace(tmp + os.sep, "").strip()
+    return so_path, ""
+
+
+def _probe_half(cc: tuple[str, ...], tmp: str) -> str:
+    """"" when native ``_Float16`` compiles and converts correctly, else why not."""
+    so, err = _build(cc, _HALF_PROBE, ["-march=native"], tmp, "half")
+    if so is None:
+        return f"no _Float16 ({err})"
+    d = np.array(_HALF_VALUES, dtype=np.float64)
+    f = d.astype(np.float32)
+    out = np.zeros(3 * len(d), dtype=np.uint16)
+    try:
+        lib = ctypes.CDLL(so)
+        fn = lib.ember_probe_half
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        fn(d.ctypes.data, f.ctypes.data, out.ctypes.data, len(d))
+    except OSError as e:
+        return f"a _Float16 program does not load ({e})"
+    with np.errstate(all="ignore"):
+        a, b = d.astype(np.float16), f.astype(np.float16)
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        # a*b+b may be rounded once per op, or once at the end from float32 (excess precision) or exactly
+        per_op = ((a32 * b32).astype(np.float16).astype(np.float32) + b32).astype(np.float16)
+        once32 = (a32 * b32 + b32).astype(np.float16)
+        once64 = (a.astype(np.float64) * b.astype(np.float64) + b.astype(np.float64)).astype(np.float16)
+    got = out.reshape(-1, 3).view(np.float16)
+    conv_ok = _same(got[:, 0], a).all() and _same(got[:, 1], b).all()
+    arith_ok = (_same(got[:, 2], per_op) | _same(got[:, 2], once32) | _same(got[:, 2], once64)).all()
+    if not conv_ok:
+        return "its float->float16 conversions give wrong results (a runtime-library helper with another ABI)"
+    if not arith_ok:
+        return "its _Float16 arithmetic gives wrong results"
+    return ""
+
+
+def _same(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Elementwise: the same float16 bits, or both NaN."""
+    return (x.view(np.uint16) == y.view(np.uint16)) | (np.isnan(x) & np.isnan(y))
+
+
+def _probe_openmp(cc: tuple[str, ...], tmp: str) -> str:
+    """"" when an OpenMP shared object builds, loads and runs, else why not and how to get it."""
+    so, err = _build(cc, _OPENMP_PROBE, ["-fopenmp"], tmp, "omp")
+    remedy = ("install clang's OpenMP runtime (Debian/Ubuntu: apt install libomp-dev) or use CC=gcc"
+              if _is_clang(cc) else "install the compiler's OpenMP runtime (Debian/Ubuntu: apt install libgomp1)")
+    if so is None:
+        return f"{err}; {remedy}"
+    try:
+        lib = ctypes.CDLL(so)
+        lib.ember_probe_omp.argtypes = [ctypes.c_int]
+        total = lib.ember_probe_omp(100)
+    except OSError as e:
+        return f"an OpenMP program does not load ({e}); {remedy}"
+    if total != 4950:
+        return f"an OpenMP reduction returned {total}, not 4950; {remedy}"
+    return ""
+
+
+def _identity(cc: tuple[str, ...]) -> str:
+    try:
+        st = os.stat(os.path.realpath(cc[0]))
+        stamp = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        stamp = "?"
+    return f"toolchain v{_PROBE_VERSION}|{' '.join(cc)}|{stamp}|{cc_version(cc)}|{sys.platform}"
+
+
+@functools.cache
+def probe_toolchain(cc: tuple[str, ...]) -> Toolchain:
+    """Probe ``cc`` (memoized per process and kept on disk by the compiler's identity)."""
+    path = diskcache.entry_path("toolchain", _identity(cc))
+    payload = diskcache.read(path) if path is not None else None
+    if payload is not None:
+        try:
+            fields = json.loads(payload)
+            return Toolchain(**{**fields, "cc": tuple(fields["cc"])})
+        except (ValueError, TypeError, KeyError):
+            pass  # an entry from another version: probe again
+    with tempfile.TemporaryDirectory(prefix="ember-cc-probe-") as tmp:
+        half_reason = _probe_half(cc, tmp)
+        omp_reason = _probe_openmp(cc, tmp)
+    tc = Toolchain(cc=cc, version=cc_version(cc), float16="emulated" if half_reason else "native",
+                   float16_reason=half_reason, openmp=not omp_reason, openmp_reason=omp_reason)
+    if path is not None:
+        diskcache.write(path, json.dumps(asdict(tc)).encode())
+    return tc
+
+
+def select_toolchain() -> Toolchain | None:
+    """The toolchain the CPU device uses: ``CC`` when set, else the best probed compiler (None if none exists)."""
+    return _select(os.environ.get("CC", ""), os.environ.get("PATH", ""))
+
+
+@functools.cache
+def _select(cc_env: str, path: str) -> Toolchain | None:
+    best: Toolchain | None = None
+    for cc in find_compilers():
+        tc = probe_toolchain(tuple(cc))
+        if best is None or tc.score > best.score:
+            best = tc
+        if best.score == 3:  # nothing beats OpenMP with native float16
+            break
+    return best
