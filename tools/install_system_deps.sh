@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# System packages the test suite needs beyond Python: clang (the CPU plugin is tested with gcc and
+# with clang) and clang's OpenMP runtime (libomp-dev), so both compilers build multithreaded kernels.
+# Installs only what is missing, and only where it can (root with apt-get); elsewhere it says what to
+# install and exits non-zero, so a test run never silently skips the clang stage.
+set -uo pipefail
+
+missing=()
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+if command -v clang >/dev/null 2>&1; then
+    echo '#include <omp.h>' | clang -fopenmp -x c -fsyntax-only - >/dev/null 2>&1 || missing+=(libomp-dev)
+else
+    missing+=(libomp-dev)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "system packages missing: ${missing[*]}"
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "install them with your package manager (Debian/Ubuntu: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null; } \
+    || { echo "apt-get could not install: ${missing[*]}" >&2; exit 1; }
+echo "installed: ${missing[*]}"

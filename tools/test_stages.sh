@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `make test`: every test stage runs, each is reported, and the run fails at the end if any failed
+# (pytest's exit 5, "no tests collected", is a failure too: every stage must collect tests).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY=${PY:-.venv/bin/python}
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+# every kernel the main suite lowers is recorded here; the compile-only checks of targets without
+# hardware here (plugins' corpus tests) render and compile all of them
+own_corpus=0
+if [ -z "${KERNEL_CORPUS_DIR:-}" ]; then KERNEL_CORPUS_DIR=$(mktemp -d -t ember-corpus-XXXXXX); own_corpus=1; fi
+PLUGIN_TESTS=$(ls -d plugins/*/tests 2>/dev/null | tr '\n' ' ')
+
+names=()
+codes=()
+times=()
+stage() {
+    local name=$1
+    shift
+    echo
+    echo "=== ${name}: $*"
+    local start=$SECONDS
+    "$@"
+    local rc=$?
+    names+=("$name")
+    codes+=("$rc")
+    times+=("$((SECONDS - start))")
+}
+
+stage "main suite (CPU with the default compiler, PYTHON)" \
+    env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -n 2 -m "not corpus" tests $PLUGIN_TESTS
+stage "backend suite, CPU with clang" \
+    env CC=clang DEV=CPU "${PYTEST[@]}" -n 2 tests/backend plugins/runtime_cpu/tests
+stage "backend suite, CL (PoCL)" \
+    env DEV=CL "${PYTEST[@]}" -n 2 tests/backend
+for dev in PYTHON CPU CL; do
+    stage "conformance suite, $dev" "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=$dev
+done
+stage "conformance suite, CPU with clang" env CC=clang "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CPU
+if "$PY" -m pytest --collect-only -q -m corpus $PLUGIN_TESTS >/dev/null 2>&1; then
+    stage "compile checks of the kernel corpus (targets without hardware here)" \
+        env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -m corpus $PLUGIN_TESTS
+fi
+
+echo
+echo "=== summary"
+failed=0
+for i in "${!names[@]}"; do
+    if [ "${codes[$i]}" -eq 0 ]; then verdict=passed; else verdict="FAILED (exit ${codes[$i]})"; failed=1; fi
+    printf '  %-70s %5ss  %s\n' "${names[$i]}" "${times[$i]}" "$verdict"
+done
+[ $own_corpus -eq 1 ] && rm -rf "$KERNEL_CORPUS_DIR"
+exit $failed
