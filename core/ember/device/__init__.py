@@ -1,18 +1,60 @@
-"""The device layer: plugin discovery and the ``Device`` registry (more is re-exported as it lands).
+"""The device layer, and the public facade for device plugins.
+
+A plugin imports what it needs from here (and renderers from :mod:`ember.renderer`), never from a
+submodule: the submodules are core's own layout and may move. What is exported is the contract
+of ``PLUGIN_API`` (see ``docs/contracts.md``):
+
+* discovery: :data:`PLUGIN_API`, :class:`DeviceSpec`, :data:`hookimpl` (and :data:`hookspec`),
+  the registry :data:`Device` and its errors;
+* the device object and its parts: :class:`Compiled` (the device base class),
+  :class:`Allocator` / :class:`LRUAllocator` with :class:`BufferSpec` options and the copy checks
+  :func:`copyin_source` / :func:`copyout_dest`, :class:`Compiler` / :class:`BatchCompiler` with
+  :class:`KernelBinary` and :class:`CompileError`, and the Protocols :class:`Renderer`,
+  :class:`Program` and :class:`Graph` (with :data:`GraphCall`, :data:`GraphFactory`);
+* what a plugin reads from the environment: :func:`getenv`, :data:`DEBUG`,
+  :class:`GlobalCounters`, :func:`cache_dir`, and :mod:`~ember.diskcache` (crash-safe cache
+  entries, for a plugin that caches its own probe results).
 
 This module must stay import-light: plugins import it, and it never imports the tensor layer.
 """
+from ember import diskcache
+from ember.device.allocator import Allocator, LRUAllocator, copyin_source, copyout_dest
+from ember.device.batch_compiler import BatchCompiler, KernelBinary
+from ember.device.compiled import Compiled
+from ember.device.compiler import CompileError, Compiler
+from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
 from ember.device.hookspecs import PLUGIN_API, hookimpl, hookspec
 from ember.device.registry import Device, DeviceNotFoundError, DevicePluginError, DeviceUnavailableError
 from ember.device.spec import DeviceSpec
+from ember.helpers import DEBUG, GlobalCounters, cache_dir, getenv
 
 __all__ = [
+    "DEBUG",
     "PLUGIN_API",
+    "Allocator",
+    "BatchCompiler",
+    "BufferSpec",
+    "CompileError",
+    "Compiled",
+    "Compiler",
     "Device",
     "DeviceNotFoundError",
     "DevicePluginError",
     "DeviceSpec",
     "DeviceUnavailableError",
+    "GlobalCounters",
+    "Graph",
+    "GraphCall",
+    "GraphFactory",
+    "KernelBinary",
+    "LRUAllocator",
+    "Program",
+    "Renderer",
+    "cache_dir",
+    "copyin_source",
+    "copyout_dest",
+    "diskcache",
+    "getenv",
     "hookimpl",
     "hookspec",
 ]

@@ -9,14 +9,21 @@ Subclasses implement the raw operations ``_alloc`` and ``_free`` plus ``copyin``
 ``copyout``; the public ``alloc`` and ``free`` add argument checks and keep
 ``GlobalCounters.mem_used`` up to date. :class:`LRUAllocator` adds a cache of freed
 buffers, which makes the allocate/free churn of a training loop nearly free.
+
+``options`` is a :class:`~ember.device.BufferSpec` (host-visible, uncached, CPU access) or
+``None`` for ordinary device memory.
 """
 from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ember.device.contracts import BufferSpec
 from ember.helpers import DEBUG, GlobalCounters, getenv
+
+if TYPE_CHECKING:
+    from ember.device.compiled import Compiled
 
 
 def copyin_source(src: Any, dest_nbytes: int) -> memoryview:
@@ -37,6 +44,11 @@ def copyout_dest(dest: Any, src_nbytes: int) -> memoryview:
     return view
 
 
+def _check_options(options: object) -> None:
+    if options is not None and not isinstance(options, BufferSpec):
+        raise TypeError(f"buffer options must be an ember.device.BufferSpec or None, got {options!r}")
+
+
 def _contiguous(mem: Any) -> memoryview:
     view = memoryview(mem)
     if not view.c_contiguous:
@@ -50,21 +62,28 @@ class Allocator(abc.ABC):
     Required: ``_alloc``, ``_free``, ``copyin``, ``copyout``. Optional (raise
     ``NotImplementedError`` unless the device supports them): ``as_buffer``, ``transfer``,
     ``offset``.
+
+    ``device`` is the device object the allocator belongs to: :class:`~ember.device.Compiled`
+    sets it when the device is built (an allocator may also set it itself, earlier).
     """
 
-    def alloc(self, nbytes: int, options: Any = None) -> Any:
+    #: the device this allocator serves (set by ``Compiled.__init__`` when left ``None``)
+    device: Compiled | None = None
+
+    def alloc(self, nbytes: int, options: BufferSpec | None = None) -> Any:
         """Allocate ``nbytes`` bytes (0 is allowed) and return an opaque handle.
 
-        ``options`` is a hashable, device-specific description (for example host-visible
-        or uncached memory); ``None`` means the default kind.
+        ``options`` says what kind of memory (see :class:`~ember.device.BufferSpec`); ``None``
+        means ordinary device memory. An allocator without a special kind ignores the flags.
         """
+        _check_options(options)
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes!r} bytes: the size must be an int >= 0")
         opaque = self._alloc(nbytes, options)
         GlobalCounters.mem_used += nbytes
         return opaque
 
-    def free(self, opaque: Any, nbytes: int, options: Any = None) -> None:
+    def free(self, opaque: Any, nbytes: int, options: BufferSpec | None = None) -> None:
         """Give back a buffer from :meth:`alloc` with the same ``nbytes`` and ``options``.
 
         Views made by :meth:`offset` are never freed: they share their base's memory.
@@ -73,11 +92,11 @@ class Allocator(abc.ABC):
         self._free(opaque, nbytes, options)
 
     @abc.abstractmethod
-    def _alloc(self, nbytes: int, options: Any) -> Any:
+    def _alloc(self, nbytes: int, options: BufferSpec | None) -> Any:
         """Really allocate device memory; raise ``MemoryError`` (or the device's OOM error) on failure."""
 
     @abc.abstractmethod
-    def _free(self, opaque: Any, nbytes: int, options: Any) -> None:
+    def _free(self, opaque: Any, nbytes: int, options: BufferSpec | None) -> None:
         """Really release device memory."""
 
     @abc.abstractmethod
@@ -92,8 +111,14 @@ class Allocator(abc.ABC):
         """A zero-copy host memoryview of the buffer (only for host-visible memory)."""
         raise NotImplementedError(f"{type(self).__name__} has no zero-copy host view; use copyout instead")
 
-    def transfer(self, dest: Any, src: Any, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-        """Copy ``nbytes`` between two buffers of this device kind without going through the host."""
+    def transfer(self, dest: Any, src: Any, nbytes: int, src_dev: Compiled, dest_dev: Compiled) -> None:
+        """Copy the first ``nbytes`` of ``src`` (on ``src_dev``) into ``dest`` (on ``dest_dev``).
+
+        Core calls it on the destination's allocator when both devices come from the same plugin
+        (``CL`` and ``CL:1``, ``CUDA:0`` and ``CUDA:1``), after ``src_dev.synchronize()``; the
+        devices are the device objects. Copy without a host round trip where the hardware can
+        (peer copy, same context); raise ``NotImplementedError`` to let core copy through the host.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no direct transfer; copy through the host instead")
 
     def offset(self, opaque: Any, byte_offset: int, nbytes: int) -> Any:
@@ -112,17 +137,15 @@ class LRUAllocator(Allocator):
     oom_errors: tuple[type[BaseException], ...] = (MemoryError,)
 
     def __init__(self) -> None:
-        self.cache: defaultdict[tuple[int, Any], list[Any]] = defaultdict(list)
+        self.cache: defaultdict[tuple[int, BufferSpec | None], list[Any]] = defaultdict(list)
         self.cached_bytes = 0
 
-    def alloc(self, nbytes: int, options: Any = None) -> Any:
+    def alloc(self, nbytes: int, options: BufferSpec | None = None) -> Any:
         """Reuse a cached buffer of the same size and options, else allocate (freeing the cache on OOM)."""
+        _check_options(options)
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes!r} bytes: the size must be an int >= 0")
-        try:
-            bucket = self.cache.get((nbytes, options))
-        except TypeError:  # unhashable options: no caching for this kind
-            bucket = None
+        bucket = self.cache.get((nbytes, options))
         if bucket:
             opaque = bucket.pop()
             self.cached_bytes -= nbytes
@@ -140,15 +163,11 @@ class LRUAllocator(Allocator):
         GlobalCounters.mem_used += nbytes
         return opaque
 
-    def free(self, opaque: Any, nbytes: int, options: Any = None) -> None:
+    def free(self, opaque: Any, nbytes: int, options: BufferSpec | None = None) -> None:
         """Keep the buffer for reuse (or release it at once when the cache is off)."""
         GlobalCounters.mem_used -= nbytes
         if getenv("LRU", 1):
-            try:
-                self.cache[(nbytes, options)].append(opaque)
-            except TypeError:  # unhashable options
-                self._free(opaque, nbytes, options)
-                return
+            self.cache[(nbytes, options)].append(opaque)
             self.cached_bytes += nbytes
             return
         self._free(opaque, nbytes, options)

@@ -3,16 +3,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.device.contracts import BufferSpec
 from ember.dtype import DType
 
 
 class Buffer:
-    """``size`` elements of ``dtype`` on ``device``. Memory is taken on first use."""
+    """``size`` elements of ``dtype`` on ``device``. Memory is taken on first use.
 
-    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None):
+    ``options`` (a :class:`~ember.device.BufferSpec`, ``None`` for ordinary device memory) is
+    passed to the allocator's ``alloc`` and ``free``.
+    """
+
+    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: BufferSpec | None = None):
         from ember.device.registry import Device
 
         self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
+        self.options = options
         self._buf: Any = opaque
         # memory handed in (a view into another buffer, a mapped file) is not ours to free
         self._owned = opaque is None
@@ -30,10 +36,15 @@ class Buffer:
     def is_allocated(self) -> bool:
         return self._buf is not None
 
+    @property
+    def opaque(self) -> Any:
+        """The allocator's handle of this buffer's memory (allocating it first): what programs and graphs take."""
+        return self.allocate()._buf
+
     def allocate(self) -> Buffer:
         """Take device memory now (idempotent)."""
         if self._buf is None:
-            self._buf = self.allocator.alloc(self.nbytes)  # the allocator keeps GlobalCounters.mem_used
+            self._buf = self.allocator.alloc(self.nbytes, self.options)  # the allocator keeps GlobalCounters.mem_used
         return self
 
     def __del__(self) -> None:
@@ -41,7 +52,7 @@ class Buffer:
         if buf is None or not getattr(self, "_owned", False):
             return
         try:
-            self.allocator.free(buf, self.nbytes)
+            self.allocator.free(buf, self.nbytes, self.options)
         except Exception:  # interpreter shutdown: the allocator may already be gone
             pass
 

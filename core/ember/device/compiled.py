@@ -1,43 +1,39 @@
-"""The device object every plugin's factory returns, and the protocol its programs follow.
+"""The device object every plugin's factory returns.
 
-See ``docs/contracts.md`` ("Device object") for the full contract.
+See ``docs/contracts.md`` ("Device object") for the full contract and
+:mod:`ember.device.contracts` for the Protocols of its parts.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
 
 from ember.device.allocator import Allocator
 from ember.device.compiler import Compiler
+from ember.device.contracts import GraphFactory, Program, Renderer
 
-
-@runtime_checkable
-class Program(Protocol):
-    """A loaded kernel, made by ``device.runtime(name, binary)``.
-
-    Calling it launches the kernel on opaque buffers (in parameter order) with the int
-    variables ``vals`` (in ``DEFINE_VAR`` order). It returns the elapsed seconds when
-    ``wait`` is true (after the kernel finished), else ``None`` (it may still be running).
-    """
-
-    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
-                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
-                 wait: bool = False) -> float | None: ...
+__all__ = ["Compiled", "Program"]
 
 
 class Compiled:
     """One device: memory, code generation, compilation and execution in one object.
 
-    ``renderer`` is the device's ``Renderer`` (typed loosely here because the renderer layer
-    sits above this one). ``runtime`` is called as ``runtime(name, binary)`` and returns a
-    :class:`Program`. ``graph`` is an optional batch-replay class (``None`` when the device
-    has none).
+    Args:
+        device: the full device name (``"CL:1"``).
+        allocator: the device's :class:`~ember.device.Allocator`; its ``device`` attribute is set
+            to this object when it is still ``None``, so an allocator can reach its device.
+        renderer: a :class:`~ember.device.Renderer` (usually an ``ember.renderer.Renderer`` subclass).
+        compiler: a :class:`~ember.device.Compiler`.
+        runtime: called as ``runtime(name, binary)``; returns a :class:`~ember.device.Program`.
+        graph: an optional :data:`~ember.device.GraphFactory` (``graph(calls)`` returns a
+            :class:`~ember.device.Graph`); ``None`` when the device has no batch replay.
     """
 
-    def __init__(self, device: str, allocator: Allocator, renderer: Any, compiler: Compiler,
-                 runtime: Callable[[str, bytes], Program], graph: type | None = None):
+    def __init__(self, device: str, allocator: Allocator, renderer: Renderer, compiler: Compiler,
+                 runtime: Callable[[str, bytes], Program], graph: GraphFactory | None = None):
         self.device = device
         self.allocator = allocator
+        if allocator.device is None:
+            allocator.device = self
         self.renderer = renderer
         self.compiler = compiler
         self.runtime = runtime
@@ -45,6 +41,14 @@ class Compiled:
 
     def synchronize(self) -> None:
         """Wait until all work queued on the device has finished (a no-op for synchronous devices)."""
+
+    def finalize(self) -> None:
+        """Release what the device holds outside Python's reach (queues, contexts, worker threads).
+
+        Called once per device object at interpreter exit (``atexit``), in reverse order of
+        creation, after :meth:`synchronize`. The default does nothing. It must not raise for a
+        device that is already half torn down; exceptions are reported and ignored.
+        """
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device}>"

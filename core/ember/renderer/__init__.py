@@ -2,6 +2,13 @@
 
 A device plugin gives its :class:`Renderer` the capabilities codegen needs (vector widths,
 local memory, thread limits, supported dtypes). Core asks the renderer, never a device name.
+
+This module is also the public facade for renderer authors: besides :class:`Renderer`,
+:class:`TensorCore` and the C-family :class:`CStyleRenderer` (with its :data:`C_PREAMBLE`), it
+re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`,
+:func:`toposort`, and :func:`split_terms` / :func:`term_coeff` to read an index as a sum of
+``coefficient * variable`` terms) and the dtypes (:class:`DType`, :class:`PtrDType`,
+:data:`dtypes`). Plugins import these from here, not from ``ember.graph.*`` submodules.
 """
 from __future__ import annotations
 
@@ -90,3 +97,13 @@ class Renderer:
     def render(self, name: str, uops: list[UOp]) -> str:
         """Render the linear program ``uops`` as the source of a kernel called ``name``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement render()")
+
+
+# The facade for renderer authors (see the module docstring). Imported last: cstyle subclasses Renderer.
+from ember.dtype import PtrDType  # noqa: E402
+from ember.graph.symbolic import split_terms, term_coeff  # noqa: E402
+from ember.graph.uop import GroupOp, Ops, toposort  # noqa: E402
+from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer  # noqa: E402
+
+__all__ = ["C_PREAMBLE", "CStyleRenderer", "DType", "GroupOp", "Ops", "PtrDType", "Renderer", "TensorCore", "UOp",
+           "dtypes", "split_terms", "term_coeff", "toposort"]

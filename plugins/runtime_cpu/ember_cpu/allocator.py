@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.device.allocator import LRUAllocator, copyin_source, copyout_dest
+from ember.device import LRUAllocator, copyin_source, copyout_dest
 from ember_cpu.runtime import ffi
 
 #: Alignment of every buffer (a cache line; enough for AVX-512 aligned loads).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ember.device.compiled import Compiled
+from ember.device import Compiled
 from ember_cpu.allocator import CPUAllocator
 from ember_cpu.compiler import CPUCompiler
 from ember_cpu.graph import CPUGraph

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ember.device.batch_compiler import KernelBinary
+from ember.device import KernelBinary
 from ember_cpu.compiler import CPUCompiler
 from ember_cpu.runtime import CPUProgram, SharedObject, ffi, load_shared_object
 

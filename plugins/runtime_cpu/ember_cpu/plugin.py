@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ember.device.hookspecs import hookimpl
-from ember.device.spec import DeviceSpec
-from ember.helpers import getenv
+from ember.device import DeviceSpec, getenv, hookimpl
 from ember_cpu.toolchain import find_compilers, select_toolchain
 
 

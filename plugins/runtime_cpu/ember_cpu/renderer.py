@@ -19,10 +19,18 @@ import os
 import platform
 from typing import Callable
 
-from ember.dtype import DType, PtrDType, dtypes
-from ember.graph.symbolic import split_terms, term_coeff
-from ember.graph.uop import Ops, UOp, toposort
-from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer
+from ember.renderer import (
+    C_PREAMBLE,
+    CStyleRenderer,
+    DType,
+    Ops,
+    PtrDType,
+    UOp,
+    dtypes,
+    split_terms,
+    term_coeff,
+    toposort,
+)
 from ember_cpu.compiler import host_cpu
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a

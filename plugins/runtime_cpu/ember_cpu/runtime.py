@@ -26,7 +26,7 @@ from typing import Any
 
 import cffi
 
-from ember.device.batch_compiler import KernelBinary
+from ember.device import KernelBinary
 
 ffi = cffi.FFI()
 ffi.cdef("""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.device.allocator import LRUAllocator, copyin_source, copyout_dest
+from ember.device import LRUAllocator, copyin_source, copyout_dest
 from ember_opencl.platforms import import_pyopencl
 
 

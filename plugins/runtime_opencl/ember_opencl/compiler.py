@@ -15,8 +15,7 @@ import re
 import warnings
 from typing import Any
 
-from ember.device.batch_compiler import BatchCompiler
-from ember.device.compiler import CompileError
+from ember.device import BatchCompiler, CompileError
 from ember_opencl.platforms import import_pyopencl
 
 

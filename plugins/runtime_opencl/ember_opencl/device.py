@@ -6,7 +6,7 @@ import hashlib
 import weakref
 from typing import Any
 
-from ember.device.compiled import Compiled
+from ember.device import Compiled
 from ember_opencl.allocator import CLAllocator
 from ember_opencl.compiler import CLCompiler
 from ember_opencl.graph import CLGraph

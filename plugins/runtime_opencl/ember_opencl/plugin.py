@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from ember.device.hookspecs import hookimpl
-from ember.device.spec import DeviceSpec
+from ember.device import DeviceSpec, hookimpl
 from ember_opencl.platforms import INSTALL_HINT, device_name, enumerate_devices, import_pyopencl
 
 #: Below the CPU device (10): a CPU OpenCL platform such as PoCL is common and slower than native C kernels,

@@ -19,9 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from ember.dtype import DType, PtrDType, dtypes
-from ember.graph.uop import Ops, UOp
-from ember.renderer.cstyle import CStyleRenderer
+from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes
 
 _BF16_HELPERS = """float ember_bf16_to_f32(ushort b) { return as_float(((uint)b) << 16); }
 ushort ember_f32_to_bf16(float f) { uint u = as_uint(f);

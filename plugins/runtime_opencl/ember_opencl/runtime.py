@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.device.batch_compiler import KernelBinary
+from ember.device import KernelBinary
 from ember_opencl.platforms import import_pyopencl
 
 

@@ -1,0 +1,131 @@
+"""The typed contract between core and a device plugin: buffer options and the Protocols a plugin implements.
+
+A device object (:class:`ember.device.Compiled`) holds five parts. Two are base classes with
+shared machinery (:class:`~ember.device.Allocator` and :class:`~ember.device.Compiler`); the
+other three are duck-typed and described here as Protocols, so a type checker can check a
+plugin against them without the plugin inheriting anything:
+
+* :class:`Renderer` -- capabilities codegen reads, plus ``render(name, uops) -> source``
+  (``ember.renderer.Renderer`` is a ready base class that satisfies it);
+* :class:`Program` -- a loaded kernel, made by ``device.runtime(name, binary)``;
+* :class:`Graph` -- an optional batch of kernel calls replayed as one, made by
+  ``device.graph(calls)``.
+
+Everything here is re-exported by :mod:`ember.device`; plugins import it from there.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """What kind of memory a buffer needs, passed as ``options`` to ``Allocator.alloc`` and ``free``.
+
+    ``None`` (the default everywhere) means ordinary device memory. An allocator that has no
+    special kind for a flag ignores it: on a host device every buffer is host-visible anyway.
+    Buffers are only reused by the LRU cache for the same size *and* the same spec.
+
+    Attributes:
+        host_visible: the host reads or writes this memory directly (pinned / mapped memory that
+            ``Allocator.as_buffer`` can return a view of), e.g. a staging buffer for copies.
+        uncached: the device should not cache it (memory another device or the host polls,
+            such as a signal or a ring buffer).
+        cpu_access: the host will access it often and the device rarely: place it where the
+            host is fast (for a discrete GPU, system memory rather than VRAM).
+    """
+
+    host_visible: bool = False
+    uncached: bool = False
+    cpu_access: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("host_visible", "uncached", "cpu_access"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"BufferSpec.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+@runtime_checkable
+class Program(Protocol):
+    """A loaded kernel, made by ``device.runtime(name, binary)``.
+
+    Calling it launches the kernel on opaque buffers (from the device's allocator, in the order of
+    the kernel's ``DEFINE_GLOBAL`` parameters) with the int variables ``vals`` (in ``DEFINE_VAR``
+    order). ``global_size`` and ``local_size`` are the launch grid (innermost dimension first,
+    three entries); loop-based devices ignore them; ``local_size=None`` lets the driver choose.
+    It returns the elapsed seconds when ``wait`` is true (after the kernel finished), else
+    ``None`` (the kernel may still be running; ``device.synchronize()`` waits for it).
+    """
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> float | None: ...
+
+
+#: One kernel call of a :class:`Graph`: ``(program, bufs, vals, global_size, local_size)``.
+GraphCall = tuple[Program, Sequence[Any], Sequence[int], tuple[int, ...], "tuple[int, ...] | None"]
+
+
+@runtime_checkable
+class Graph(Protocol):
+    """A list of kernel calls captured once and replayed as one (a CUDA graph, a prebuilt queue, a C loop).
+
+    Made by ``device.graph(calls)`` from a sequence of :data:`GraphCall`; the programs all come
+    from the same device. A graph keeps its programs and buffers alive. Launch sizes matter only
+    to grid devices. The engine's JIT replays a captured function through it, swapping inputs
+    with :meth:`update_buffer` and symbolic values with :meth:`update_vals`.
+    """
+
+    def __call__(self, wait: bool = False) -> float | None:
+        """Run every call in order; with ``wait``, wait for the last and return the elapsed seconds."""
+        ...
+
+    def update_buffer(self, call_index: int, buf_index: int, opaque: Any) -> None:
+        """Make argument ``buf_index`` of call ``call_index`` the buffer ``opaque`` (same size or larger)."""
+        ...
+
+    def update_vals(self, call_index: int, vals: Sequence[int]) -> None:
+        """Replace the int variables of call ``call_index``; ``ValueError`` when the count differs."""
+        ...
+
+    def __len__(self) -> int:
+        """The number of calls."""
+        ...
+
+
+#: What ``device.graph`` is: a class (or any callable) that builds a :class:`Graph` from calls.
+GraphFactory = Callable[[Sequence[GraphCall]], Graph]
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """What core reads from a device's renderer: capabilities, and ``render``.
+
+    Codegen asks the renderer, never a device name, what the target can do; every attribute here
+    is part of the lowering cache key. ``ember.renderer.Renderer`` provides defaults for all of
+    them (a loop-based target without local memory) and ``ember.renderer.CStyleRenderer`` a C
+    family renderer to subclass.
+    """
+
+    #: the device name the renderer was made for (part of cache keys)
+    device: str
+    #: dtypes the target can load, store and compute with
+    supported_dtypes: frozenset[Any]
+    #: True when the target launches a grid of threads (GPU-style)
+    has_local: bool
+    has_shared: bool
+    global_max: tuple[int, ...] | None
+    local_max: tuple[int, ...] | None
+    shared_max: int
+    #: host threads a loop-based target may split its outer loop across
+    parallel_threads: int
+    #: a dialect option that changes the rendered source (part of every cache key)
+    variant: str
+    #: matrix-multiply instructions (``ember.renderer.TensorCore``); empty when none
+    tensor_cores: tuple[Any, ...]
+
+    def render(self, name: str, uops: list[Any]) -> str:
+        """The source of a kernel called ``name`` computing the linear program ``uops``."""
+        ...
