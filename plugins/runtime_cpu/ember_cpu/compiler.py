@@ -20,9 +20,7 @@ import shlex
 import subprocess
 import tempfile
 
-from ember.device.batch_compiler import BatchCompiler
-from ember.device.compiler import CompileError
-from ember.helpers import DEBUG, getenv
+from ember.device import DEBUG, BatchCompiler, CompileError, getenv
 from ember_cpu.toolchain import cc_version, probe_toolchain, select_toolchain
 
 # -fno-trapping-math: ember never reads floating-point exception flags, and gcc's default

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ember import diskcache
+from ember.device import diskcache
 
 #: probe format version: bump when the probes change, so cached results are not reused
 _PROBE_VERSION = 1
