@@ -4,14 +4,13 @@ minimum and maximum, clamp, where, lerp, abs, sign and rounding.
 Semantics follow torch: type promotion with weak Python scalars, ``//`` floors and ``%`` takes
 the sign of the divisor (``idiv`` truncates toward zero, as tinygrad's does), integer arithmetic
 wraps in its own width, ``int ** int`` stays an integer, and a call torch rejects raises the
-exception type torch raises. Two deliberate, documented differences: an integer tensor divided
-(``//``, ``%``, ``idiv``) by a zero *tensor element* gives 0 where torch raises, and a float
-``//`` is ``floor(a / b)`` (``%`` is ``a - floor(a / b) * b``), which can differ from torch by one
-in the rare case where ``a / b`` rounds up to an integer.
+exception type torch raises. Float ``%`` and ``//`` build on the device's exact ``fmod`` (the
+primitive ``MOD`` on floats), so they match torch at any quotient (``70000. % 0.001``,
+``2.5 // 0.1 == 24``). One deliberate, documented difference: an integer tensor divided (``//``,
+``%``, ``idiv``) by a zero *tensor element* gives 0 where torch raises.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -64,8 +63,7 @@ class ArithmeticMixin:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
                                f"'{rounding_mode}'")
         if a.dtype.kind == "f":
-            q = a._alu(Ops.FDIV, b)
-            return q.trunc() if rounding_mode == "trunc" else _float_floor_div(a, b, q)
+            return a._alu(Ops.FDIV, b).trunc() if rounding_mode == "trunc" else _float_floor_div(a, b)
         if a.dtype.kind == "b":
             raise not_implemented(f"div_{rounding_mode}_cpu", a.dtype)
         _check_int_divisor(x, reverse, a.dtype)
@@ -489,22 +487,37 @@ def _round_half_even(x: Tensor) -> Tensor:
     return up.where(t + step, t)
 
 
-def _float_floor_div(a: Tensor, b: Tensor, q: Tensor) -> Tensor:
-    """``floor(a / b)`` with Python's and torch's answers where an operand is infinite."""
-    out = q.floor()
-    a_inf, b_inf = a.isinf(), b.isinf()
-    opposite = (a != 0) & ((a < 0) ^ (b < 0))
-    out = (b_inf & a.isfinite() & opposite).where(-1.0, out)
-    return (a_inf & b.isfinite() & (b != 0)).where(math.nan, out)
+def _float_floor_div(a: Tensor, b: Tensor) -> Tensor:
+    """torch's float floor division, exact at any quotient: ``(a - fmod(a, b)) / b`` is within rounding of
+    an integer, one less when the remainder's sign differs from the divisor's, rounded to the nearest
+    integer; a zero quotient keeps the sign of ``a / b`` and a zero divisor gives ``a / b``. Computing
+    ``floor(a / b)`` instead is off by one where ``a / b`` rounds up to an integer (``2.5 // 0.1``)."""
+    dt = a.dtype
+    n, d = a.detach().cast(compute_dtype(dt)), b.detach().cast(compute_dtype(dt))
+    q = n._alu(Ops.FDIV, d)
+    m = n._alu(Ops.MOD, d)
+    div = (n - m)._alu(Ops.FDIV, d)
+    div = ((m != 0) & ((d < 0) ^ (m < 0))).where(div - 1, div)
+    fl = div.floor()
+    fl = ((div - fl) > 0.5).where(fl + 1, fl)
+    fl = (div == 0).where(q * 0.0, fl)  # q is finite here: the zero takes its sign
+    out = (d == 0).where(q, fl).cast(dt)
+    return out._record((a, b), lambda g, o, p: (g.zeros_like(), g.zeros_like()), "floor_divide")  # a step function
 
 
 def _float_mod(a: Tensor, b: Tensor) -> Tensor:
-    """``a - floor(a / b) * b``, with the sign of ``b`` (a zero keeps the sign of ``a``), like torch's remainder."""
-    r = a - a._alu(Ops.FDIV, b).floor() * b
-    r = ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
-    r = (r == 0).where(a * 0.0, r)
-    same = (a == 0) | ((a < 0) ^ (b > 0))
-    return (b.isinf() & a.isfinite()).where(same.where(a, b), r)
+    """torch's float remainder: the exact C ``fmod`` moved into the divisor's sign (``m + b`` when the signs
+    differ). The device's ``fmod`` is exact at any quotient, where ``a - floor(a / b) * b`` loses every digit
+    once ``a / b`` passes 2**24. Gradients: ``g`` for ``a``, ``-g * floor(a / b)`` for ``b``, as in torch."""
+    dt = a.dtype
+    n, d = a.detach().cast(compute_dtype(dt)), b.detach().cast(compute_dtype(dt))
+    m = n._alu(Ops.MOD, d)
+    out = ((m != 0) & ((d < 0) ^ (m < 0))).where(m + d, m).cast(dt)
+
+    def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        return g, -g * _float_floor_div(p[0].detach(), p[1].detach())
+
+    return out._record((a, b), rule, "remainder") if dt.kind == "f" else out
 
 
 def _int_pow_const(x: Tensor, n: int) -> Tensor:

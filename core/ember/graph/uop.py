@@ -156,7 +156,8 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.LOG2: lambda x: _safe_log(x, math.log2), Ops.SIN: _safe_sin,
     Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
     Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
-    Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv, Ops.MOD: _c_mod,
+    Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv,
+    Ops.MOD: lambda a, b: _c_mod(a, b) if isinstance(a + b, int) else math.fmod(a, b),  # floats: C fmod
     Ops.MAX: lambda a, b: a if (a > b or a != a) else b,
     Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b, Ops.CMPEQ: lambda a, b: a == b,
     Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,

@@ -28,7 +28,8 @@ class CStyleRenderer(Renderer):
         dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double"}
     #: float32 math function names; float64 drops the ``f`` suffix
     math_fns: dict[Ops, str] = {Ops.SQRT: "sqrtf", Ops.EXP: "expf", Ops.LOG: "logf", Ops.EXP2: "exp2f",
-                                Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf"}
+                                Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf",
+                                Ops.MOD: "fmodf"}  # MOD of floats is C fmod (exact at any quotient)
     preamble: str = ""
 
     # --- hooks ---------------------------------------------------------------------------------
@@ -146,6 +147,11 @@ class CStyleRenderer(Renderer):
             hi = f"{2.0 ** (dt.bitsize if dt.kind == 'u' else dt.bitsize - 1)!r}"
             t = f"((double){x})"
             return f"(({t} > {lo} - 1.0 && {t} < {hi}) ? (({self.render_dtype(dt)}){x}) : 0)"
+        if sdt.kind in "iu" and dt in (dtypes.float32, dtypes.float64):
+            # gcc under -fno-trapping-math folds (float)(int)x into truncf(x), which keeps the sign of a
+            # zero (-0.5 -> -0.0); an integer converts to +0.0, and this select survives that fold
+            t = self.render_dtype(dt)
+            return f"((({t}){x} == 0) ? ({t})0 : (({t}){x}))"
         return f"(({self.render_dtype(dt)}){x})"
 
     def render_bitcast(self, u: UOp, x: str) -> str:
