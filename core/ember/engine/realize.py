@@ -62,27 +62,60 @@ class CompiledRunner(Runner):
 
 
 class BufferCopy(Runner):
-    """Copy between devices (through the host unless the allocator can transfer directly)."""
+    """Copy between devices.
+
+    Between two devices of one plugin (``CL`` and ``CL:1``) the destination allocator's ``transfer``
+    copies without the host when it can. Otherwise the bytes go through host memory once: straight
+    from (or into) the zero-copy host view of whichever side has one (``as_buffer``), and through a
+    staging copy only when neither has.
+    """
 
     def __init__(self, nbytes: int, dest_device: str, src_device: str):
         self.nbytes, self.device, self.src_device = nbytes, dest_device, src_device
         self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
         self.estimated_mem = nbytes
+        self.same_plugin = Device.origin(dest_device) == Device.origin(src_device)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
         dest, src = bufs
         st = time.perf_counter()
         dest.allocate()
-        Device[src.device].synchronize()
-        try:  # zero-copy host view of the source when its allocator offers one
-            host = src.allocator.as_buffer(src._buf)
-        except (NotImplementedError, AttributeError):
-            host = memoryview(src.as_bytes())
-        dest.copyin(host)
+        src_dev, dest_dev = Device[src.device], Device[dest.device]
+        src_dev.synchronize()
+        if not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev)):
+            _copy_through_host(dest, src, dest_dev)
         if wait:
             Device[dest.device].synchronize()
             return time.perf_counter() - st
         return None
+
+
+def _host_view(buf: Buffer) -> memoryview | None:
+    """The zero-copy host view of ``buf``'s memory, or None when its allocator has none."""
+    try:
+        return buf.allocator.as_buffer(buf.opaque)
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _transfer(dest: Buffer, src: Buffer, src_dev: Any, dest_dev: Any) -> bool:
+    """Copy with the plugin's own ``Allocator.transfer``; False when it has none (``NotImplementedError``)."""
+    try:
+        dest.allocator.transfer(dest.opaque, src.opaque, src.nbytes, src_dev, dest_dev)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _copy_through_host(dest: Buffer, src: Buffer, dest_dev: Any) -> None:
+    """One pass through host memory: from the source's host view, into the destination's, or via a staging copy."""
+    if (view := _host_view(src)) is not None:
+        dest.copyin(view)
+    elif (view := _host_view(dest)) is not None:
+        dest_dev.synchronize()  # kernels queued on the destination may still read the old contents
+        src.copyout(view)
+    else:
+        dest.copyin(memoryview(src.as_bytes()))
 
 
 method_cache: dict[tuple[str, UOp], CompiledRunner] = {}
