@@ -5,9 +5,10 @@ from dataclasses import dataclass
 
 from ember.codegen.linearize import linearize
 from ember.codegen.lowerer import global_dims, lower_ast
+from ember.codegen.opts import Opt, apply_opts, local_size
 from ember.dtype import PtrDType
 from ember.graph.uop import GroupOp, Ops, UOp
-from ember.helpers import DEBUG, prod
+from ember.helpers import BEAM, DEBUG, NOOPT, prod
 from ember.renderer import Renderer
 
 
@@ -24,6 +25,8 @@ class ProgramSpec:
     estimated_mem: int
     outs: tuple[int, ...]
     ins: tuple[int, ...]
+    #: the optimizations the kernel was lowered with
+    opts: tuple[Opt, ...] = ()
 
 
 def kernel_name(ast: UOp) -> str:
@@ -62,19 +65,33 @@ def _is_index(u: UOp) -> bool:
     return getattr(u.dtype, "kind", "") in "iub" and u.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.AND)
 
 
-def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> ProgramSpec:
-    """Lower, linearize and render one kernel AST for ``renderer``."""
+def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """The opts a kernel gets: none under ``NOOPT``, a timed search under ``BEAM``, else the heuristic."""
     from ember.codegen.opts import heuristic_opts
 
-    opts = heuristic_opts(ast, renderer)
-    upcast = {o.axis: o.amount for o in opts if o.op == "UPCAST"}
-    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, upcast)
+    if NOOPT:
+        return []
+    if BEAM >= 1:
+        from ember.codegen.search import beam_search
+
+        return beam_search(ast, renderer, int(BEAM.value))
+    return heuristic_opts(ast, renderer)
+
+
+def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
+    """Lower (once), linearize and render one kernel AST for ``renderer`` with ``opts`` (default: chosen by
+    :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
+    opts = choose_opts(ast, renderer) if opts is None else list(opts)
+    plan = apply_opts(ast, renderer, opts)
+    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):
             print(f"{i:4d} {u.op.name:14s} {str(u.dtype):22s} {[uops.index(s) if s in uops else -1 for s in u.src]} "
                   f"{u.arg!r}")
     name = name or kernel_name(ast)
+    if DEBUG >= 3:
+        print(f"{name:32s} opts {opts}")
     src = renderer.render(name, uops)
     ops, mem = estimate(uops)
     outs = tuple(s.src[0].arg[0] for s in ast.src)
@@ -82,4 +99,5 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None) -> Progra
     # launch sizes: the innermost global loop is dimension 0
     sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
-    return ProgramSpec(name, src, tuple(uops), g3, None, ops, mem, outs, ins)  # type: ignore[arg-type]
+    return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,  # type: ignore[arg-type]
+                       tuple(opts))

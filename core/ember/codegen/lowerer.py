@@ -14,12 +14,16 @@ import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.symbolic import simplify, split_terms
 from ember.graph.uop import GroupOp, Ops, UOp
 from ember.helpers import prod
+
+if TYPE_CHECKING:
+    from ember.codegen.opts import KernelPlan
 
 
 def ast_shape(u: UOp, memo: dict[UOp, tuple[int, ...]]) -> tuple[int, ...]:
@@ -58,7 +62,8 @@ class LoweringContext:
     range_count: int = 0
     memo: dict[tuple, UOp] = field(default_factory=dict)
     shapes: dict[UOp, tuple[int, ...]] = field(default_factory=dict)
-    reduce_ranges: dict[tuple[UOp, int], UOp] = field(default_factory=dict)
+    reduce_ranges: dict[tuple[UOp, int], tuple[UOp | None, UOp]] = field(default_factory=dict)
+    plan: KernelPlan | None = None
     view_index: dict[tuple, tuple[UOp, UOp]] = field(default_factory=dict)
 
     def new_range(self, size: int, kind: str) -> UOp:
@@ -124,6 +129,25 @@ def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) ->
     return out
 
 
+def _reduce_indices(ctx: LoweringContext, red: UOp, ax: int, size: int, ranges: list[UOp]) -> list[UOp]:
+    """The loops of reduced axis ``ax`` of ``red`` (appended to ``ranges``, outermost first) and the index of
+    each unrolled copy: ``t * (size / threads) + r * unroll + c``."""
+    unroll, threads = ctx.plan.src_split(ax, size) if ctx.plan is not None else (1, 1)
+    key = (red, ax)
+    if key not in ctx.reduce_ranges:
+        # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
+        outer = ctx.new_range(threads, "thread") if threads > 1 else None
+        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // unroll, "reduce"))
+    outer, inner = ctx.reduce_ranges[key]
+    if outer is not None:
+        ranges.append(outer)
+    ranges.append(inner)
+    base = inner * unroll if unroll > 1 else inner
+    if outer is not None:
+        base = outer * (size // threads) + base
+    return [simplify(base + c) if c or outer is not None or unroll > 1 else inner for c in range(unroll)]
+
+
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
     if u.op is Ops.VIEW:
         idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype)
@@ -162,23 +186,29 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     elif u.op is Ops.REDUCE_AXIS:
         op, axes = u.arg
         src_shape = ast_shape(u.src[0], ctx.shapes)
-        new_idxs = list(idxs)
-        ranges = []
+        ranges: list[UOp] = []
+        # per reduced axis, the index of each unrolled copy
+        choices: list[list[tuple[int, UOp]]] = []
         for ax in axes:
             if src_shape[ax] == 1:
-                new_idxs[ax] = UOp.const(ctx.idx_dtype, 0)
+                choices.append([(ax, UOp.const(ctx.idx_dtype, 0))])
                 continue
-            # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
-            if (u, ax) not in ctx.reduce_ranges:
-                ctx.reduce_ranges[(u, ax)] = ctx.new_range(src_shape[ax], "reduce")
-            r = ctx.reduce_ranges[(u, ax)]
-            ranges.append(r)
-            new_idxs[ax] = r
-        val = _lower(ctx, u.src[0], tuple(new_idxs), gate)
+            choices.append([(ax, i) for i in _reduce_indices(ctx, u, ax, src_shape[ax], ranges)])
+        vals = []
+        for combo in itertools.product(*choices):
+            new_idxs = list(idxs)
+            for ax, i in combo:
+                new_idxs[ax] = i
+            vals.append(_lower(ctx, u.src[0], tuple(new_idxs), gate))
         if any(s == 0 for s in src_shape):
             out = UOp.const(u.dtype, reduce_identity(op, u.dtype))  # type: ignore[arg-type]
+        elif not ranges:
+            out = functools.reduce(lambda a, b: UOp(op, a.dtype, (a, b)), vals)
         else:
-            out = UOp(Ops.REDUCE, u.dtype, (val, *ranges), op) if ranges else val
+            # each unrolled copy has its own accumulator (independent chains the compiler can vectorize), all in
+            # one loop (linearize groups reductions over the same loops); they are combined after it
+            out = functools.reduce(lambda a, b: UOp(op, a.dtype, (a, b)),
+                                   [UOp(Ops.REDUCE, u.dtype, (v, *ranges), op) for v in vals])
     elif u.op in GroupOp.Elementwise:
         out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
     else:
@@ -204,13 +234,14 @@ def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: 
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
 
 
-def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, int] | None = None) -> UOp:
+def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None) -> UOp:
     """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
 
     ``max_global_dims`` limits how many global loops there are (a GPU launch grid has 3).
-    ``upcast`` maps an output dim to a factor u: each loop iteration computes u neighbouring
-    outputs of that dim (unrolled, sharing loads and index math), which lets the compiler keep
-    them in registers and vectorize.
+    ``plan`` (from :func:`ember.codegen.opts.apply_opts`) reshapes the loops: an upcast output dim computes
+    several neighbouring outputs per iteration (unrolled, sharing loads and index math, so the compiler keeps
+    them in registers and vectorizes), an unrolled reduce dim several elements per step, a padded dim runs
+    past its end with its stores and loads gated off, a threaded reduce dim gets an outer "thread" loop.
     """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
     biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
@@ -218,27 +249,34 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, upcast: dict[int, in
     work = 1
     for d in out_shape:
         work *= max(d, 1)
+    if plan is not None:
+        for ax, n in plan.padded.items():
+            work = work // max(out_shape[ax], 1) * n
     idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
-    ctx = LoweringContext(idx_dtype)
+    ctx = LoweringContext(idx_dtype, plan=plan)
     # lowering recurses once per node along a chain: leave room for long elementwise chains
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
-    upcast = {d: u for d, u in (upcast or {}).items() if u > 1 and out_shape[d] % u == 0}
-    if upcast and max_global_dims is None:
-        loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(out_shape))
-        base = _global_indices(ctx, loop_shape, None)
-        # each dim's candidate indices once; a tile copy picks one per dim
-        choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if i in upcast else [b]
-                   for i, b in enumerate(base)]
-        all_gidx = list(itertools.product(*choices))
-    else:
-        all_gidx = [_global_indices(ctx, out_shape, max_global_dims)]
+    upcast = plan.upcast if plan is not None else {}
+    padded = plan.padded if plan is not None else {}
+    sizes = tuple(padded.get(i, d) for i, d in enumerate(out_shape))
+    loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(sizes))
+    base = _global_indices(ctx, loop_shape, max_global_dims)
+    # each dim's candidate indices once; a tile copy picks one per dim
+    choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if upcast.get(i, 1) > 1 else [b]
+               for i, b in enumerate(base)]
     stores = []
-    for gidx in all_gidx:
+    for gidx in itertools.product(*choices):
+        # past the end of a padded dim nothing is loaded or stored
+        gate = UOp.const(dtypes.bool, True)
+        for ax in padded:
+            gate = gate.logical_and(gidx[ax].lt(out_shape[ax]))
+        gate = simplify(gate)
         for store in ast.src:
             assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"
             buf, value = store.src
-            val = _lower(ctx, value, gidx, UOp.const(dtypes.bool, True))
+            val = _lower(ctx, value, gidx, gate)
             idx, valid = view_index(ctx, store.arg, gidx)
+            valid = simplify(valid.logical_and(gate))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
     return simplify(UOp(Ops.SINK, None, tuple(stores)))

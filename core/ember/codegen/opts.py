@@ -1,128 +1,239 @@
-"""Kernel optimizations chosen before lowering.
+"""Kernel optimizations as data: a list of :class:`Opt` reshapes a kernel's iteration space before lowering.
 
-An optimization reshapes a kernel's iteration space without changing its result. Today the
-heuristic picks UPCASTs for reductions on loop-based (CPU-style) targets: each loop
-iteration computes a small tile of outputs, so loads are shared and the compiler can keep
-accumulators in registers and vectorize the contiguous direction. The same ``Opt`` list is
-what a BEAM search would vary and time.
+A kernel's *full shape* is the shape of the tensor its (first) reduction reads, or its output shape when it
+has no reduction; the output has the same rank, with 1 on the reduced axes. An ``Opt(op, axis, arg)`` names
+one axis of that full shape:
 
-Tiles are sized from the target's register file (``vector_floats`` lanes per register,
-``vector_registers`` registers; a renderer without them gets a small SSE/NEON-sized default):
-enough independent accumulators to cover the latency of the multiply-adds, few enough that
-they stay in registers.
+- ``UPCAST`` (output axis): each loop iteration computes ``arg`` neighbouring outputs (a register tile).
+- ``UNROLL`` (reduce axis): each reduction step handles ``arg`` neighbouring elements.
+- ``LOCAL`` (output axis, work-group targets): ``arg`` work-items of a group run along the axis.
+- ``PADTO`` (output axis): the loop runs to the next multiple of ``arg``; the extra iterations store nothing,
+  so a later UPCAST or LOCAL of a size that does not divide the axis becomes possible.
+- ``THREAD`` (reduce axis of a full reduction, loop targets with several cores): the reduction is split into
+  ``arg`` parts that run on different cores and are combined at the end.
+- ``GROUP`` / ``GROUPTOP`` / ``TC``: a reduction shared by the work-items of a group through local memory,
+  and tensor cores. They are validated like the others; this codegen does not lower them yet and says so.
+
+``arg`` 0 means "the whole remaining axis" for UPCAST and UNROLL. :func:`apply_opts` checks every opt in
+order and returns the :class:`KernelPlan` the lowerer reads; a bad opt raises :class:`OptError` naming the
+opt, the axis and why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ember.codegen.lowerer import global_dims, lower_ast
-from ember.graph.symbolic import split_terms, term_coeff
 from ember.graph.uop import Ops, UOp
-from ember.helpers import NOOPT, prod
+from ember.helpers import prod
 from ember.renderer import Renderer
 
-#: most operations in the unrolled body of a tiled reduction loop (bounds the C source and its compile time:
-#: a float32 matmul, 6 per output, gets a 256-output tile; a padded convolution, ~26, a 32-output one)
-MAX_TILE_OPS = 1536
+OPT_OPS = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "THREAD", "TC")
+_OUTPUT_OPS = ("UPCAST", "LOCAL", "PADTO")
+_REDUCE_OPS = ("UNROLL", "GROUP", "GROUPTOP")
+#: opts this codegen can lower; the rest are checked and refused with a clear reason
+_LOWERED = ("UPCAST", "UNROLL", "LOCAL", "PADTO", "THREAD")
+#: the largest register tile (outputs times unrolled reduce steps) an opt list may build
+MAX_UPCAST = 1024
+
+
+class OptError(ValueError):
+    """An optimization that cannot be applied to a kernel (the message names the opt, the axis and why)."""
 
 
 @dataclass(frozen=True)
 class Opt:
-    """One optimization: ``op`` in ("UPCAST",), applied to output ``axis`` with factor ``amount``."""
+    """One optimization: ``op`` (one of :data:`OPT_OPS`) on ``axis`` of the kernel's full shape with ``arg``."""
 
     op: str
     axis: int
-    amount: int
+    arg: int
+
+    @property
+    def amount(self) -> int:
+        """``arg`` (the split factor for every op but TC, where it picks the tensor core)."""
+        return self.arg
+
+    def __repr__(self) -> str:
+        return f"Opt({self.op}, {self.axis}, {self.arg})"
 
 
-def load_strides(ast: UOp, lowered: UOp | None = None) -> dict[int, set[int]]:
-    """For each output dim, the strides with which the loads inside the kernel's reductions walk it (0 = not used).
+@dataclass
+class KernelPlan:
+    """What the lowerer needs from an opt list: per-axis factors, the padded sizes and the thread split."""
 
-    Loads that no reduction loop moves (a bias, a row's max) are read once per output: they do not
-    say how a tile would share work. ``lowered`` is ``lower_ast(ast)`` when the caller has it.
+    full_shape: tuple[int, ...]
+    reduce_axes: tuple[int, ...]
+    opts: tuple[Opt, ...] = ()
+    upcast: dict[int, int] = field(default_factory=dict)
+    unroll: dict[int, int] = field(default_factory=dict)
+    local: dict[int, int] = field(default_factory=dict)
+    padded: dict[int, int] = field(default_factory=dict)
+    thread: tuple[int, int] | None = None
+    #: reduce axis -> the axis of the reduction's input it splits
+    reduce_src: dict[int, int] = field(default_factory=dict)
+
+    def src_split(self, src_axis: int, size: int) -> tuple[int, int]:
+        """(unroll, threads) for axis ``src_axis`` (of extent ``size``) of a reduction's input."""
+        for ax, s in self.reduce_src.items():
+            if s == src_axis and self.full_shape[ax] == size:
+                threads = self.thread[1] if self.thread is not None and self.thread[0] == ax else 1
+                return self.unroll.get(ax, 1), threads
+        return 1, 1
+
+    def size(self, axis: int) -> int:
+        """The loop extent of ``axis`` after padding."""
+        return self.padded.get(axis, self.full_shape[axis])
+
+    def remaining(self, axis: int) -> int:
+        """What is left of ``axis`` to split after the opts applied so far."""
+        left = self.size(axis) // self.upcast.get(axis, 1) // self.unroll.get(axis, 1) // self.local.get(axis, 1)
+        if self.thread is not None and self.thread[0] == axis:
+            left //= self.thread[1]
+        return left
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """How a kernel's axes are numbered (see the module docstring).
+
+    ``full_shape`` lists the output axes, then (when the reduction's input does not have the output's rank with
+    1 on the reduced axes) the reduced axes appended. ``reduce_src`` maps each reduce axis to the axis of the
+    reduction's input it splits; ``out_to_src`` maps output axes to the reduction input's axes they index (empty
+    when a reshape after the reduction mixes them).
     """
-    out_shape = global_dims(ast)
-    dims = [i for i, d in enumerate(out_shape) if d != 1]
-    lowered = lowered if lowered is not None else lower_ast(ast)
-    range_dim = {}
-    for n in lowered.toposort():
-        if n.op is Ops.RANGE and n.arg[1] == "global":
-            range_dim[n] = dims[n.arg[0]] if n.arg[0] < len(dims) else None
-    strides: dict[int, set[int]] = {d: set() for d in dims}
-    for n in lowered.toposort():
-        if n.op is not Ops.LOAD or not any(r.op is Ops.RANGE and r.arg[1] == "reduce" for r in n.src[1].toposort()):
+
+    full_shape: tuple[int, ...]
+    reduce_axes: tuple[int, ...]
+    reduce_src: dict[int, int]
+    out_to_src: dict[int, int]
+
+
+def kernel_shape(ast: UOp) -> KernelShape:
+    """The axes of ``ast``'s iteration space (see :class:`KernelShape`)."""
+    from ember.codegen.lowerer import ast_shape
+
+    out = tuple(ast.src[0].arg.shape)
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if not reduces:
+        return KernelShape(out, (), {}, {i: i for i in range(len(out))})
+    memo: dict[UOp, tuple[int, ...]] = {}
+    src = ast_shape(reduces[0].src[0], memo)
+    red = tuple(a for a in sorted(set(reduces[0].arg[1])) if src[a] != 1)
+    if len(out) == len(src) and all(out[a] == 1 for a in red) and \
+            all(o == s for i, (o, s) in enumerate(zip(out, src)) if i not in red):
+        return KernelShape(src, red, {a: a for a in red}, {i: i for i in range(len(out)) if i not in red})
+    full = out + tuple(src[a] for a in red)
+    reduce_src = {len(out) + j: a for j, a in enumerate(red)}
+    out_dims = [i for i, d in enumerate(out) if d != 1]
+    src_dims = [i for i, d in enumerate(src) if d != 1 and i not in red]
+    same = [out[i] for i in out_dims] == [src[i] for i in src_dims]
+    return KernelShape(full, tuple(reduce_src), reduce_src, dict(zip(out_dims, src_dims)) if same else {})
+
+
+def full_shape(ast: UOp) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the kernel's full shape, its reduce axes): see :class:`KernelShape`."""
+    ks = kernel_shape(ast)
+    return ks.full_shape, ks.reduce_axes
+
+
+def _reduce_ops(ast: UOp) -> set[Ops]:
+    return {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
+
+
+def launch_dim(plan: KernelPlan, axis: int, renderer: Renderer) -> int | None:
+    """The launch dimension (0 = innermost) an output axis's loop gets on a grid target; None when the axis has
+    no loop of its own (merged with others because the grid has too few dimensions, or fully upcast)."""
+    dims = [i for i, d in enumerate(plan.full_shape)
+            if i not in plan.reduce_axes and plan.size(i) // plan.upcast.get(i, 1) != 1]
+    limit = len(renderer.global_max) if renderer.global_max is not None else len(dims)
+    # lower_ast merges the leading dims into one loop when there are more than the grid has
+    ranges: list[int | None] = dims if len(dims) <= limit else [None, *dims[len(dims) - limit + 1:]]
+    if axis not in ranges:
+        return None
+    return len(ranges) - 1 - ranges.index(axis)
+
+
+def _check(ok: bool, opt: Opt, why: str) -> None:
+    if not ok:
+        raise OptError(f"{opt.op} on axis {opt.axis} (arg {opt.arg}): {why}")
+
+
+def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) -> KernelPlan:
+    """Check ``opts`` in order against ``ast`` and ``renderer``; the plan the lowerer follows."""
+    ks = kernel_shape(ast)
+    shape, reduce_axes = ks.full_shape, ks.reduce_axes
+    plan = KernelPlan(shape, reduce_axes, tuple(opts), reduce_src=dict(ks.reduce_src))
+    for opt in opts:
+        if not isinstance(opt, Opt) or opt.op not in OPT_OPS:
+            raise OptError(f"unknown optimization {opt!r}; expected Opt(op, axis, arg) with op in {OPT_OPS}")
+        _check(0 <= opt.axis < len(shape), opt, f"the kernel has {len(shape)} axes (full shape {shape})")
+        _check(isinstance(opt.arg, int) and opt.arg >= 0, opt, "arg must be a non-negative int")
+        axis, is_reduce = opt.axis, opt.axis in reduce_axes
+        if opt.op in _OUTPUT_OPS:
+            _check(not is_reduce, opt, f"{opt.op} applies to output axes; axis {axis} is reduced")
+        if opt.op in _REDUCE_OPS:
+            _check(is_reduce, opt, f"{opt.op} applies to reduce axes; reduced axes are {list(reduce_axes)}")
+        _check(opt.op in _LOWERED, opt, "not supported by this codegen yet")
+        if opt.op == "PADTO":
+            _check(opt.arg > 1, opt, "pad to a multiple of at least 2")
+            _check(axis not in plan.padded and plan.remaining(axis) == shape[axis], opt,
+                   "PADTO must come before any other opt on the axis, once")
+            padded = -(-shape[axis] // opt.arg) * opt.arg
+            _check(padded - shape[axis] < opt.arg and padded <= 2 * shape[axis], opt,
+                   f"padding {shape[axis]} to {padded} would waste more than half the work")
+            plan.padded[axis] = padded
             continue
-        coeffs: dict[int, int] = {}
-        for t in split_terms(n.src[1]):
-            var, c = term_coeff(t)
-            if var in range_dim and range_dim[var] is not None:
-                coeffs[range_dim[var]] = c
-        for d in dims:
-            strides[d].add(coeffs.get(d, 0))
-    return strides
+        left = plan.remaining(axis)
+        amt = left if opt.arg == 0 and opt.op in ("UPCAST", "UNROLL") else opt.arg
+        _check(amt > 1, opt, "the split factor must be at least 2")
+        _check(left % amt == 0, opt, f"{amt} does not divide what is left of the axis ({left})")
+        if opt.op in ("UPCAST", "UNROLL"):
+            table = plan.upcast if opt.op == "UPCAST" else plan.unroll
+            table[axis] = table.get(axis, 1) * amt
+            tile = prod(plan.upcast.values()) * prod(plan.unroll.values())
+            _check(tile <= MAX_UPCAST, opt, f"the register tile would hold {tile} values (at most {MAX_UPCAST})")
+        elif opt.op == "LOCAL":
+            _check(renderer.has_local and renderer.local_max is not None, opt,
+                   f"{type(renderer).__name__} has no work-groups")
+            _check(plan.upcast.get(axis, 1) == 1, opt, "LOCAL must come before UPCAST on the same axis")
+            dim = launch_dim(plan, axis, renderer)
+            _check(dim is not None, opt, "the axis shares its launch dimension with others")
+            assert dim is not None and renderer.local_max is not None
+            size = plan.local.get(axis, 1) * amt
+            _check(size <= renderer.local_max[dim], opt,
+                   f"work-group size {size} exceeds the device's {renderer.local_max[dim]} in dimension {dim}")
+            _check(prod(plan.local.values()) * amt <= prod(renderer.local_max), opt, "work-group too large")
+            plan.local[axis] = size
+        elif opt.op == "THREAD":
+            _check(not renderer.has_local and renderer.parallel_threads > 1, opt,
+                   f"{type(renderer).__name__} does not run loops on several cores")
+            _check(plan.thread is None, opt, "only one THREAD opt per kernel")
+            _check(is_reduce, opt, "output loops already run across cores; THREAD splits a full reduction")
+            _check(all(d == 1 for i, d in enumerate(shape) if i not in reduce_axes), opt,
+                   "THREAD needs a full reduction (one output)")
+            _check(_reduce_ops(ast) <= {Ops.ADD, Ops.MAX, Ops.MUL} and len(_reduce_ops(ast)) == 1, opt,
+                   "THREAD combines one ADD, MUL or MAX reduction")
+            _check(not plan.unroll.get(axis) and not plan.upcast, opt, "THREAD must come before UNROLL")
+            _check(amt <= 4 * renderer.parallel_threads, opt,
+                   f"more parts than 4x the {renderer.parallel_threads} cores")
+            plan.thread = (axis, amt)
+    return plan
 
 
-def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
-    """The largest divisor of ``size`` in [smallest, limit], or 1."""
-    for amt in range(min(limit, size), smallest - 1, -1):
-        if size % amt == 0:
-            return amt
-    return 1
+def local_size(plan: KernelPlan, renderer: Renderer) -> tuple[int, int, int] | None:
+    """The work-group size the LOCAL opts ask for, innermost launch dimension first (None: the driver picks)."""
+    if not plan.local:
+        return None
+    out = [1, 1, 1]
+    for axis, n in plan.local.items():
+        dim = launch_dim(plan, axis, renderer)
+        if dim is None:
+            raise OptError(f"LOCAL on axis {axis} (arg {n}): a later opt left the axis without a loop of its own")
+        out[dim] = n
+    return (out[0], out[1], out[2])
 
 
-def reduce_body_ops(lowered: UOp) -> int:
-    """How many operations (loads, index math, validity gates, ALU) one output costs per reduction step:
-    what a tile copy adds to the innermost loop's body."""
-    inside: dict[UOp, bool] = {}
-    count = 0
-    for n in lowered.toposort():
-        if n.op is Ops.RANGE:
-            inside[n] = n.arg[1] == "reduce"
-            continue
-        inside[n] = n.op is not Ops.REDUCE and any(inside[s] for s in n.src)
-        count += inside[n]
-    return max(1, count)
+# the heuristic lives in its own module; it is reached from here too
+from ember.codegen.heuristic import heuristic_opts  # noqa: E402
 
-
-def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
-    """Pick optimizations for ``ast`` on ``renderer`` (no timing; BEAM can do better)."""
-    if NOOPT or renderer.has_local or not any(n.op is Ops.REDUCE_AXIS for n in ast.toposort()):
-        return []
-    out_shape = global_dims(ast)
-    lowered = lower_ast(ast)
-    strides = load_strides(ast, lowered)
-    lanes: int = renderer.vector_floats
-    # three quarters of the registers hold accumulators; the rest carry the loads
-    acc_regs = max(2, renderer.vector_registers * 3 // 4)
-    max_tile = max(1, MAX_TILE_OPS // reduce_body_ops(lowered))
-    opts: list[Opt] = []
-    # 1) the innermost dim some input reads contiguously: two vector registers of outputs per row of the tile,
-    #    which the compiler turns into vector multiply-adds (matmul: a row of B times a broadcast element of A)
-    for d in sorted(strides, reverse=True):
-        if 1 in strides[d]:
-            # a multiple of 4 wide, so it splits into whole vectors
-            amt = max([a for a in range(4, min(2 * lanes, max_tile, out_shape[d]) + 1, 4) if out_shape[d] % a == 0],
-                      default=1)
-            if amt > 1:
-                opts.append(Opt("UPCAST", d, amt))
-            break
-    if opts:
-        # 2) rows of the tile: another dim that some input does not depend on (its loads are reused across the row)
-        vecs_per_row = -(-opts[0].amount // lanes)
-        for d in sorted(strides, reverse=True):
-            if d != opts[0].axis and 0 in strides[d]:
-                amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].amount))
-                if amt > 1:
-                    opts.append(Opt("UPCAST", d, amt))
-                break
-        return opts
-    # 3) nothing contiguous along the outputs (x @ w.T: both inputs run along the reduce axis, which the renderer
-    #    vectorizes as a reduction, one vector accumulator per output): a square-ish tile of outputs shares the loads
-    budget = min(acc_regs * 2 // 3, max_tile)
-    for d in sorted(strides, reverse=True):
-        if len(opts) < 2 and 0 in strides[d]:
-            limit = budget // prod(o.amount for o in opts) if opts else max(2, int(budget ** 0.5))
-            amt = _largest_factor(out_shape[d], min(limit, 4, out_shape[d] // 2))
-            if amt > 1:
-                opts.append(Opt("UPCAST", d, amt))
-    return opts
+__all__ = ["Opt", "OptError", "KernelPlan", "KernelShape", "kernel_shape", "apply_opts", "full_shape", "launch_dim",
+           "local_size", "heuristic_opts", "OPT_OPS"]

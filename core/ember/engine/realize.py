@@ -10,11 +10,7 @@ build pays it once per schedule rather than once per kernel.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import pathlib
 import pickle
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,10 +18,11 @@ from typing import Any
 
 from ember import diskcache
 from ember.codegen import ProgramSpec, get_program
+from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus
-from ember.graph.uop import Ops, UOp, serialize_uop
+from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters, colored
 from ember.schedule import ScheduleItem
 
@@ -139,6 +136,8 @@ def program_for(device: str, ast: UOp) -> ProgramSpec:
     if spec is None:
         spec = get_program(ast, renderer)
         _store_lowered(renderer, ast, spec)
+    elif DEBUG >= 3:
+        print(f"{spec.name:32s} opts {list(spec.opts)} (cached)")
     return spec
 
 
@@ -155,26 +154,6 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
         for key, binary in zip(keys, binaries):
             method_cache[key] = CompiledRunner(device, pending[key], binary)
-
-
-@functools.cache
-def _codegen_fingerprint(renderer_type: type) -> str:
-    """A hash of every source file that decides how an AST is lowered and rendered for ``renderer_type``."""
-    import ember
-
-    root = pathlib.Path(ember.__file__).parent
-    files = sorted([*root.glob("graph/*.py"), *root.glob("codegen/*.py"), *root.glob("renderer/*.py")])
-    files.append(pathlib.Path(sys.modules[renderer_type.__module__].__file__ or ""))
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.read_bytes() if f.is_file() else b"")
-    return h.hexdigest()
-
-
-def _lowering_key(renderer: Any, ast: UOp) -> str:
-    caps = (renderer.device, renderer.has_local, renderer.global_max, renderer.local_max, renderer.parallel_threads,
-            tuple(sorted(d.name for d in renderer.supported_dtypes)), renderer.variant)
-    return f"{_codegen_fingerprint(type(renderer))}\0{type(renderer).__qualname__}\0{caps!r}\0{serialize_uop(ast)}"
 
 
 def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:

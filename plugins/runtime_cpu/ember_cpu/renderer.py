@@ -242,11 +242,38 @@ class CPURenderer(CStyleRenderer):
         self.simd_ranges = {r for r in innermost if r.arg[1] == "global" and r not in hidden
                             and stored.get(r) == {1} and walks[r] <= {1} and r.src[1].op is Ops.CONST
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
+        self._declared: set[str] = set()
         return super().render(name, uops)
+
+    def _thread_loop(self, loop: str) -> list[str]:
+        """A THREAD loop: its parts of a full reduction run on different cores, each into a private copy of the
+        accumulators, combined at the end (a float max keeps a nan, as the scalar loop would)."""
+        lines: list[str] = []
+        clauses: list[str] = []
+        for name, op, dt in self.loop_accs:
+            if op is Ops.ADD:
+                clauses.append(f"reduction(+:{name})")
+            elif op is Ops.MUL:
+                clauses.append(f"reduction(*:{name})")
+            elif op is Ops.MAX and dt.kind == "f":
+                t = self.render_dtype(dt)
+                red = f"ember_max_{t.replace(' ', '_')}"
+                if red not in self._declared:
+                    self._declared.add(red)
+                    lines.append(f"#pragma omp declare reduction({red} : {t} : omp_out = (omp_in > omp_out || "
+                                 "omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = omp_orig)")
+                clauses.append(f"reduction({red}:{name})")
+            elif op is Ops.MAX:
+                clauses.append(f"reduction(max:{name})")
+            else:
+                raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {op}")
+        return [*lines, f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
         simd = u in self.simd_ranges
+        if u.arg[1] == "thread":
+            return self._thread_loop(loop)
         if parallel:
             return [f"#pragma omp parallel for{' simd' if simd else ''} schedule(static)", loop]
         if simd:

@@ -1,0 +1,164 @@
+"""Kernel speed against numpy / torch in the same run: the goals of the kernel optimizer.
+
+- float32 matmul 1024^2 in all four layouts (a@b, a@b.T, a.T@b, a.T@b.T) vs numpy (OpenBLAS)
+- sum of 64 MB of float32 vs numpy; max and mean along each axis of 4096^2 vs numpy
+- conv2d (batch 32, 64->64 channels, 3x3, 56x56) forward + backward vs torch on 2 threads
+- CL (when usable): 512^2 matmul with the heuristic's opts vs no opts
+
+Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
+already-scheduled, already-compiled kernel list. Prints one table row per case with the ratio
+``peer time / ember time`` (above 1: ember is faster) and the goal. Run: ``python bench/bench_kernels.py``
+(``--only matmul,sum,...`` picks cases).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def interleaved(fns: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Best wall time of each function, calling them in turn ``repeat`` times after one warm-up each."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            st = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - st)
+    return best
+
+
+def runner(out: object) -> Callable[[], object]:
+    """Schedule ``out`` once (its inputs realized); the returned function runs the schedule and waits."""
+    from ember.engine.realize import lower_schedule
+
+    items = lower_schedule(out.schedule())  # type: ignore[attr-defined]
+
+    def run() -> None:
+        for ei in items:
+            ei.run(wait=True)
+    return run
+
+
+ROWS: list[tuple[str, float, float, float, str]] = []
+
+
+def report(case: str, ember_s: float, peer_s: float, goal: float, peer: str) -> None:
+    ratio = peer_s / ember_s
+    ROWS.append((case, ember_s, peer_s, ratio, "ok" if ratio >= goal else f"MISS (goal {goal}x)"))
+    print(f"{case:34s} ember {ember_s * 1e3:8.2f} ms  {peer:5s} {peer_s * 1e3:8.2f} ms  ratio {ratio:5.2f}x "
+          f"(goal >= {goal}x) {'ok' if ratio >= goal else 'MISS'}", flush=True)
+
+
+def bench_matmul(repeat: int, n: int = 1024) -> None:
+    from ember import Tensor
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
+    for name, out, ref in [("a@b", ta @ tb, lambda: a @ b), ("a@b.T", ta @ tb.T, lambda: a @ b.T),
+                           ("a.T@b", ta.T @ tb, lambda: a.T @ b), ("a.T@b.T", ta.T @ tb.T, lambda: a.T @ b.T)]:
+        run = runner(out)
+        ember_s, np_s = interleaved([run, ref], repeat)
+        report(f"matmul {n}^2 {name}", ember_s, np_s, 0.6, "numpy")
+
+
+def bench_reduce(repeat: int) -> None:
+    from ember import Tensor
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(16 * 1024 * 1024, dtype=np.float32)
+    tx = Tensor(x, device="CPU").realize()
+    ember_s, np_s = interleaved([runner(tx.sum()), lambda: x.sum()], repeat)
+    report("sum 64 MB", ember_s, np_s, 1.5, "numpy")
+    m = rng.standard_normal((4096, 4096), dtype=np.float32)
+    tm = Tensor(m, device="CPU").realize()
+    for op in ("max", "mean"):
+        for axis in (0, 1):
+            out = getattr(tm, op)(axis)
+            ember_s, np_s = interleaved([runner(out), lambda op=op, axis=axis: getattr(m, op)(axis)], repeat)
+            report(f"{op} 4096^2 axis {axis}", ember_s, np_s, 1.0, "numpy")
+
+
+def bench_conv(repeat: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        print("conv2d: skipped (no torch)")
+        return
+    from ember import Tensor
+
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((32, 64, 56, 56), dtype=np.float32)
+    w = rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.05
+    tx, tw = Tensor(x, device="CPU", requires_grad=True).realize(), Tensor(w, device="CPU", requires_grad=True)
+    tw.realize()
+    out = tx.conv2d(tw, padding=1)
+    loss = out.sum()
+    loss.backward()
+    ember_run = runner(Tensor.stack if False else out)  # forward kernels
+    back = [tx.grad, tw.grad]
+    back_runs = [runner(g) for g in back if g is not None]
+
+    def ember_step() -> None:
+        ember_run()
+        for r in back_runs:
+            r()
+    px, pw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+
+    def torch_step() -> None:
+        px.grad = pw.grad = None
+        torch.nn.functional.conv2d(px, pw, padding=1).sum().backward()
+    ember_s, torch_s = interleaved([ember_step, torch_step], repeat)
+    report("conv2d 32x64x56x56 3x3 fwd+bwd", ember_s, torch_s, 0.5, "torch")
+
+
+def bench_cl(repeat: int, n: int = 512) -> None:
+    from ember import Tensor
+    from ember.codegen import get_program
+    from ember.device import Device
+    from ember.engine.realize import CompiledRunner
+
+    if (reason := Device.probe("CL")) is not None:
+        print(f"CL: skipped ({reason})")
+        return
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    ta, tb = Tensor(a, device="CL").realize(), Tensor(b, device="CL").realize()
+    si = (ta @ tb).schedule()[-1]
+    renderer = Device["CL"].renderer
+    runs = []
+    for opts in (None, []):
+        spec = get_program(si.ast, renderer, opts=opts)
+        prg = CompiledRunner("CL", spec)
+        runs.append(lambda prg=prg: prg(list(si.bufs), wait=True))
+        got = None
+        runs[-1]()
+        got = np.frombuffer(si.bufs[0].as_bytes(), np.float32).reshape(n, n)
+        np.testing.assert_allclose(got, a @ b, rtol=1e-3, atol=1e-3)
+        print(f"CL matmul {n}^2 opts {list(spec.opts)} local {spec.local_size}")
+    tuned, plain = interleaved(runs, repeat)
+    report(f"CL matmul {n}^2 heuristic vs none", tuned, plain, 10.0, "noopt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="matmul,reduce,conv,cl", help="comma-separated cases")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    cases = {"matmul": bench_matmul, "reduce": bench_reduce, "conv": bench_conv, "cl": bench_cl}
+    print(f"cores: {os.cpu_count()}")
+    for name in args.only.split(","):
+        cases[name](args.repeat)
+    misses = [r[0] for r in ROWS if r[4] != "ok"]
+    print(f"\n{len(ROWS) - len(misses)}/{len(ROWS)} goals hold" + (f"; missed: {', '.join(misses)}" if misses else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Pick a kernel's optimizations from its AST and the target's capabilities, without timing anything.
+
+Everything here reads the kernel AST (never a lowering of it: the kernel is lowered once, with the opts
+chosen) and the :class:`~ember.renderer.Renderer`'s capabilities, never a device name.
+
+Loop targets (CPU-style): register tiles sized from the register file (``vector_floats`` lanes per register,
+``vector_registers`` registers): enough independent accumulators to cover the latency of the multiply-adds,
+few enough that they stay in registers. A full reduction is split across the cores (THREAD) and unrolled
+so a max or min has independent chains. Work-group targets: smaller tiles, and LOCAL sizes from the
+renderer's ``local_max``.
+"""
+from __future__ import annotations
+
+from ember.codegen.lowerer import ast_shape
+from ember.codegen.opts import Opt, full_shape, kernel_shape
+from ember.graph.symbolic import simplify, split_terms, term_coeff
+from ember.graph.uop import GroupOp, Ops, UOp
+from ember.helpers import prod
+from ember.renderer import Renderer
+
+#: most operations in the unrolled body of a tiled reduction loop (bounds the C source and its compile time:
+#: a float32 matmul, 5 per output, gets a 256-output tile; a padded convolution a smaller one)
+MAX_TILE_OPS = 1536
+#: a full reduction smaller than this runs on one core
+THREAD_MIN_WORK = 1 << 17
+
+
+def _view_strides(view: UOp, rank: int) -> dict[int, int]:
+    """How far the flat index of ``view`` (over the kernel's full shape) moves per step of each dim."""
+    st = view.arg
+    if len(st.views) == 1 and len(st.views[0].strides) == rank:
+        return {d: int(s) for d, s in enumerate(st.views[0].strides)}
+    from ember.dtype import dtypes
+
+    vars_ = [UOp(Ops.DEFINE_VAR, dtypes.int32, (), (f"d{i}", 0, max(d - 1, 0))) for i, d in enumerate(st.shape)]
+    idx, _ = st.to_index(vars_, dtypes.int32)
+    coeffs: dict[int, int] = {}
+    for t in split_terms(simplify(idx)):
+        var, c = term_coeff(t)
+        if var is not None and var in vars_:
+            coeffs[vars_.index(var)] = c
+        elif var is not None:  # a dim used through / or %: call it non-contiguous
+            for i, v in enumerate(vars_):
+                if any(n is v for n in var.toposort()):
+                    coeffs.setdefault(i, -1)
+    return coeffs
+
+
+def reduce_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
+    """The stride maps of the loads inside the kernel's reductions (over the full shape), and an estimate of the
+    operations one output costs per reduction step (loads, index math, gates, ALU): what a tile copy adds to
+    the innermost loop's body. Loads behind a second view (a reshape of a computed value) are left out."""
+    ks = kernel_shape(ast)
+    reduce_axes = ks.reduce_axes
+    # the reduction input's axes -> the kernel's axes
+    to_full = {s: f for f, s in ks.reduce_src.items()} | {s: o for o, s in ks.out_to_src.items()}
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if not reduces or not reduce_axes:
+        return [], 1
+    rank = len(ast_shape(reduces[0].src[0], {}))
+    out: list[dict[int, int]] = []
+    ops = 0
+    seen: set[UOp] = set()
+
+    def walk(n: UOp) -> None:
+        nonlocal ops
+        if n in seen:
+            return
+        seen.add(n)
+        if n.op is Ops.VIEW:
+            if n.src[0].op is Ops.LOAD:
+                strides = _view_strides(n, rank)
+                out.append({to_full[d]: c for d, c in strides.items() if d in to_full})
+                masked = any(v.mask is not None for v in n.arg.views)
+                ops += 2 + 3 * masked + (len(n.arg.views) > 1) * 2
+            return
+        if n.op in GroupOp.ALU or n.op is Ops.CAST:
+            ops += 1
+        for s in n.src:
+            walk(s)
+
+    for red in reduces:
+        walk(red.src[0])
+    # loads that no reduction loop moves (a bias, a row's max) are read once per output: they say nothing
+    # about how a tile would share work
+    moving = [s for s in out if any(s.get(a, 0) != 0 for a in reduce_axes)]
+    return moving, max(1, ops)
+
+
+def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
+    """The largest divisor of ``size`` in [smallest, limit], or 1."""
+    for amt in range(min(limit, size), smallest - 1, -1):
+        if size % amt == 0:
+            return amt
+    return 1
+
+
+def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> list[Opt]:
+    """UPCASTs of output axes for a reduction: a tile of outputs per loop iteration sharing its loads."""
+    shape, reduce_axes = full_shape(ast)
+    out_shape = ast.src[0].arg.shape
+    loads, body_ops = reduce_loads(ast)
+    dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes]
+    strides = {d: {s.get(d, 0) for s in loads} for d in dims}
+    max_tile = max(1, MAX_TILE_OPS // body_ops)
+    opts: list[Opt] = []
+    # 1) the innermost dim some input reads contiguously: two vector registers of outputs per row of the tile,
+    #    which the compiler turns into vector multiply-adds (matmul: a row of B times a broadcast element of A)
+    for d in sorted(strides, reverse=True):
+        if 1 in strides[d]:
+            # a multiple of 4 wide, so it splits into whole vectors
+            amt = max([a for a in range(4, min(2 * lanes, max_tile, out_shape[d]) + 1, 4) if out_shape[d] % a == 0],
+                      default=1)
+            if amt > 1:
+                opts.append(Opt("UPCAST", d, amt))
+            break
+    if opts:
+        # 2) rows of the tile: another dim that some input does not depend on (its loads are reused across the row)
+        vecs_per_row = -(-opts[0].arg // lanes)
+        for d in sorted(strides, reverse=True):
+            if d != opts[0].axis and 0 in strides[d]:
+                amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].arg))
+                if amt > 1:
+                    opts.append(Opt("UPCAST", d, amt))
+                break
+        return opts
+    # 3) nothing contiguous along the outputs (x @ w.T: both inputs run along the reduce axis, which the renderer
+    #    vectorizes as a reduction, one vector accumulator per output): a square-ish tile of outputs shares the loads
+    budget = min(acc_regs * 2 // 3, max_tile)
+    for d in sorted(strides, reverse=True):
+        if len(opts) < 2 and 0 in strides[d]:
+            limit = budget // prod(o.arg for o in opts) if opts else max(2, int(budget ** 0.5))
+            amt = _largest_factor(out_shape[d], min(limit, 4, out_shape[d] // 2))
+            if amt > 1:
+                opts.append(Opt("UPCAST", d, amt))
+    return opts
+
+
+def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """A reduction to one value: split across the cores, and unrolled so each core keeps independent chains."""
+    shape, reduce_axes = full_shape(ast)
+    if not reduce_axes or prod(shape) < THREAD_MIN_WORK:
+        return []
+    ops = {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
+    axis = max(reduce_axes, key=lambda a: shape[a])
+    opts: list[Opt] = []
+    if renderer.parallel_threads > 1 and len(ops) == 1 and ops <= {Ops.ADD, Ops.MAX, Ops.MUL}:
+        n = _largest_factor(shape[axis], renderer.parallel_threads)
+        if n > 1:
+            opts.append(Opt("THREAD", axis, n))
+    left = shape[axis] // (opts[0].arg if opts else 1)
+    if Ops.ADD not in ops:  # sums are vectorized by the renderer; max chains need independent accumulators
+        u = _largest_factor(left, 8, 4)
+        if u > 1:
+            opts.append(Opt("UNROLL", axis, u))
+    return opts
+
+
+def _workgroup_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """Work-group targets: a small register tile for reductions, then LOCAL sizes within ``local_max``."""
+    from ember.codegen.opts import KernelPlan, launch_dim
+
+    shape, reduce_axes = full_shape(ast)
+    out_shape = ast.src[0].arg.shape
+    opts: list[Opt] = []
+    if reduce_axes and prod(d for i, d in enumerate(out_shape) if i not in reduce_axes) >= 64:
+        opts = _register_tile(ast, renderer, 4, 16)
+        opts = [Opt(o.op, o.axis, _largest_factor(out_shape[o.axis], 4)) for o in opts]
+        opts = [o for o in opts if o.arg > 1]
+    if renderer.local_max is None:
+        return opts
+    upcast = {o.axis: o.arg for o in opts}
+    plan = KernelPlan(shape, reduce_axes, upcast=dict(upcast))
+    budget = min(256, prod(renderer.local_max))
+    dims = sorted((i for i, d in enumerate(out_shape) if i not in reduce_axes and d // upcast.get(i, 1) > 1),
+                  reverse=True)
+    locals_: list[Opt] = []
+    for d in dims:
+        dim = launch_dim(plan, d, renderer)
+        if dim is None or budget < 2:
+            continue
+        want = 16 if not locals_ else budget
+        n = _largest_factor(out_shape[d] // upcast.get(d, 1), min(want, budget, renderer.local_max[dim]))
+        if n > 1:
+            locals_.append(Opt("LOCAL", d, n))
+            budget //= n
+    return locals_ + opts
+
+
+def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """Pick optimizations for ``ast`` on ``renderer`` (no timing; BEAM can do better)."""
+    if not any(n.op is Ops.REDUCE_AXIS for n in ast.toposort()) and not renderer.has_local:
+        return []
+    if renderer.has_local:
+        return _workgroup_opts(ast, renderer)
+    out_shape = ast.src[0].arg.shape
+    if prod(out_shape) == 1:
+        return _full_reduction(ast, renderer)
+    # three quarters of the registers hold accumulators; the rest carry the loads
+    acc_regs = max(2, renderer.vector_registers * 3 // 4)
+    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs)
+    if not opts:
+        # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
+        # the reduction so non-sum reductions get independent chains
+        _, reduce_axes = full_shape(ast)
+        ops = {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
+        if len(reduce_axes) == 1 and Ops.ADD not in ops:
+            u = _largest_factor(full_shape(ast)[0][reduce_axes[0]], 8, 4)
+            if u > 1:
+                opts.append(Opt("UNROLL", reduce_axes[0], u))
+    return opts
