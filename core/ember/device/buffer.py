@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.device.allocator import Allocator
 from ember.device.contracts import BufferSpec
+from ember.device.registry import Device
 from ember.dtype import DType
 
 
@@ -15,8 +17,6 @@ class Buffer:
     """
 
     def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: BufferSpec | None = None):
-        from ember.device.registry import Device
-
         self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
         self.options = options
         self._buf: Any = opaque
@@ -28,9 +28,8 @@ class Buffer:
         return self.size * self.dtype.itemsize
 
     @property
-    def allocator(self) -> Any:
-        from ember.device.registry import Device
-
+    def allocator(self) -> Allocator:
+        """The allocator of this buffer's device."""
         return Device[self.device].allocator
 
     def is_allocated(self) -> bool:
@@ -51,6 +50,8 @@ class Buffer:
         buf = getattr(self, "_buf", None)
         if buf is None or not getattr(self, "_owned", False):
             return
+        if Device.finalized:  # at exit, after the devices were finalized: do not create them again
+            return
         try:
             self.allocator.free(buf, self.nbytes, self.options)
         except Exception:  # interpreter shutdown: the allocator may already be gone
@@ -69,8 +70,6 @@ class Buffer:
     def copyout(self, mv: memoryview) -> memoryview:
         """Copy this buffer's bytes into host memory ``mv`` and return it."""
         self.allocate()
-        from ember.device.registry import Device
-
         Device[self.device].synchronize()
         if self.nbytes:
             self.allocator.copyout(memoryview(mv).cast("B"), self._buf)

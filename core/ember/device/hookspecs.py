@@ -29,7 +29,12 @@ if TYPE_CHECKING:
 #: Version of the contract between core and device plugins. A :class:`DeviceSpec` declares
 #: the version it was written against; a spec whose version differs is listed as
 #: incompatible and cannot be opened. Bump this only for changes that break plugins.
-PLUGIN_API = 1
+#:
+#: 2: plugins import only the facade (``ember.device``, ``ember.renderer``); allocators take
+#: :class:`~ember.device.BufferSpec` options and know their ``device``; core calls
+#: ``Allocator.transfer`` between devices of one plugin with the device objects; devices have
+#: ``finalize()``, called at exit; graphs have ``update_vals``.
+PLUGIN_API = 2
 
 #: Marks the functions in this module as hook specifications.
 hookspec = pluggy.HookspecMarker("ember")

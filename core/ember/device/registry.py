@@ -15,6 +15,7 @@ Typical use::
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.metadata
 import threading
@@ -34,13 +35,13 @@ from ember.helpers import getenv
 ENTRY_POINT_GROUP = "ember.devices"
 
 #: First-party device names and the (pip extra of ``ember``, distribution) that provides each,
-#: so that "device not found" can say exactly what to install.
+#: so that "device not found" can say exactly what to install. The hint names the extra only when
+#: the installed ``ember`` declares it (see :func:`_extra_exists`).
 KNOWN_PLUGINS: dict[str, tuple[str, str]] = {
     "CPU": ("cpu", "ember-cpu"),
     "CL": ("opencl", "ember-opencl"),
     "CUDA": ("cuda", "ember-cuda"),
     "METAL": ("metal", "ember-metal"),
-    "AMD": ("amd", "ember-amd"),
 }
 
 #: Devices that ship inside the core distribution. They are registered by core itself (not via
@@ -134,6 +135,15 @@ def canonicalize(name: str) -> str:
     return base.upper() + sep + rest
 
 
+def _extra_exists(extra: str) -> bool:
+    """Whether the installed ``ember`` distribution declares the pip extra ``extra`` (True when unknown)."""
+    try:
+        extras = importlib.metadata.metadata("ember").get_all("Provides-Extra") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree: trust KNOWN_PLUGINS
+        return True
+    return extra in extras
+
+
 def _dist_of(ep: Any) -> tuple[str | None, str | None]:
     """Distribution name and version of an entry point, or (None, None) when unknown."""
     dist = getattr(ep, "dist", None)
@@ -173,6 +183,9 @@ class _DeviceRegistry:
         self._hook_failures: list[PluginFailure] = []
         self._probe_cache: dict[str, str | None] = {}
         self._devices: dict[str, Any] = {}
+        self._finalizer_registered = False
+        #: True once :meth:`finalize` ran (at exit): buffers dropped after that leave their memory alone
+        self.finalized = False
         self._default: str | None = None                  # set explicitly through the DEFAULT setter
         self._auto_default: tuple[str, str] | None = None  # (DEV value it was computed for, result)
 
@@ -360,7 +373,8 @@ class _DeviceRegistry:
         msg = f'device "{base}" is not installed (installed devices: {installed}).'
         if base in KNOWN_PLUGINS:
             extra, dist = KNOWN_PLUGINS[base]
-            msg += f' {base} is provided by the {dist} plugin: pip install "ember[{extra}]".'
+            how = f'pip install "ember[{extra}]"' if _extra_exists(extra) else f"install {dist}"
+            msg += f" {base} is provided by the {dist} plugin: {how}."
         else:
             msg += " If a third-party plugin provides it, install that plugin."
         broken = [str(f) for f in self.failures() if f.stage != "conflict"]
@@ -446,7 +460,28 @@ class _DeviceRegistry:
                 raise DevicePluginError(f"creating device {name} ({self._spec_origins[spec.name].label}) failed: "
                                         f"{type(e).__name__}: {e}") from e
             self._devices[name] = device
+            if not self._finalizer_registered:
+                atexit.register(self.finalize)
+                self._finalizer_registered = True
             return device
+
+    def finalize(self) -> None:
+        """Synchronize and ``finalize()`` every device object created so far, newest first, and forget them.
+
+        Registered with ``atexit`` when the first device is created. A device that raises is
+        reported with a warning; the others are still finalized.
+        """
+        with self._lock:
+            devices = list(self._devices.items())[::-1]
+            self._devices.clear()
+            self.finalized = True
+        for name, device in devices:
+            try:
+                for step in ("synchronize", "finalize"):  # optional for a device that is not a Compiled
+                    if (method := getattr(device, step, None)) is not None:
+                        method()
+            except Exception as e:
+                warnings.warn(f"ember: finalizing device {name} failed: {type(e).__name__}: {e}", stacklevel=2)
 
     # ----- the default device -----
 
