@@ -1,0 +1,51 @@
+"""Entry point module of the ``ember-metal`` distribution (group ``ember.devices``).
+
+Importing it stays cheap and works on every system: the Objective-C runtime is only loaded by the
+probe, and only on macOS.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from ember.device import DeviceSpec, hookimpl
+
+#: Above the CPU device (10) and OpenCL (5): on a Mac the GPU is the device a user expects by default.
+PRIORITY = 20
+
+
+@functools.cache
+def probe() -> str | None:
+    """``None`` when a Metal GPU is usable here, else why the METAL device cannot work."""
+    if sys.platform != "darwin":
+        return f"Metal needs macOS (this system is {sys.platform})"
+    from ember_metal.objc import ObjCError, system_objc
+
+    try:
+        objc = system_objc()
+        device = objc.default_device()
+    except (OSError, ObjCError) as e:  # a system without Metal.framework or libobjc: say which
+        return f"the Metal framework cannot be loaded: {e}"
+    if not device:
+        return "no Metal device: MTLCreateSystemDefaultDevice() returned nil (no Metal-capable GPU, or a VM " \
+               "without GPU access)"
+    return None
+
+
+@hookimpl
+def ember_devices() -> list[DeviceSpec]:
+    """The METAL device (the system's default Metal GPU)."""
+    return [DeviceSpec(name="METAL", factory="ember_metal.device:MetalDevice", priority=PRIORITY, extra="metal",
+                       probe=probe, description="Metal Shading Language kernels run through the Objective-C runtime")]
+
+
+@hookimpl
+def ember_report_header() -> list[str]:
+    """The GPU's name, or why there is none."""
+    reason = probe()
+    if reason is not None:
+        return [f"METAL: {reason}"]
+    from ember_metal.objc import system_objc
+
+    objc = system_objc()
+    return [f"METAL: {objc.string(objc.send(objc.default_device(), 'name'))}"]
