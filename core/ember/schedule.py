@@ -9,7 +9,12 @@ Fusion rules (each is tested):
 3. A subgraph that contains a reduction is materialized when it is used more than once, or
    through a view that is not a plain reshape (an expand, permute, pad ...): fusing it there
    would redo the reduction per element.
-4. Outputs, CONTIGUOUS and COPY are always materialized.
+4. Outputs, CONTIGUOUS, COPY and ASSIGN are always materialized.
+
+``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
+BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
+the buffer's old value, and a value that reads the buffer at other positions than the ones it
+writes is computed into a temporary first, so an update never sees itself half-done.
 """
 from __future__ import annotations
 
@@ -25,10 +30,12 @@ from ember.helpers import prod
 
 @dataclass(frozen=True)
 class ScheduleItem:
-    """One kernel (or copy): ``ast`` says what to compute, ``bufs`` which buffers (outputs first)."""
+    """One kernel (or copy): ``ast`` says what to compute, ``bufs`` which buffers (outputs first),
+    ``var_vals`` the values of the symbolic variables the kernel takes (by name)."""
 
     ast: UOp
     bufs: tuple[Any, ...]
+    var_vals: tuple[tuple[str, int], ...] = ()
 
 
 def _substitute_realized(roots: list[UOp]) -> dict[UOp, UOp]:
@@ -61,8 +68,10 @@ def _targets(roots: list[UOp]) -> list[UOp]:
             continue
         targets.add(r if b.op in (Ops.CONST, Ops.DEVICE) else b)
     for n in nodes:
-        if n.op in (Ops.COPY, Ops.CONTIGUOUS):
+        if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN):
             targets.add(n)
+        if n.op is Ops.ASSIGN and _reads_target_elsewhere(n):
+            targets.add(n.src[1])  # compute the new value aside, then copy it in
         if n.op is Ops.COPY:
             src = n.src[0]
             sb = base_of(src)
@@ -83,11 +92,60 @@ def _targets(roots: list[UOp]) -> list[UOp]:
     return [n for n in nodes if n in targets]
 
 
-def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]]:
-    """The kernel AST for ``target`` and the BUFFER nodes it reads (output first)."""
+def assign_view(n: UOp) -> ShapeTracker:
+    """Where the ASSIGN node ``n`` writes in its buffer (the target's view)."""
+    t = n.src[0]
+    return t.arg if t.op is Ops.VIEW else ShapeTracker.from_shape(shape_of(t))
+
+
+def _view_of_buffer(u: UOp, buf: UOp) -> ShapeTracker | None:
+    """How ``u`` reads the BUFFER ``buf`` (directly, through an earlier ASSIGN into it, or a view of
+    either), or None when ``u`` is none of these."""
+    if u is buf:
+        return ShapeTracker.from_shape((buf.arg[2],))
+    if u.op is Ops.ASSIGN:
+        return assign_view(u) if base_of(u.src[0]) is buf else None
+    if u.op is Ops.VIEW and u.src[0] is buf:
+        return u.arg
+    if u.op is Ops.VIEW and (inner := _view_of_buffer(u.src[0], buf)) is not None:
+        return inner + u.arg
+    return None
+
+
+def _reads_target_elsewhere(n: UOp) -> bool:
+    """Whether the value of ASSIGN ``n`` reads the target buffer other than element for element."""
+    buf, st = base_of(n.src[0]), assign_view(n)
+    value = n.src[1]
+    if (v := _view_of_buffer(value, buf)) is not None:
+        return v != st
+    for u in toposort([value], stop=lambda u: u.op in (Ops.BUFFER, Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS)):
+        for s in u.src if u.op is not Ops.VIEW else ():
+            if (v := _view_of_buffer(s, buf)) is not None and v != st:
+                return True
+    return False
+
+
+def _stored_view(n: UOp, buf: UOp) -> ShapeTracker:
+    """How the target ``n`` lies in its buffer ``buf``."""
+    if n.op is Ops.ASSIGN:
+        return assign_view(n)
+    return ShapeTracker.from_shape((buf.arg[2],)).reshape(shape_of(n))
+
+
+def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp], set[UOp]]:
+    """The kernel AST for ``target``, the BUFFER nodes it uses (output first) and what it reads (targets of
+    this schedule, and BUFFER nodes read directly: their contents before this schedule)."""
     params: list[UOp] = [target_bufs[target]]
     globals_: dict[UOp, UOp] = {}
     memo: dict[UOp, UOp] = {}
+    reads: set[UOp] = set()
+    is_assign = target.op is Ops.ASSIGN
+    out_shape = shape_of(target)
+    out_size = target_bufs[target].arg[2] if is_assign else prod(out_shape)
+    out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.dtype), (), (0, out_size))  # type: ignore[arg-type]
+    if is_assign:
+        globals_[target_bufs[target]] = out_g  # the value may read the buffer it overwrites (same element)
+        reads.update(target.src[2:])  # an earlier assign into the same buffer runs first
 
     def define_global(buf: UOp) -> UOp:
         if buf not in globals_:
@@ -99,13 +157,15 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
         return (n is not target and n in target_bufs) or n.op in (Ops.BUFFER, Ops.CONST)
 
     # iterative (deep graphs must not hit the recursion limit), sources before users
-    for n in toposort([target], stop=is_input):
+    root = target.src[1] if is_assign else target
+    for n in toposort([root], stop=is_input):
         if n is not target and n in target_bufs:
+            reads.add(n)
             buf = target_bufs[n]
             g = define_global(buf)
-            out = UOp(Ops.VIEW, n.dtype, (UOp(Ops.LOAD, n.dtype, (g,)),),
-                      ShapeTracker.from_shape((buf.arg[2],)).reshape(shape_of(n)))
+            out = UOp(Ops.VIEW, n.dtype, (UOp(Ops.LOAD, n.dtype, (g,)),), _stored_view(n, buf))
         elif n.op is Ops.BUFFER:
+            reads.add(n)
             out = UOp(Ops.LOAD, n.dtype, (define_global(n),))
         elif n.op is Ops.VIEW:
             inner = memo[n.src[0]]
@@ -123,11 +183,10 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
             out = UOp(n.op, n.dtype, tuple(memo[s] for s in n.src), n.arg)
         memo[n] = out
 
-    value = memo[target]
-    out_shape = shape_of(target)
-    out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.dtype), (), (0, prod(out_shape)))  # type: ignore[arg-type]
-    store = UOp(Ops.STORE, None, (out_g, value), ShapeTracker.from_shape(out_shape))
-    return UOp(Ops.SINK, None, (store,)), params
+    value = memo[root]
+    store_view = assign_view(target) if is_assign else ShapeTracker.from_shape(out_shape)
+    store = UOp(Ops.STORE, None, (out_g, value), store_view)
+    return UOp(Ops.SINK, None, (store,)), params, reads
 
 
 def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
@@ -141,7 +200,7 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     new_roots = [sub[r] for r in roots]
     targets = _targets(new_roots)
     target_bufs: dict[UOp, UOp] = {}
-    schedule: list[ScheduleItem] = []
+    items: list[tuple[UOp, ScheduleItem, set[UOp]]] = []  # (target, item, targets it reads)
     for t in targets:
         size = prod(shape_of(t))
         if t.op is Ops.COPY:
@@ -151,34 +210,99 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
             out = new_buffer(device_of(t), size, t.dtype)  # type: ignore[arg-type]
             target_bufs[t] = out
             if size:
-                schedule.append(ScheduleItem(UOp(Ops.COPY, t.dtype, (), size), (buffers[out], buffers[src_buf])))
+                reads = {n for n in (src, sb) if (n in target_bufs and n is not t) or n.op is Ops.BUFFER}
+                items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), size), (buffers[out], buffers[src_buf])),
+                              reads))
             continue
-        out = new_buffer(device_of(t), size, t.dtype)  # type: ignore[arg-type]
+        out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.dtype)  # type: ignore[arg-type]
         target_bufs[t] = out
         if size == 0:
             continue
-        ast, params = _build_ast(t, target_bufs)
-        schedule.append(ScheduleItem(ast, tuple(buffers[p] for p in params)))
+        ast, params, reads = _build_ast(t, target_bufs)
+        items.append((t, ScheduleItem(ast, tuple(buffers[p] for p in params)), reads))
+    if any(t.op is Ops.ASSIGN for t, _, _ in items):
+        items = _order_writes_after_reads(items)
+    schedule = [si for _, si, _ in items]
     becomes: dict[UOp, UOp] = {}
     for t, buf in target_bufs.items():
-        becomes[t] = buffer_view(buf, shape_of(t))
+        becomes[t] = t.src[0] if t.op is Ops.ASSIGN else buffer_view(buf, shape_of(t))
     for orig, new in zip(roots, new_roots):
         becomes[orig] = _replacement(new, target_bufs)
     return schedule, becomes
 
 
+def _order_writes_after_reads(items: list[tuple[UOp, ScheduleItem, set[UOp]]]) -> list[tuple[UOp, ScheduleItem,
+                                                                                             set[UOp]]]:
+    """Reorder ``items`` so each ASSIGN runs after every item that reads the old contents of its buffer."""
+    index = {t: i for i, (t, _, _) in enumerate(items)}
+    writers: dict[UOp, list[int]] = {}  # BUFFER node -> items that assign into it
+    for i, (t, _, _) in enumerate(items):
+        if t.op is Ops.ASSIGN:
+            writers.setdefault(base_of(t.src[0]), []).append(i)
+    deps: list[set[int]] = [{index[r] for r in reads if r in index} for _, _, reads in items]
+    later_writer = {t.src[2]: i for i, (t, _, _) in enumerate(items) if t.op is Ops.ASSIGN and len(t.src) > 2}
+    for i, (_, _, reads) in enumerate(items):
+        for r in reads:
+            # the old contents of a buffer are read before anything assigns into it; the value an assign
+            # wrote is read before the next assign into the same buffer
+            for w in writers.get(r, ()) if r.op is Ops.BUFFER else [later_writer.get(r, i)]:
+                if w != i:
+                    deps[w].add(i)
+    order: list[int] = []
+    state = [0] * len(items)  # 0 new, 1 on the stack, 2 done
+    for start in range(len(items)):
+        stack = [(start, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                state[i] = 2
+                order.append(i)
+                continue
+            if state[i] == 2:
+                continue
+            if state[i] == 1:
+                raise RuntimeError("a kernel reads both the old and the assigned value of one buffer; "
+                                   "realize the assign first")
+            state[i] = 1
+            stack.append((i, True))
+            stack.extend((d, False) for d in sorted(deps[i], reverse=True) if state[d] != 2)
+    return [items[i] for i in order]
+
+
 def mark_realized(becomes: dict[UOp, UOp]) -> None:
-    """Remember that these nodes now live in buffers (call only after their schedule ran)."""
+    """Remember that these nodes now live in buffers (call only after their schedule ran).
+
+    Buffers written in place by an ASSIGN hold new values now, so every remembered result computed
+    from their old contents is forgotten (an identical graph built later computes afresh).
+    """
     for node, view in becomes.items():
         if node.op is not Ops.BUFFER and not (node.op is Ops.VIEW and node.src[0].op is Ops.BUFFER):
             realized[node] = view
+    written = {base_of(n.src[0]) for n in becomes if n.op is Ops.ASSIGN}
+    if written:
+        forget_readers(written)
+
+
+def forget_readers(written: set[UOp]) -> None:
+    """Drop every entry of ``realized`` whose computation reads one of the BUFFER nodes ``written``.
+
+    ASSIGN nodes stay: each names one write that happened (nodes are unique), and stands for the
+    buffer it wrote into.
+    """
+    keys = list(realized.keys())
+    reads: dict[UOp, bool] = {}
+    for n in toposort(keys, stop=lambda u: u.op is Ops.BUFFER):
+        reads[n] = n in written or any(reads[s] for s in n.src if s in reads)
+    for k in keys:
+        if reads.get(k) and k.op is not Ops.ASSIGN:
+            realized.pop(k, None)
 
 
 def _replacement(root: UOp, target_bufs: dict[UOp, UOp]) -> UOp:
     if root in target_bufs:
-        return buffer_view(target_bufs[root], shape_of(root))
+        return root.src[0] if root.op is Ops.ASSIGN else buffer_view(target_bufs[root], shape_of(root))
     b = base_of(root)
     if b.op is Ops.BUFFER:
         return root
-    bv = buffer_view(target_bufs[b], shape_of(b))
-    return UOp(Ops.VIEW, root.dtype, (bv.src[0],), bv.arg + root.arg)
+    buf = target_bufs[b]
+    return UOp(Ops.VIEW, root.dtype, (buf,), _stored_view(b, buf) + root.arg)

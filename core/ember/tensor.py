@@ -6,6 +6,7 @@ graph into kernels and the engine runs them on the tensor's device.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import Any, Callable, Sequence
 
@@ -181,6 +182,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         t = Tensor(x if x.op is not Ops.VIEW else UOp(Ops.CONTIGUOUS, x.dtype, (x,))).realize()
         if x.op is not Ops.VIEW:
             self.lazydata = t.lazydata
+            if x.op is Ops.ASSIGN:  # written into a view of its buffer: that view may need a copy
+                return self._buffer()
         return buffers[base_of(t.lazydata)]
 
     def numpy(self) -> np.ndarray:
@@ -237,10 +240,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     # --- in-place updates -------------------------------------------------------------
     def assign(self, x: Tensor | Scalar) -> Tensor:
-        """Give this tensor a new value (same shape; cast to its dtype, moved to its device); returns self.
+        """Write a new value into this tensor (same shape; cast to its dtype, moved to its device); returns self.
 
-        Other tensors that were computed from the old value keep it: ember graphs are
-        functional, so an update never changes the meaning of a graph already built.
+        When the tensor lives in a buffer (or a view of one) the value is written into that buffer
+        in place when realized, like tinygrad: views made earlier and anything computed from the
+        buffer afterwards see the new value, and a jitted step can update its parameters. A tensor
+        that is still lazy math (no buffer yet) simply takes the new value.
         """
         if not isinstance(x, Tensor):
             x = Tensor.full(self.shape, x, dtype=self.dtype, device=self.device)
@@ -252,16 +257,27 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if not Tensor.no_grad and self.requires_grad and self._ctx is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         x = x.to(self.device).cast(self.dtype)
+        if x.lazydata is self.lazydata:
+            return self
+        target, after = _assign_target(self.lazydata)
+        in_place = _assignable(target)
         if x._ctx is not None:
             # the new history may mention self; point those edges at a tensor holding the old value
+            # (a copy when the buffer is overwritten, so a later backward reads what was used)
             old = Tensor(self.lazydata, requires_grad=self.requires_grad)
-            old._ctx = self._ctx
             from ember.autograd import toposort_tape
 
-            for t in toposort_tape(x):
-                if t._ctx is not None and any(p is self for p in t._ctx.parents):
-                    t._ctx.parents = tuple(old if p is self else p for p in t._ctx.parents)
-        self.lazydata, self._ctx = x.lazydata, x._ctx
+            users = [t for t in toposort_tape(x) if t._ctx is not None and any(p is self for p in t._ctx.parents)]
+            if users and in_place:
+                old = Tensor(UOp(Ops.CONTIGUOUS, target.dtype, (target,)), requires_grad=self.requires_grad).realize()
+            old._ctx = self._ctx
+            for t in users:
+                t._ctx.parents = tuple(old if p is self else p for p in t._ctx.parents)
+        value = x.lazydata
+        # every ASSIGN node is unique: two equal updates are two writes
+        self.lazydata = (UOp(Ops.ASSIGN, target.dtype, (target, value, *after), next(_assign_ids)) if in_place
+                         else value)
+        self._ctx = x._ctx
         return self
 
     def __iadd__(self, y: Tensor | Scalar) -> Tensor:
@@ -674,6 +690,36 @@ def _tape_leaves(root: Tensor) -> list[Tensor]:
     from ember.autograd import toposort_tape
 
     return [t for t in toposort_tape(root) if t._ctx is None]
+
+_assign_ids = itertools.count()
+
+
+def _assign_target(x: UOp) -> tuple[UOp, tuple[UOp, ...]]:
+    """Where an assign to a tensor whose graph is ``x`` writes, and the pending assign it must follow.
+
+    A tensor assigned before and not realized since is an ASSIGN node (or a view of one): the new
+    write goes to the same buffer view, after the pending one.
+    """
+    base = x.src[0] if x.op is Ops.VIEW else x
+    if base.op is not Ops.ASSIGN:
+        return x, ()
+    tv = base.src[0]
+    if x is base:
+        return tv, (base,)
+    st = tv.arg if tv.op is Ops.VIEW else ShapeTracker.from_shape(shape_of(tv))
+    return UOp(Ops.VIEW, x.dtype, (tv.src[0] if tv.op is Ops.VIEW else tv,), st + x.arg), (base,)
+
+
+def _assignable(x: UOp) -> bool:
+    """Whether ``x`` is a buffer, or a view of one in which every element has its own place (no padding,
+    no broadcast), so an assign can write into it in place."""
+    if x.op is Ops.BUFFER:
+        return True
+    if x.op is not Ops.VIEW or x.src[0].op is not Ops.BUFFER or prod(shape_of(x)) == 0:
+        return False
+    v = x.arg.views[-1] if len(x.arg.views) == 1 else None
+    return v is not None and v.mask is None and all(st != 0 or s == 1 for s, st in zip(v.shape, v.strides))
+
 
 def _retargetmake_const(x: UOp, device: str) -> UOp:
     c = base_of(x)

@@ -101,6 +101,7 @@ def test_end_to_end_backward_matches_torch() -> None:
         opt.zero_grad()
         loss = ((x @ w + b).tanh() ** 2).mean()
         loss.backward()
+        loss.realize()  # the step updates w and b in place: a lazy loss would see the new values
         opt.step()
         topt.zero_grad()
         tloss = ((tx @ tw + tb).tanh() ** 2).mean()

@@ -286,8 +286,9 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
                     error_if_nonfinite: bool = False) -> Tensor:
     """Scale all gradients together so their joint ``norm_type`` norm is at most ``max_norm``; returns that norm.
 
-    Like ``torch.nn.utils.clip_grad_norm_``: the scale is ``min(1, max_norm / (norm + 1e-6))``, and the
-    work stays lazy (it fuses with the optimizer step) unless ``error_if_nonfinite`` asks for a check.
+    Like ``torch.nn.utils.clip_grad_norm_``: the scale is ``min(1, max_norm / (norm + 1e-6))``. The norm and
+    the scaled gradients are realized together, in one schedule: the gradients are scaled in place, and a
+    gradient realized alone would change the norm the others are scaled by.
     """
     params = _grads_of(parameters)
     if not params:
@@ -310,6 +311,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     with no_grad():
         for p in params:
             p.grad.assign(p.grad.detach() * coef.cast(p.grad.dtype))
+    Tensor.realize_all(total, *(p.grad for p in params))
     return total
 
 
