@@ -33,7 +33,8 @@ class MetalDevice(Compiled):
             raise ObjCError("no Metal device: MTLCreateSystemDefaultDevice() returned nil")
         self.mtl_device = mtl_device
         self.queue = self.objc.send(mtl_device, "newCommandQueue")
-        self.gpu_name = self.objc.string(self.objc.send(mtl_device, "name"))
+        with self.objc.pool():
+            self.gpu_name = self.objc.string(self.objc.send(mtl_device, "name"))
         self._in_flight: list[int] = []
         self._libraries: dict[bytes, int] = {}
         shared = int(self.objc.send(mtl_device, "maxThreadgroupMemoryLength", restype=ctypes.c_ulong))

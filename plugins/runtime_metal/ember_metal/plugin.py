@@ -10,8 +10,10 @@ import sys
 
 from ember.device import DeviceSpec, hookimpl
 
-#: Above the CPU device (10) and OpenCL (5): on a Mac the GPU is the device a user expects by default.
-PRIORITY = 20
+#: On macOS above the CPU device (10) and OpenCL (5): on a Mac the GPU is the device a user expects by
+#: default. Elsewhere Metal cannot exist, so it ranks below every device (only above PYTHON, -100): an
+#: installed ember-metal on Linux (CI checks its renderer there) never makes default selection warn.
+PRIORITY = 20 if sys.platform == "darwin" else -50
 
 
 @functools.cache
@@ -48,4 +50,5 @@ def ember_report_header() -> list[str]:
     from ember_metal.objc import system_objc
 
     objc = system_objc()
-    return [f"METAL: {objc.string(objc.send(objc.default_device(), 'name'))}"]
+    with objc.pool():
+        return [f"METAL: {objc.string(objc.send(objc.default_device(), 'name'))}"]

@@ -123,7 +123,9 @@ def finish(objc: ObjC, command_buffer: int) -> float:
     it failed. The caller still owns (and releases) it."""
     objc.send(command_buffer, "waitUntilCompleted", restype=None)
     if objc.send(command_buffer, "status", restype=ctypes.c_ulong) == COMMAND_BUFFER_ERROR:
-        raise RuntimeError(f"Metal command buffer failed: {objc.error_text(objc.send(command_buffer, 'error'))}")
+        with objc.pool():
+            why = objc.error_text(objc.send(command_buffer, "error"))
+        raise RuntimeError(f"Metal command buffer failed: {why}")
     start = objc.send(command_buffer, "GPUStartTime", restype=ctypes.c_double)
     end = objc.send(command_buffer, "GPUEndTime", restype=ctypes.c_double)
     return float(end - start)

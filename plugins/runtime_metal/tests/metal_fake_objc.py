@@ -139,7 +139,7 @@ class FakeObjC(ObjC):
         return o.data["text"]
 
     def _localizedDescription(self, ref: int, o: FakeObject) -> int:
-        return self._autoreleased("NSString", text=o.data["text"].encode())
+        return self._autoreleased("NSString", text=o.data["text"])
 
     def _respondsToSelector(self, ref: int, o: FakeObject, sel: ctypes.c_void_p) -> bool:
         return self.math_mode and sel.value == self.selector("setMathMode:")
