@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,16 +35,19 @@ class Runner:
     estimated_ops: int = 0
     estimated_mem: int = 0
 
-    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         raise NotImplementedError
 
 
 class CompiledRunner(Runner):
     """A kernel compiled for one device."""
 
-    def __init__(self, device: str, spec: ProgramSpec, binary: bytes | None = None):
-        """Load ``spec``'s kernel on ``device`` from ``binary`` (compiled here, through the caches, when not given)."""
-        self.device, self.spec = device, spec
+    def __init__(self, device: str, spec: ProgramSpec, binary: bytes | None = None, var_names: tuple[str, ...] = ()):
+        """Load ``spec``'s kernel on ``device`` from ``binary`` (compiled here, through the caches, when not given).
+
+        ``var_names`` are the kernel's symbolic variables in launch order (``vals``): sorted by name.
+        """
+        self.device, self.spec, self.var_names = device, spec, var_names
         self.display_name = spec.name
         self.estimated_ops, self.estimated_mem = spec.estimated_ops, spec.estimated_mem
         dev = Device[device]
@@ -53,9 +56,19 @@ class CompiledRunner(Runner):
         self.binary = dev.compiler.compile_cached(spec.src) if binary is None else binary
         self.program = dev.runtime(spec.name, self.binary)
 
-    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
-                            local_size=self.spec.local_size, vals=(), wait=wait)
+                            local_size=self.spec.local_size, vals=self.vals(var_vals), wait=wait)
+
+    def vals(self, var_vals: dict[str, int] | None) -> tuple[int, ...]:
+        """The launch values of this kernel's variables, from a name -> value map."""
+        if not self.var_names:
+            return ()
+        try:
+            return tuple(var_vals[n] for n in self.var_names)  # type: ignore[index]
+        except (KeyError, TypeError):
+            raise RuntimeError(f"kernel {self.display_name} needs values for {', '.join(self.var_names)}; "
+                               f"got {var_vals or {}}") from None
 
 
 class BufferCopy(Runner):
@@ -73,7 +86,7 @@ class BufferCopy(Runner):
         self.estimated_mem = nbytes
         self.same_plugin = Device.origin(dest_device) == Device.origin(src_device)
 
-    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         dest, src = bufs
         st = time.perf_counter()
         dest.allocate()
@@ -124,8 +137,13 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)
     if (hit := method_cache.get(key)) is not None:
         return hit
-    runner = method_cache[key] = CompiledRunner(device, program_for(device, ast))
+    runner = method_cache[key] = CompiledRunner(device, program_for(device, ast), var_names=ast_var_names(ast))
     return runner
+
+
+def ast_var_names(ast: UOp) -> tuple[str, ...]:
+    """The names of the symbolic variables a kernel AST takes, in launch order (sorted)."""
+    return tuple(sorted({u.arg[0] for u in ast.toposort() if u.op is Ops.DEFINE_VAR}))
 
 
 def program_for(device: str, ast: UOp) -> ProgramSpec:
@@ -153,7 +171,7 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         keys = [key for key in pending if key[0] == device]
         binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
         for key, binary in zip(keys, binaries):
-            method_cache[key] = CompiledRunner(device, pending[key], binary)
+            method_cache[key] = CompiledRunner(device, pending[key], binary, ast_var_names(key[1]))
 
 
 def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
@@ -182,11 +200,12 @@ class ExecItem:
     prg: Runner
     bufs: list[Buffer]
     metadata: list[str] = field(default_factory=list)
+    var_vals: dict[str, int] = field(default_factory=dict)
 
     def run(self, wait: bool = False) -> float | None:
         for b in self.bufs:
             b.allocate()
-        et = self.prg(self.bufs, wait=wait or DEBUG >= 2)
+        et = self.prg(self.bufs, wait=wait or DEBUG >= 2, var_vals=self.var_vals)
         GlobalCounters.kernel_count += isinstance(self.prg, CompiledRunner)
         GlobalCounters.global_ops += self.prg.estimated_ops
         GlobalCounters.global_mem += self.prg.estimated_mem
@@ -208,7 +227,7 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     bufs = list(si.bufs)
     if si.ast.op is Ops.COPY:
         return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device), bufs)
-    return ExecItem(get_runner(bufs[0].device, si.ast), bufs)
+    return ExecItem(get_runner(bufs[0].device, si.ast), bufs, var_vals=dict(si.var_vals))
 
 
 def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
@@ -217,7 +236,13 @@ def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
     return [lower_schedule_item(si) for si in schedule]
 
 
+#: callbacks that see every ExecItem :func:`run_schedule` runs (the jit records a function's kernels)
+capturing: list[Callable[[ExecItem], None]] = []
+
+
 def run_schedule(schedule: list[ScheduleItem], wait: bool = False) -> None:
     """Lower every item (compiling what is new), then run them in order."""
     for ei in lower_schedule(schedule):
         ei.run(wait=wait)
+        for capture in capturing:
+            capture(ei)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes, to_dtype
+from ember.engine.jit import record_upload
 from ember.frontend.util import Scalar, make_const
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -180,14 +181,20 @@ class CreationMixin:
         return ramp if n == size else ramp[:n]
 
     @classmethod
-    def _random_bits(cls, shape: tuple[int, ...], device: str) -> tuple[Tensor, Tensor]:
-        """Two independent uint32 tensors of ``shape`` from one Threefry-2x32 block per element."""
-        n = prod(shape)
+    def _next_rng_words(cls) -> np.ndarray:
+        """The key and counter words of the next draw (uint32 ``[k0, k1, k0 ^ k1 ^ parity, call]``); counts it."""
         seed = int(cls._seed)
         k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
         call = cls._rng_counter & _MASK32
         cls._rng_counter += 1
-        params = cls(np.array([k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY, call], dtype=np.uint32), device=device)
+        return np.array([k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY, call], dtype=np.uint32)
+
+    @classmethod
+    def _random_bits(cls, shape: tuple[int, ...], device: str) -> tuple[Tensor, Tensor]:
+        """Two independent uint32 tensors of ``shape`` from one Threefry-2x32 block per element."""
+        n = prod(shape)
+        params = cls(cls._next_rng_words(), device=device)
+        record_upload(params, cls._next_rng_words)  # a jit uploads fresh words here before every replay
         if n == 0:
             empty = cls.zeros(*shape, dtype=dtypes.uint32, device=device)
             return empty, empty

@@ -7,6 +7,7 @@ expressions back to ``r1``. All rules are exact for the values the bounds allow.
 from __future__ import annotations
 
 import math
+import operator
 
 from ember.dtype import dtypes
 from ember.graph.pattern import PatternMatcher, UPat, graph_rewrite
@@ -191,3 +192,59 @@ symbolic = PatternMatcher([
 def simplify(u: UOp) -> UOp:
     """Simplify an expression graph with the symbolic rules."""
     return graph_rewrite(u, symbolic)
+
+
+class Variable:
+    """A named integer in ``[min, max]`` that kernels take at launch (a DEFINE_VAR), like tinygrad's.
+
+    ``Variable("n", 1, 128).bind(7)`` is the same variable bound to 7: a tensor op given it
+    (reshape, shrink, pad) builds a graph whose kernels read ``n`` at run time, so a jitted
+    function captured with one value replays for any other without compiling.
+    """
+
+    __slots__ = ("name", "min", "max", "val")
+
+    def __init__(self, name: str, min: int, max: int, val: int | None = None):  # noqa: A002 - tinygrad's names
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"a Variable name must be an identifier, got {name!r}")
+        if not (isinstance(min, int) and isinstance(max, int)) or min > max:
+            raise ValueError(f"Variable {name!r}: needs int bounds with min <= max, got [{min}, {max}]")
+        if val is not None and not (isinstance(val, int) and min <= val <= max):
+            raise ValueError(f"Variable {name!r}: value {val!r} is outside [{min}, {max}]")
+        self.name, self.min, self.max, self.val = name, min, max, val
+
+    def bind(self, val: int) -> Variable:
+        """This variable bound to ``val`` (checked against its range)."""
+        try:
+            v = operator.index(val)
+        except TypeError:
+            raise TypeError(f"Variable {self.name!r}: can only bind an int, got {type(val).__name__}") from None
+        return Variable(self.name, self.min, self.max, v)
+
+    def unbind(self) -> tuple[Variable, int]:
+        """(the unbound variable, its value)."""
+        if self.val is None:
+            raise ValueError(f"Variable {self.name!r} is not bound")
+        return Variable(self.name, self.min, self.max), self.val
+
+    @property
+    def uop(self) -> UOp:
+        """The DEFINE_VAR node kernels read (the same for every value)."""
+        return UOp(Ops.DEFINE_VAR, dtypes.int32, (), (self.name, self.min, self.max))
+
+    def __int__(self) -> int:
+        if self.val is None:
+            raise ValueError(f"Variable {self.name!r} is not bound")
+        return self.val
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Variable) and (self.name, self.min, self.max, self.val) == \
+            (other.name, other.min, other.max, other.val)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.min, self.max, self.val))
+
+    def __repr__(self) -> str:
+        bound = f"={self.val}" if self.val is not None else ""
+        return f"Variable({self.name!r}, {self.min}, {self.max}){bound}"
+

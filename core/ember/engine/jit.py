@@ -1,0 +1,395 @@
+"""TinyJit: run a function's kernels again without running the function.
+
+A training or decoding step builds the same graph every call: scheduling, looking up kernels
+and launching them one by one costs far more host time than the kernels themselves. The jit
+runs the function normally on its first call, records every kernel it runs on the second
+(:data:`ember.engine.realize.capturing`), and from the third call on replays the recorded
+kernels with only the input buffers (and symbolic variable values) swapped, through the
+device's Graph where it has one (one batched launch) and a plain loop elsewhere.
+
+What the function does on the host is not replayed: it must compute with tensors, realize what
+it returns (the jit realizes returned tensors for it), and take the same non-tensor arguments
+every call. Random numbers drawn inside are the exception: their key and counter words are
+uploaded again before every replay, so each replay draws what an eager call would have drawn.
+
+A memory planner lets intermediate buffers whose lifetimes in the recorded sequence do not
+overlap share one allocation (:func:`plan_memory`).
+
+Tensors are recognised by their ``lazydata`` graph node, so this module stays below the
+Tensor layer.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ember.device.buffer import Buffer
+from ember.device.registry import Device
+from ember.engine import realize
+from ember.engine.realize import CompiledRunner, ExecItem, Runner
+from ember.graph.lazy import base_of, buffers
+from ember.graph.symbolic import Variable
+from ember.graph.uop import Ops, UOp
+from ember.helpers import DEBUG, GlobalCounters
+
+R = TypeVar("R")
+
+
+class JitError(RuntimeError):
+    """A jitted function was called in a way its captured kernels cannot serve."""
+
+
+# --- host uploads that a replay must redo ---------------------------------------------------------
+
+_uploads: list[tuple[Any, Callable[[], np.ndarray]]] | None = None
+
+
+def record_upload(tensor: Any, fresh: Callable[[], np.ndarray]) -> None:
+    """While a function is captured: ``tensor`` was uploaded from the host and must get ``fresh()`` again
+    before every replay (random key and counter words)."""
+    if _uploads is not None:
+        _uploads.append((tensor, fresh))
+
+
+# --- arguments ----------------------------------------------------------------------------------------
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(getattr(x, "lazydata", None), UOp)
+
+
+def _whole_buffer(x: UOp) -> bool:
+    return x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
+                                  and x.arg.size == x.src[0].arg[2])
+
+
+def input_buffer(t: Any) -> Buffer:
+    """The buffer holding exactly the elements of tensor ``t``, realizing it (and giving ``t`` that buffer)
+    when it is lazy math or a view."""
+    for _ in range(3):
+        x = t.lazydata
+        if _whole_buffer(x):
+            return buffers[base_of(x)].allocate()
+        if x.op is Ops.VIEW:  # a strided or masked view: its elements need their own buffer
+            x = UOp(Ops.CONTIGUOUS, x.dtype, (x,))
+        t.lazydata = type(t)(x).realize().lazydata
+    raise JitError(f"cannot place a jit input of shape {t.shape} in its own buffer")
+
+
+@dataclass(frozen=True)
+class _Signature:
+    """What a replay needs to match: each tensor input's name, shape, dtype and device, the other
+    arguments, and the symbolic variables passed (by name and range, not value)."""
+
+    tensors: tuple[tuple[str, tuple[int, ...], Any, str], ...]
+    others: tuple[tuple[str, Any], ...]
+
+
+def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[tuple[str, Any]], _Signature,
+                                                                        dict[str, int]]:
+    """(named tensor inputs, signature, bound variable values) of one call."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in
+                                                                  sorted(kwargs.items())]
+    tensors = [(name, a) for name, a in named if _is_tensor(a)]
+    var_vals: dict[str, int] = {}
+    others: list[tuple[str, Any]] = []
+    for name, a in named:
+        if _is_tensor(a):
+            continue
+        if isinstance(a, Variable):
+            if a.val is None:
+                raise JitError(f"jit {name}: the Variable {a.name!r} is not bound to a value (use .bind(n))")
+            var_vals[a.name] = a.val
+            others.append((name, ("Variable", a.name, a.min, a.max)))
+        else:
+            others.append((name, a))
+    sig = _Signature(tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors), tuple(others))
+    return tensors, sig, var_vals
+
+
+def _check_signature(want: _Signature, got: _Signature) -> None:
+    if len(want.tensors) != len(got.tensors) or [w[0] for w in want.tensors] != [g[0] for g in got.tensors]:
+        raise JitError(f"jit was captured with tensor inputs {[w[0] for w in want.tensors]}, called with "
+                       f"{[g[0] for g in got.tensors]}")
+    for (name, shape, dtype, dev), (_, gshape, gdtype, gdev) in zip(want.tensors, got.tensors):
+        if (shape, dtype, dev) != (gshape, gdtype, gdev):
+            raise JitError(f"jit input {name} was captured with shape {shape}, dtype {dtype}, device {dev}; "
+                           f"called with shape {gshape}, dtype {gdtype}, device {gdev}")
+    if want.others != got.others:
+        diff = [(n, a, b) for (n, a), (_, b) in zip(want.others, got.others) if not _same_value(a, b)]
+        detail = "; ".join(f"{n}: captured {a!r}, now {b!r}" for n, a, b in diff) or \
+            f"captured {[n for n, _ in want.others]}, now {[n for n, _ in got.others]}"
+        raise JitError(f"jit non-tensor arguments changed since capture ({detail}): they are baked into the "
+                       f"captured kernels; pass tensors or bound Variables for values that change")
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - objects whose == is not a bool (arrays): compare identity
+        return a is b
+
+
+def _tensors_in(ret: Any) -> list[Any]:
+    if _is_tensor(ret):
+        return [ret]
+    if isinstance(ret, (list, tuple)):
+        return [t for r in ret for t in _tensors_in(r)]
+    if isinstance(ret, dict):
+        return [t for r in ret.values() for t in _tensors_in(r)]
+    return []
+
+
+# --- the memory planner -------------------------------------------------------------------------------
+
+def plan_memory(items: Sequence[ExecItem], pinned: set[int]) -> list[ExecItem]:
+    """``items`` with intermediate buffers sharing memory where their lifetimes do not overlap.
+
+    A buffer may be shared when its id is not in ``pinned`` (inputs, outputs, anything alive outside
+    the captured sequence) and its first use writes it (output 0 of a kernel or copy). Its lifetime runs
+    from that item to the last item using it; a later buffer of the same device and size whose lifetime
+    starts after that takes over its memory.
+    """
+    first: dict[int, tuple[int, int]] = {}
+    last: dict[int, int] = {}
+    for i, ei in enumerate(items):
+        for k, b in enumerate(ei.bufs):
+            first.setdefault(id(b), (i, k))
+            last[id(b)] = i
+    free: dict[tuple[str, int], list[Buffer]] = {}
+    assigned: dict[int, Buffer] = {}
+    ends: dict[int, list[int]] = {}
+    for i, ei in enumerate(items):
+        for k, b in enumerate(ei.bufs):
+            if id(b) in assigned or id(b) in pinned or first[id(b)] != (i, 0) or k != 0:
+                continue
+            pool = free.get((b.device, b.nbytes))
+            assigned[id(b)] = pool.pop() if pool else b
+            ends.setdefault(last[id(b)], []).append(id(b))
+        for bid in ends.pop(i, []):
+            slot = assigned[bid]
+            free.setdefault((slot.device, slot.nbytes), []).append(slot)
+    return [ExecItem(ei.prg, [assigned.get(id(b), b) for b in ei.bufs], list(ei.metadata), dict(ei.var_vals))
+            for ei in items]
+
+
+# --- replay ---------------------------------------------------------------------------------------------
+
+class GraphRunner(Runner):
+    """Consecutive kernels of one device replayed through the device's Graph (one batched launch)."""
+
+    def __init__(self, device: str, items: Sequence[ExecItem]):
+        self.device, self.items = device, list(items)
+        self.display_name = f"<graph of {len(items)} kernels>"
+        calls = []
+        for ei in self.items:
+            prg = ei.prg
+            assert isinstance(prg, CompiledRunner)
+            calls.append((prg.program, [b.allocate()._buf for b in ei.bufs], prg.vals(ei.var_vals),
+                          prg.spec.global_size, prg.spec.local_size))
+        self.graph = Device[device].graph(calls)
+        self.estimated_ops = sum(ei.prg.estimated_ops for ei in self.items)
+        self.estimated_mem = sum(ei.prg.estimated_mem for ei in self.items)
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
+        return self.graph(wait=wait)
+
+
+@dataclass
+class CapturedJit:
+    """The recorded kernels of one jitted function, ready to replay.
+
+    ``exec_items`` is the recorded sequence (after memory planning), ``runs`` what a replay runs (graph
+    batches and single items), ``input_slots[i]`` where input ``i``'s buffer sits in ``exec_items``.
+    """
+
+    exec_items: list[ExecItem]
+    input_buffers: list[Buffer]
+    input_slots: list[list[tuple[int, int]]]
+    uploads: list[tuple[Buffer, Callable[[], np.ndarray]]]
+    ret: Any
+    signature: _Signature
+    buffers_before_planning: int = 0
+    runs: list[ExecItem] = field(default_factory=list)
+    _graph_of: dict[int, tuple[GraphRunner, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._build_runs()
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
+
+    def distinct_buffers(self) -> int:
+        """How many distinct buffers the recorded kernels use (after planning)."""
+        return len({id(b) for ei in self.exec_items for b in ei.bufs})
+
+    def _build_runs(self) -> None:
+        """Batch runs of consecutive kernels on one device with a Graph; everything else runs alone."""
+        batch: list[int] = []
+
+        def flush() -> None:
+            if len(batch) >= 2:
+                g = GraphRunner(self.exec_items[batch[0]].prg.device, [self.exec_items[j] for j in batch])
+                for c, j in enumerate(batch):
+                    self._graph_of[j] = (g, c)
+                self.runs.append(ExecItem(g, []))
+            else:
+                self.runs.extend(self.exec_items[j] for j in batch)
+            batch.clear()
+
+        for j, ei in enumerate(self.exec_items):
+            graphable = isinstance(ei.prg, CompiledRunner) and getattr(Device[ei.prg.device], "graph", None) is not None
+            if batch and (not graphable or ei.prg.device != self.exec_items[batch[0]].prg.device):
+                flush()
+            if graphable:
+                batch.append(j)
+            else:
+                flush()
+                self.runs.append(ei)
+        flush()
+
+    def set_input(self, i: int, buf: Buffer) -> None:
+        """Make input ``i`` read (and write) ``buf`` from now on."""
+        if buf is self.input_buffers[i]:
+            return
+        self.input_buffers[i] = buf
+        for j, k in self.input_slots[i]:
+            self.exec_items[j].bufs[k] = buf
+            if j in self._graph_of:
+                g, c = self._graph_of[j]
+                g.graph.update_buffer(c, k, buf._buf)
+
+    def set_vars(self, var_vals: dict[str, int]) -> None:
+        """New values for the symbolic variables passed to the function."""
+        for j, ei in enumerate(self.exec_items):
+            prg = ei.prg
+            if isinstance(prg, CompiledRunner) and prg.var_names and any(n in var_vals for n in prg.var_names):
+                new = {**ei.var_vals, **{n: var_vals[n] for n in prg.var_names if n in var_vals}}
+                if new != ei.var_vals:
+                    ei.var_vals = new
+                    if j in self._graph_of:
+                        g, c = self._graph_of[j]
+                        g.graph.update_vals(c, prg.vals(new))
+
+    def replay(self, wait: bool = False) -> float:
+        """Run every recorded kernel once (after fresh uploads); returns host seconds, or device time with wait."""
+        st = time.perf_counter()
+        for buf, fresh in self.uploads:
+            buf.copyin(memoryview(np.ascontiguousarray(fresh())).cast("B"))
+        total = 0.0
+        for ei in self.runs:
+            et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
+            total += et or 0.0
+        GlobalCounters.kernel_count += self.kernel_count
+        GlobalCounters.global_ops += sum(ei.prg.estimated_ops for ei in self.runs)
+        GlobalCounters.global_mem += sum(ei.prg.estimated_mem for ei in self.runs)
+        if DEBUG >= 1:
+            print(f"jit replay: {self.kernel_count} kernels in {len(self.runs)} launches, "
+                  f"{(time.perf_counter() - st) * 1e3:.3f} ms")
+        return total if wait else time.perf_counter() - st
+
+
+class TinyJit(Generic[R]):
+    """Jit a function of tensors: ``step = TinyJit(step)`` or ``@TinyJit``.
+
+    Call 1 runs the function; call 2 runs it and records its kernels; later calls replay those
+    kernels with the new tensor inputs (by position and keyword) and bound :class:`Variable` values,
+    and return what call 2 returned (its tensors now hold the new results). A call whose tensor
+    inputs differ in shape, dtype or device, or whose other arguments differ, raises
+    :class:`JitError`. ``plan_memory=False`` keeps every intermediate in its own buffer.
+    """
+
+    def __init__(self, fxn: Callable[..., R], plan_memory: bool = True):
+        if not callable(fxn):
+            raise TypeError(f"TinyJit needs a callable, got {type(fxn).__name__}")
+        self.fxn, self.plan_memory = fxn, plan_memory
+        self.reset()
+        functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        """Forget the capture: the next call runs the function normally again."""
+        self.cnt = 0
+        self.captured: CapturedJit | None = None
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """As a method decorator: bind the instance like a function would."""
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        tensors, sig, var_vals = _split_args(args, kwargs)
+        if self.captured is not None:
+            return self._replay(tensors, sig, var_vals)
+        in_bufs = [input_buffer(t) for _, t in tensors]
+        if self.cnt == 0:
+            ret = self._run(args, kwargs)
+        else:
+            ret = self._capture(args, kwargs, tensors, in_bufs, sig)
+        self.cnt += 1
+        return ret
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        ret = self.fxn(*args, **kwargs)
+        outs = [t for t in _tensors_in(ret) if not _whole_buffer(t.lazydata)]
+        if outs:
+            type(outs[0]).realize_all(*outs)
+        return ret
+
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[tuple[str, Any]],
+                 in_bufs: list[Buffer], sig: _Signature) -> R:
+        global _uploads
+        recorded: list[ExecItem] = []
+        uploads: list[tuple[Any, Callable[[], np.ndarray]]] = []
+        realize.capturing.append(recorded.append)
+        _uploads = uploads
+        try:
+            ret = self._run(args, kwargs)
+        finally:
+            realize.capturing.remove(recorded.append)
+            _uploads = None
+        upload_bufs = [(input_buffer(t), fresh) for t, fresh in uploads]
+        out_bufs = [input_buffer(t) for t in _tensors_in(ret)]
+        before = len({id(b) for ei in recorded for b in ei.bufs})
+        items = recorded
+        if self.plan_memory:
+            del uploads
+            gc.collect()  # drop the function's dead tensors: what stays alive must keep its own buffer
+            pinned = {id(b) for b in buffers.values()} | {id(b) for b in in_bufs} | {id(b) for b in out_bufs}
+            pinned |= {id(b) for b, _ in upload_bufs}
+            items = plan_memory(recorded, pinned)
+        slots: list[list[tuple[int, int]]] = [[] for _ in in_bufs]
+        for j, ei in enumerate(items):
+            for k, b in enumerate(ei.bufs):
+                for i, ib in enumerate(in_bufs):
+                    if b is ib:
+                        slots[i].append((j, k))
+        self.captured = CapturedJit(items, list(in_bufs), slots, upload_bufs, ret, sig, before)
+        if DEBUG >= 1:
+            print(f"jit captured {self.captured.kernel_count} kernels, {len(self.captured.runs)} launches, "
+                  f"{self.captured.distinct_buffers()} buffers (of {before} before planning)")
+        return ret
+
+    def _replay(self, tensors: list[tuple[str, Any]], sig: _Signature, var_vals: dict[str, int]) -> R:
+        cap = self.captured
+        assert cap is not None
+        _check_signature(cap.signature, sig)
+        for i, (_, t) in enumerate(tensors):
+            cap.set_input(i, input_buffer(t))
+        if var_vals:
+            cap.set_vars(var_vals)
+        cap.replay()
+        self.cnt += 1
+        return cap.ret
+
+
+def jit(fxn: Callable[..., R]) -> TinyJit[R]:
+    """``@ember.jit``: the same as ``@ember.TinyJit``."""
+    return TinyJit(fxn)
+
+
+__all__ = ["CapturedJit", "JitError", "TinyJit", "jit", "plan_memory", "record_upload"]
