@@ -243,9 +243,16 @@ class CStyleRenderer(Renderer):
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")  # type: ignore[arg-type]
             elif op is Ops.SINK:
                 pass
-            else:
-                raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+            else:  # an op only some dialects have (hardware ids, local memory, barriers, matrix instructions)
+                r[u], lines = self.render_extra(u, [r[s] for s in u.src], fresh)
+                for s in lines:
+                    line(s)
         return self.render_kernel(name, params, body, uops)
+
+    def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
+        """How a dialect renders an op the shared loop does not handle: the name later uops use for ``u``'s
+        value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
 
 
 C_PREAMBLE = """#include <math.h>
