@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ember.device import Compiled
+from ember.device import Compiled, getenv
 from ember_cpu.allocator import CPUAllocator
 from ember_cpu.compiler import CPUCompiler
 from ember_cpu.graph import CPUGraph
@@ -24,3 +24,13 @@ class CPUDevice(Compiled):
         compiler = CPUCompiler()
         renderer = CPURenderer(float16=probe_toolchain(compiler.cc).float16)
         super().__init__(device, CPUAllocator(), renderer, compiler, CPUProgram, CPUGraph)
+
+
+def open_device(device: str = "CPU") -> Compiled:
+    """The device factory: :class:`CPUDevice`, or with ``CPU_HCQ=1`` the same device on command queues
+    (:class:`ember_cpu.hcq.CPUHCQDevice`)."""
+    if getenv("CPU_HCQ", 0):
+        from ember_cpu.hcq import CPUHCQDevice
+
+        return CPUHCQDevice(device)
+    return CPUDevice(device)

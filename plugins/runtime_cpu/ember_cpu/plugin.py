@@ -23,7 +23,7 @@ def probe() -> str | None:
 @hookimpl
 def ember_devices() -> list[DeviceSpec]:
     """The CPU device."""
-    return [DeviceSpec(name="CPU", factory="ember_cpu.device:CPUDevice", priority=10, extra="cpu", probe=probe,
+    return [DeviceSpec(name="CPU", factory="ember_cpu.device:open_device", priority=10, extra="cpu", probe=probe,
                        description="C kernels compiled by the system C compiler, OpenMP-parallel when available")]
 
 
