@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: the modules a plugin may import from core (each exactly: not their submodules)
-FACADE = ("ember.device", "ember.renderer", "ember.dtype", "ember.graph")
+FACADE = ("ember.device", "ember.device.hcq", "ember.renderer", "ember.dtype", "ember.graph")
 
 
 def plugin_packages() -> list[pathlib.Path]:
