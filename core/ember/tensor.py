@@ -32,6 +32,7 @@ from ember.frontend.arithmetic import ArithmeticMixin
 from ember.frontend.attention import AttentionMixin
 from ember.frontend.bitwise import BitwiseMixin
 from ember.frontend.casts import CastMixin
+from ember.frontend.checks import flush as flush_checks
 from ember.frontend.comparison import ComparisonMixin
 from ember.frontend.conv import ConvMixin
 from ember.frontend.creation import CreationMixin
@@ -187,7 +188,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return buffers[base_of(t.lazydata)]
 
     def numpy(self) -> np.ndarray:
-        """A numpy copy of the values (bfloat16 comes back as float32)."""
+        """A numpy copy of the values (bfloat16 comes back as float32).
+
+        Reading is when pending index checks run (:mod:`ember.frontend.checks`): a bad index raises here."""
+        flush_checks()
         if self.numel() == 0:
             return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype))
         buf = self._buffer()
@@ -362,6 +366,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A tensor of ``shape`` filled with ``fill_value``."""
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        if dt.kind in "iu" and isinstance(fill_value, (int, float, np.number)) and math.isfinite(fill_value):
+            info = np.iinfo(to_np_dtype(dt))
+            if not info.min <= fill_value <= info.max:  # torch refuses to wrap a constant (300 -> int8 would be 44)
+                raise RuntimeError(f"value cannot be converted to type {info.dtype.name} without overflow: "
+                                   f"{fill_value}")
         dev = _device(device)
         c = Tensor(make_const(fill_value, dt, dev))
         if shp:

@@ -190,10 +190,11 @@ def test_getitem_errors_like_torch(device, idx, exc):
         Tensor(a, device=device)[ours]
 
 
-def test_getitem_tensor_index_out_of_range_selects_zero(device):
-    # index tensors are not read back, so this cannot raise; the out-of-range entry selects nothing
+def test_getitem_tensor_index_out_of_range_raises_at_the_read(device):
+    # index tensors are checked at the next read (ember.frontend.checks), not when the op is built
     out = Tensor([1.0, 2.0, 3.0], device=device)[Tensor([0, 3], device=device)]
-    np.testing.assert_array_equal(out.numpy(), [1.0, 0.0])
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        out.numpy()
 
 
 @pytest.mark.parametrize("device, name, idx", per_device([

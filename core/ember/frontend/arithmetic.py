@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ember.dtype import DType, dtypes, result_type_scalar
-from ember.frontend import elementwise
+from ember.frontend import checks, elementwise
 from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
 from ember.graph.uop import Ops
 
@@ -66,7 +66,7 @@ class ArithmeticMixin:
             return a._alu(Ops.FDIV, b).trunc() if rounding_mode == "trunc" else _float_floor_div(a, b)
         if a.dtype.kind == "b":
             raise not_implemented(f"div_{rounding_mode}_cpu", a.dtype)
-        _check_int_divisor(x, reverse, a.dtype)
+        _check_int_divisor(x, reverse, a.dtype, self)
         q = a._alu(Ops.IDIV, b)
         if rounding_mode == "trunc" or a.dtype.kind == "u":
             return q
@@ -89,7 +89,7 @@ class ArithmeticMixin:
             return _float_mod(a, b)
         if a.dtype.kind == "b":
             raise not_implemented("remainder_cpu", a.dtype)
-        _check_int_divisor(x, reverse, a.dtype)
+        _check_int_divisor(x, reverse, a.dtype, self)
         r = a._alu(Ops.MOD, b)
         if a.dtype.kind == "u":
             return r
@@ -113,7 +113,7 @@ class ArithmeticMixin:
         if a.dtype.kind == "b":
             raise not_implemented("fmod_cpu", a.dtype)
         if a.dtype.kind in "iu":
-            _check_int_divisor(x, False, a.dtype)
+            _check_int_divisor(x, False, a.dtype, self)
             return a._alu(Ops.MOD, b)
         dt = a.dtype
         wide = dt == dtypes.float32 and elementwise.PREFER_WIDE_MATH and elementwise._has_float64(a.device)
@@ -469,12 +469,26 @@ def _scalar_pair_dtype(x: Scalar, y: Scalar) -> DType:
     return dtypes.default_int if "i" in kinds else dtypes.bool
 
 
-def _check_int_divisor(x: Any, reverse: bool, dt: DType) -> None:
-    """An integer tensor divided by the Python constant 0 raises, as in torch."""
+def _check_int_divisor(x: Any, reverse: bool, dt: DType, this: Tensor) -> None:
+    """An integer division by zero raises, as in torch: now for the Python constant 0 (or a constant tensor of
+    zeros), at the next read for a computed divisor tensor (see :mod:`ember.frontend.checks`)."""
     if isinstance(x, np.generic):
         x = x.item()
-    if not reverse and isinstance(x, (int, bool)) and x == 0 and dt.kind in "iu":
-        raise RuntimeError("ZeroDivisionError")
+    if dt.kind not in "iu":
+        return
+    if not reverse and isinstance(x, (int, bool)):
+        if x == 0:
+            raise RuntimeError("ZeroDivisionError")
+        return
+    divisor = this if reverse else x
+    u = divisor.lazydata
+    while u.op is Ops.VIEW and u.src:
+        u = u.src[0]
+    if u.op is Ops.CONST:  # a constant divisor is known now
+        if u.arg == 0:
+            raise RuntimeError("ZeroDivisionError")
+        return
+    checks.nonzero_divisor(divisor)
 
 
 def _round_half_even(x: Tensor) -> Tensor:

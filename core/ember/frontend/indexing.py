@@ -11,9 +11,9 @@ as scatter-adds. Results whose shape depends on the data (boolean masks, ``maske
 ``nonzero``) read the mask on the host.
 
 Constant indices (lists, numpy arrays, Python ints) are bounds-checked and raise ``IndexError``
-like torch. Index *tensors* are not read back, so they cannot be checked: an out-of-range entry
-selects nothing (0 in a lookup, no write in a scatter); negative entries wrap in ``t[idx]`` and
-``t[idx] = v`` as in torch.
+like torch. Index *tensors* are checked at the next read to the host (:mod:`ember.frontend.checks`):
+an out-of-range entry raises there, naming the index, the size and the dimension; negative entries
+wrap in ``t[idx]`` and ``t[idx] = v`` as in torch.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 
 from ember.dtype import DType, dtypes
+from ember.frontend import checks
 from ember.frontend.util import Scalar, broadcast_shape, make_const
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -192,6 +193,7 @@ class IndexingMixin:
         size = self.shape[dim]
         if isinstance(index, type(self)):
             i = index.to(self.device)
+            checks.index_in_range(i, size, dim, negative_ok=True)
             return (i < 0).where(i + size, i)
         arr = np.asarray(index, dtype=np.int64)
         bad = (arr < -size) | (arr >= size)
@@ -417,6 +419,7 @@ class IndexingMixin:
         d = self._axis(dim)
         self._check_index_shape(d, index)
         k = self.shape[d]
+        checks.index_in_range(index, k, d)
         if index.numel() == 0 or k == 0:
             return type(self).zeros(*index.shape, dtype=self.dtype, device=self.device)
         x = self.shrink(tuple((0, k) if i == d else (0, s) for i, s in enumerate(index.shape)))
@@ -431,6 +434,8 @@ class IndexingMixin:
         if index.ndim > 1:
             raise IndexError("index_select(): Index is supposed to be a vector")
         d = self._axis(dim)
+        checks.index_in_range(index, self.shape[d], d, message="index {index} is out of range for dimension {dim} "
+                              "with size {size} (index_select)")
         return self._getitem_advanced((slice(None),) * d + (index.reshape(-1),))
 
     def _scatter_parts(self, dim: int, index: Any, src: Any, name: str) -> tuple[int, Tensor, Tensor]:
@@ -452,6 +457,7 @@ class IndexingMixin:
             self._check_index_shape(d, index)
             part = self._const(src)._broadcast_to(index.shape)
         k, nd = self.shape[d], self.ndim
+        checks.index_in_range(index, k, d)
         ramp = self._positions(k).cast(index.dtype).reshape((1,) * (d + 1) + (k,) + (1,) * (nd - d - 1))
         onehot = index.unsqueeze(d + 1) == ramp
         values = part.unsqueeze(d + 1)._broadcast_to(onehot.shape)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
+from ember.frontend import checks
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -30,6 +31,8 @@ class LossMixin:
             num_classes = int(self.max().item()) + 1
         if num_classes < 0:
             raise RuntimeError(f"one_hot: num_classes should be -1 or non-negative, got {num_classes}")
+        checks.index_in_range(self, num_classes, self.ndim, message="one_hot: class value {index} is out of range "
+                              "for num_classes={size} (new dimension {dim})")
         classes = type(self).arange(num_classes, device=self.device)
         return (self.unsqueeze(-1) == classes).cast(dtypes.int64)
 
@@ -143,6 +146,8 @@ def _nll(logp: Tensor, Y: Tensor, cdim: int, weight: Tensor | None, ignore_index
     """Negative log likelihood at integer labels along ``cdim`` with weights, ignored labels and label smoothing."""
     n_cls = logp.shape[cdim]
     cshape = tuple(n_cls if a == cdim else 1 for a in range(logp.ndim))
+    checks.index_in_range(Y, n_cls, cdim, ignore=ignore_index,
+                          message="Target {index} is out of bounds (size {size} along dimension {dim} of the input).")
     classes = type(logp).arange(n_cls, device=logp.device).reshape(cshape)
     hit = Y.unsqueeze(cdim) == classes
     picked = hit.where(logp, 0).sum(cdim)

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ember.dtype import DType, dtypes, to_np_dtype
+from ember.frontend import checks
 from ember.helpers import prod
 from ember.nn.state import get_parameters, get_state_dict, load_state_dict
 from ember.tensor import Tensor
@@ -305,6 +306,8 @@ class Embedding:
         """The rows of ``weight`` picked by ``idx``; the result has shape ``(*idx.shape, embed_size)``."""
         if idx.dtype.kind not in "iu":
             raise RuntimeError(f"Expected tensor for argument #1 'indices' to have an integer dtype, got {idx.dtype}")
+        checks.index_in_range(idx, self.vocab_sz, 0, message="index {index} is out of range for an Embedding "
+                              "with {size} rows (dimension {dim} of its weight)")
         # a one-hot mask matmul: fuses into one reduce kernel and gives the weight its gradient
         hot = idx.unsqueeze(-1) == Tensor.arange(self.vocab_sz, device=idx.device).cast(idx.dtype)
         return hot.cast(self.weight.dtype) @ self.weight

@@ -1,0 +1,114 @@
+"""Deferred validity checks: torch's errors for bad index values and integer division by zero, without a
+host round trip per op.
+
+An index *tensor* is lazy, so an op cannot look at its values when it builds the graph. Instead, an op
+that takes one (``t[idx]``, ``t[idx] = v``, ``gather``, ``scatter``, ``index_select``, ``Embedding``,
+``one_hot``, ``nll_loss``/``cross_entropy``, integer ``//`` and ``%`` by a tensor) registers a check: a
+tiny lazy summary of the values (their minimum and maximum, or "any divisor is zero") and the message to
+raise. At the next read to the host (``numpy``, ``item``, ``tolist``) every pending check is realized
+in one schedule together with nothing else, its few bytes are read, and the first that failed raises.
+So a bad index never gives a silent wrong answer: the error comes at the latest with the first value the
+program looks at, and a program that reads nothing runs at full speed.
+
+The cost is one small reduction kernel per checked op, run with the next read (measured in
+``bench/index_checks.py``). ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
+unread checks are flushed early so a loop that never reads keeps bounded memory.
+
+Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``RuntimeError``: torch raises
+``IndexError`` for ``t[idx]``, ``Embedding`` and the losses but ``RuntimeError`` for ``gather``,
+``scatter`` and ``one_hot``, and an ``except`` written for either catches ember's error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ember.dtype import dtypes
+from ember.helpers import ContextVar
+
+if TYPE_CHECKING:
+    from ember.tensor import Tensor
+
+#: ``INDEX_CHECK=0`` skips the deferred checks (out-of-range indices then select nothing).
+INDEX_CHECK = ContextVar("INDEX_CHECK", 1)
+#: Unread checks kept before they are flushed without waiting for a read.
+MAX_PENDING = 256
+
+
+class IndexOutOfRange(IndexError, RuntimeError):
+    """An index tensor held a value outside the indexed dimension (both of torch's exception types)."""
+
+
+class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
+    """An integer tensor was divided by a tensor holding 0 (torch raises RuntimeError("ZeroDivisionError"))."""
+
+
+@dataclass
+class _Check:
+    summary: Tensor                        # a few values computed on the device
+    verdict: Callable[[list], str | None]  # the summary's values -> an error message, or None when fine
+    error: type[Exception]
+
+
+_pending: list[_Check] = []
+
+
+def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = False,
+                   message: str = "index {index} is out of bounds for dimension {dim} with size {size}",
+                   ignore: int | None = None) -> None:
+    """Check, at the next read, that every value of ``index`` lies in ``[0, size)`` (``[-size, size)`` when
+    ``negative_ok``); values equal to ``ignore`` are skipped. ``message`` may name ``{index}``, ``{size}``
+    and ``{dim}``."""
+    if not INDEX_CHECK.value or index.numel() == 0:
+        return
+    lo = -size if negative_ok else 0
+    vals = index if ignore is None else (index == ignore).where(lo, index)
+    flat = vals.reshape(-1).cast(dtypes.int64 if index.dtype.itemsize == 8 else dtypes.int32)
+    summary = type(index).cat(flat.min().reshape(1), flat.max().reshape(1))
+
+    def verdict(v: list) -> str | None:
+        low, high = int(v[0]), int(v[1])
+        if high >= size:
+            return message.format(index=high, size=size, dim=dim)
+        if low < lo:
+            return message.format(index=low, size=size, dim=dim)
+        return None
+
+    _add(_Check(summary, verdict, IndexOutOfRange))
+
+
+def nonzero_divisor(divisor: Tensor) -> None:
+    """Check, at the next read, that the integer ``divisor`` has no zero (torch raises for ``x // 0``)."""
+    if not INDEX_CHECK.value or divisor.numel() == 0:
+        return
+    summary = (divisor == 0).reshape(-1).cast(dtypes.int32).max().reshape(1)
+    _add(_Check(summary, lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero))
+
+
+def _add(check: _Check) -> None:
+    _pending.append(check)
+    if len(_pending) >= MAX_PENDING:
+        flush()
+
+
+def pending() -> int:
+    """How many checks wait for the next read."""
+    return len(_pending)
+
+
+def discard() -> None:
+    """Drop the pending checks unread (tests, and a program that recovers from an error)."""
+    _pending.clear()
+
+
+def flush() -> None:
+    """Run every pending check now (one schedule) and raise the first failure."""
+    if not _pending:
+        return
+    checks = list(_pending)
+    _pending.clear()
+    type(checks[0].summary).realize_all(*(c.summary for c in checks))
+    for c in checks:
+        msg = c.verdict(c.summary.numpy().tolist())
+        if msg is not None:
+            raise c.error(msg)
