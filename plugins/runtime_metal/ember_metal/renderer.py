@@ -229,6 +229,28 @@ class MetalRenderer(CStyleRenderer):
         """Nothing closes a global RANGE: the whole kernel body is one thread."""
         return [] if u.arg[1] == "global" else ["}"]
 
+    # --- hardware ids, threadgroup memory, barriers --------------------------------------------
+    def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
+        """SPECIAL ids (``lidxN``: position in the threadgroup, ``gidxN``: the threadgroup's position, ``idxN``:
+        position in the grid; N is the launch dimension), DEFINE_LOCAL (a ``threadgroup`` array) and BARRIER."""
+        if u.op is Ops.SPECIAL:
+            name, _size = u.arg[0], u.arg[1]
+            kind = name.rstrip("0123456789")
+            var = {"lidx": "lid", "gidx": "group", "idx": "gid"}.get(kind)
+            dim = name[len(kind):]
+            if var is None or dim not in ("0", "1", "2"):
+                raise ValueError(f"SPECIAL {name}: expected lidx0-2, gidx0-2 or idx0-2")
+            t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
+            return name, [f"const {t} {name} = ({t}){var}.{'xyz'[int(dim)]};"]
+        if u.op is Ops.DEFINE_LOCAL:
+            assert isinstance(u.dtype, PtrDType), f"DEFINE_LOCAL needs a pointer dtype, got {u.dtype!r}"
+            ident, size = u.arg[0], u.arg[1]
+            name = ident if isinstance(ident, str) else f"temp{ident}"
+            return name, [f"threadgroup {self.storage_type(u.dtype.base)} {name}[{size}];"]
+        if u.op is Ops.BARRIER:
+            return "", ["threadgroup_barrier(mem_flags::mem_threadgroup);"]
+        return super().render_extra(u, srcs, fresh)
+
     # --- literals and ops ---------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
         if dt.kind in "iu":  # MSL has no long long: 64-bit literals take L / UL

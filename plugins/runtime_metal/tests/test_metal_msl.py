@@ -129,6 +129,41 @@ def test_too_many_buffers_is_refused() -> None:
         MetalRenderer().render("k", uops)
 
 
+def threadgroup_sum_program(dt) -> list[UOp]:
+    """A work-group sum: each of 16 threads of a threadgroup stores its element into threadgroup memory, a
+    barrier, then thread 0 adds the 16 and stores the group's sum (4 threadgroups)."""
+    idx = dtypes.int32
+    out = UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (0, 4))
+    inp = UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (1, 64))
+    tmp = UOp(Ops.DEFINE_LOCAL, dt.ptr(), (), (0, 16))
+    c0, c16, zero = UOp.const(idx, 0), UOp.const(idx, 16), UOp.const(dt, 0)
+    group = UOp(Ops.SPECIAL, idx, (), ("gidx0", 4))
+    lane = UOp(Ops.SPECIAL, idx, (), ("lidx0", 16))
+    scaled = UOp(Ops.MUL, idx, (group, c16))
+    element = UOp(Ops.ADD, idx, (scaled, lane))
+    value = UOp(Ops.LOAD, dt, (inp, element))
+    first = UOp(Ops.CMPEQ, dtypes.bool, (lane, c0))
+    acc = UOp(Ops.DEFINE_ACC, dt, (zero,), 0)
+    rng = UOp(Ops.RANGE, idx, (c0, c16), (1, "reduce"))
+    part = UOp(Ops.LOAD, dt, (tmp, rng))
+    total = UOp(Ops.ADD, dt, (acc, part))
+    assign = UOp(Ops.ASSIGN, dt, (acc, total))
+    return [out, inp, tmp, c0, c16, zero, group, lane, scaled, element, value, UOp(Ops.STORE, None, (tmp, lane, value)),
+            UOp(Ops.BARRIER, None, ()), first, acc, rng, part, total, assign, UOp(Ops.ENDRANGE, None, (rng,)),
+            UOp(Ops.STORE, None, (out, group, assign, first)), UOp(Ops.SINK, None, ())]
+
+
+def test_threadgroup_memory_and_barriers_type_check(clang: str) -> None:
+    renderer = MetalRenderer()
+    sources = [renderer.render(f"group_sum_{dt.name}", threadgroup_sum_program(dt)) for dt in (*FLOATS, dtypes.int32)]
+    src = sources[1]  # bfloat16: threadgroup memory holds the bit patterns too
+    assert "threadgroup ushort temp0[16];" in src and "threadgroup_barrier(mem_flags::mem_threadgroup);" in src
+    assert "uint3 lid [[thread_position_in_threadgroup]]" in src
+    assert "uint3 group [[threadgroup_position_in_grid]]" in src
+    assert "gid [[" not in src  # no grid position needed
+    assert check_msl(sources) == 1
+
+
 def simdgroup_kernel(tc) -> str:
     """A kernel around the tensor-core helper: threadgroup scratch per SIMD group, a threadgroup barrier,
     and the simdgroup_matrix multiply (what a kernel using ``tc`` contains)."""
