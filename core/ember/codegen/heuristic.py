@@ -123,6 +123,14 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> l
                 if amt > 1:
                     opts.append(Opt("UPCAST", d, amt))
                 break
+        if len(opts) == 1:
+            # no loads to share across rows (a column sum or max): spend the registers on a wider row, so each
+            # reduction step reads a longer contiguous run
+            d = opts[0].axis
+            wide = max([a for a in range(4, min(acc_regs // 2 * lanes, max_tile, out_shape[d]) + 1, 4)
+                        if out_shape[d] % a == 0], default=1)
+            if wide > opts[0].arg:
+                opts[0] = Opt("UPCAST", d, wide)
         return opts
     # 3) nothing contiguous along the outputs (x @ w.T: both inputs run along the reduce axis, which the renderer
     #    vectorizes as a reduction, one vector accumulator per output): a square-ish tile of outputs shares the loads
@@ -149,7 +157,8 @@ def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
         if n > 1:
             opts.append(Opt("THREAD", axis, n))
     left = shape[axis] // (opts[0].arg if opts else 1)
-    if Ops.ADD not in ops:  # sums are vectorized by the renderer; max chains need independent accumulators
+    if not ops <= {Ops.ADD, Ops.MAX}:  # float sums and maxes are vectorized by the renderer; others need
+        # independent accumulators
         u = _largest_factor(left, 8, 4)
         if u > 1:
             opts.append(Opt("UNROLL", axis, u))
@@ -204,7 +213,7 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
         # the reduction so non-sum reductions get independent chains
         _, reduce_axes = full_shape(ast)
         ops = {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
-        if len(reduce_axes) == 1 and Ops.ADD not in ops:
+        if len(reduce_axes) == 1 and not ops <= {Ops.ADD, Ops.MAX}:
             u = _largest_factor(full_shape(ast)[0][reduce_axes[0]], 8, 4)
             if u > 1:
                 opts.append(Opt("UNROLL", reduce_axes[0], u))

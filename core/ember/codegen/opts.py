@@ -196,7 +196,8 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
                    f"{type(renderer).__name__} has no work-groups")
             _check(plan.upcast.get(axis, 1) == 1, opt, "LOCAL must come before UPCAST on the same axis")
             dim = launch_dim(plan, axis, renderer)
-            _check(dim is not None, opt, "the axis shares its launch dimension with others")
+            _check(dim is not None and dim < len(renderer.local_max), opt,
+                   "the axis shares its launch dimension with others")
             assert dim is not None and renderer.local_max is not None
             size = plan.local.get(axis, 1) * amt
             _check(size <= renderer.local_max[dim], opt,

@@ -205,6 +205,7 @@ class CPURenderer(CStyleRenderer):
                 t = self.render_dtype(dt)
                 head.append(f"  const {t} {pname} = ({t})vals[{nvar}];")
                 nvar += 1
+        head += list(getattr(self, "_declared", {}).values())
         return "\n".join([self.preamble, f"void {name}(void** bufs, const long long* vals) {{", *head, *body, "}", ""])
 
     def math_fn(self, op: Ops, dt: DType) -> Callable[..., str]:
@@ -242,15 +243,16 @@ class CPURenderer(CStyleRenderer):
         self.simd_ranges = {r for r in innermost if r.arg[1] == "global" and r not in hidden
                             and stored.get(r) == {1} and walks[r] <= {1} and r.src[1].op is Ops.CONST
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
-        self._declared: set[str] = set()
+        self._declared: dict[str, str] = {}
+        self._thread_accs: list[tuple[str, Ops | None, DType]] = []
         return super().render(name, uops)
 
-    def _thread_loop(self, loop: str) -> list[str]:
-        """A THREAD loop: its parts of a full reduction run on different cores, each into a private copy of the
-        accumulators, combined at the end (a float max keeps a nan, as the scalar loop would)."""
+    def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> tuple[list[str], list[str]] | None:
+        """OpenMP ``reduction`` clauses for ``accs`` (and the declarations they need), or None when one has
+        no OpenMP combiner. A float max keeps a nan, as the scalar loop would."""
         lines: list[str] = []
         clauses: list[str] = []
-        for name, op, dt in self.loop_accs:
+        for name, op, dt in accs:
             if op is Ops.ADD:
                 clauses.append(f"reduction(+:{name})")
             elif op is Ops.MUL:
@@ -258,15 +260,25 @@ class CPURenderer(CStyleRenderer):
             elif op is Ops.MAX and dt.kind == "f":
                 t = self.render_dtype(dt)
                 red = f"ember_max_{t.replace(' ', '_')}"
-                if red not in self._declared:
-                    self._declared.add(red)
-                    lines.append(f"#pragma omp declare reduction({red} : {t} : omp_out = (omp_in > omp_out || "
-                                 "omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = omp_orig)")
+                # declared once at function scope (render_kernel), visible to every loop of the kernel
+                self._declared[red] = (f"  #pragma omp declare reduction({red} : {t} : omp_out = (omp_in > omp_out"
+                                       " || omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = omp_orig)")
                 clauses.append(f"reduction({red}:{name})")
             elif op is Ops.MAX:
                 clauses.append(f"reduction(max:{name})")
             else:
-                raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {op}")
+                return None
+        return lines, clauses
+
+    def _thread_loop(self, loop: str) -> list[str]:
+        """A THREAD loop: its parts of a full reduction run on different cores, each into a private copy of the
+        accumulators, combined at the end."""
+        found = self._reduction_clauses(self.loop_accs)
+        if found is None:
+            raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {self.loop_accs}")
+        lines, clauses = found
+        # the reduction loop inside works on each thread's private copies: it may still vectorize them
+        self._thread_accs = self.loop_accs
         return [*lines, f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
@@ -278,8 +290,12 @@ class CPURenderer(CStyleRenderer):
             return [f"#pragma omp parallel for{' simd' if simd else ''} schedule(static)", loop]
         if simd:
             return ["#pragma omp simd", loop]
-        sums = [name for name, op, dt in self.loop_accs if op is Ops.ADD and dt in (dtypes.float32, dtypes.float64)]
-        if u.arg[1] == "reduce" and sums and len(sums) == len(self.loop_accs) and u in self.unit_stride_ranges:
-            # let the compiler reorder this float sum into vector lanes (as BLAS and numpy do)
-            return [f"#pragma omp simd reduction(+:{','.join(sums)})", loop]
+        accs = self.loop_accs or self._thread_accs
+        self._thread_accs = []
+        floats = all(op in (Ops.ADD, Ops.MAX) and dt in (dtypes.float32, dtypes.float64) for _, op, dt in accs)
+        if u.arg[1] == "reduce" and accs and floats and u in self.unit_stride_ranges:
+            # let the compiler reorder this float sum or max into vector lanes (as BLAS and numpy do)
+            found = self._reduction_clauses(accs)
+            if found is not None:
+                return [*found[0], f"#pragma omp simd {' '.join(found[1])}", loop]
         return [loop]

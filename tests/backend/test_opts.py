@@ -1,0 +1,207 @@
+"""Kernel optimizations: every opt alone and in combinations gives the NOOPT result (and numpy's), on every
+device of the backend suite; invalid opts raise an error naming the opt, the axis and why.
+
+Opts are applied through ``get_program(ast, renderer, opts=...)``; the kernel runs on the real buffers of the
+schedule's last item, its inputs computed first. On CL (``DEV=CL``, slow builds) a small subset runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Device, Tensor
+from ember.codegen import get_program
+from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
+from ember.dtype import to_np_dtype
+from ember.engine.realize import CompiledRunner, run_schedule
+from ember.renderer import Renderer
+
+RNG = np.random.default_rng(7)
+
+
+def randf(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def last_kernel(out: Tensor):
+    """Run everything ``out`` needs but its last kernel; that kernel's ScheduleItem."""
+    sched = out.schedule()
+    run_schedule(sched[:-1])
+    return sched[-1]
+
+
+def run_opts(si, device: str, opts: list[Opt], renderer: Renderer | None = None) -> np.ndarray:
+    """Run ``si``'s kernel lowered with ``opts`` on its buffers; what it wrote."""
+    spec = get_program(si.ast, renderer or Device[device].renderer, opts=opts)
+    for b in si.bufs:
+        b.allocate()
+    CompiledRunner(device, spec)(list(si.bufs), wait=True)
+    out = si.bufs[0]
+    return np.frombuffer(out.as_bytes(), to_np_dtype(out.dtype)).copy()
+
+
+def candidate_opts(si, renderer: Renderer) -> list[Opt]:
+    """One opt of each kind that fits each axis of the kernel (the ones this codegen lowers)."""
+    ks = kernel_shape(si.ast)
+    full = ks.full_shape
+    out: list[Opt] = []
+    for axis, size in enumerate(full):
+        if size == 1:
+            continue
+        small = next((f for f in (4, 3, 2) if size % f == 0), None)
+        if axis in ks.reduce_axes:
+            if small:
+                out.append(Opt("UNROLL", axis, small))
+            if all(d == 1 for i, d in enumerate(full) if i not in ks.reduce_axes) and renderer.parallel_threads > 1 \
+                    and not renderer.has_local and size % 2 == 0:
+                out.append(Opt("THREAD", axis, 2))
+        else:
+            if small:
+                out.append(Opt("UPCAST", axis, small))
+            if size % 8 and size > 4:
+                out.append(Opt("PADTO", axis, 8))
+            if renderer.has_local and small:
+                out.append(Opt("LOCAL", axis, small))
+    return out
+
+
+def combos(cands: list[Opt], si, renderer: Renderer) -> list[list[Opt]]:
+    """Each candidate alone, then all of them together (those that still fit, in a valid order)."""
+    order = {"THREAD": 0, "PADTO": 1, "LOCAL": 2, "UPCAST": 3, "UNROLL": 4}
+    together: list[Opt] = []
+    for o in sorted(cands, key=lambda o: order[o.op]):
+        try:
+            apply_opts(si.ast, renderer, [*together, o])
+            together.append(o)
+        except OptError:
+            pass
+    singles = []
+    for o in cands:
+        try:
+            apply_opts(si.ast, renderer, [o])
+            singles.append([o])
+        except OptError as e:
+            # only LOCAL on an axis merged with others into one launch dimension is expected to be refused
+            assert o.op == "LOCAL" and "shares its launch dimension" in str(e), e
+    return singles + ([together] if len(together) > 1 else [])
+
+
+class ThreadedPython(Renderer):
+    """The PYTHON device's renderer, claiming several cores and work-groups: THREAD and LOCAL lowerings are
+    then checked by the oracle interpreter too (it runs the loops as written and ignores launch sizes)."""
+
+    def __init__(self, base: Renderer, has_local: bool):
+        self.base = base
+        self.parallel_threads = 1 if has_local else 4
+        self.has_local = has_local
+        self.local_max = (64, 64, 64) if has_local else None
+        self.global_max = (1 << 20,) * 3 if has_local else None
+
+    def render(self, name, uops):  # noqa: ANN001, ANN201
+        return self.base.render(name, uops)
+
+
+def cases(device: str) -> list[tuple[str, Tensor, np.ndarray]]:
+    a, b, c = randf(24, 20), randf(24, 20), randf(20, 12)
+    x, w = randf(2, 3, 6, 6), randf(4, 3, 3, 3)
+    t = {k: Tensor(v, device=device).realize() for k, v in dict(a=a, b=b, c=c, x=x, w=w).items()}
+    ct = Tensor(np.ascontiguousarray(c.T), device=device).realize()  # (12, 20)
+    at = Tensor(np.ascontiguousarray(a.T), device=device).realize()  # (20, 24)
+    out = [("elementwise", (t["a"] * t["b"]).exp() + 1, np.exp(a * b) + 1),
+           ("sum axis 0", t["a"].sum(0), a.sum(0)), ("sum axis 1", t["a"].sum(1), a.sum(1)),
+           ("max axis 0", t["a"].max(0), a.max(0)), ("max axis 1", t["a"].max(1), a.max(1)),
+           ("full sum", t["a"].sum(), a.sum()), ("full max", t["a"].max(), a.max()),
+           ("a@b", t["a"] @ t["c"], a @ c), ("a@b.T", t["a"] @ ct.T, a @ c),
+           ("a.T@b", at.T @ t["c"], a @ c), ("a.T@b.T", at.T @ ct.T, a @ c)]
+    try:
+        import torch
+
+        ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
+        out.append(("conv2d", t["x"].conv2d(t["w"], padding=1), ref))
+    except ImportError:
+        pass
+    return out
+
+
+CASE_NAMES = ["elementwise", "sum axis 0", "sum axis 1", "max axis 0", "max axis 1", "full sum", "full max", "a@b",
+              "a@b.T", "a.T@b", "a.T@b.T", "conv2d"]
+#: kernels a slow-building device checks
+SMALL_SET = ("elementwise", "sum axis 1", "a@b")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_every_opt_matches_noopt(device: str, name: str):
+    if device == "CL" and name not in SMALL_SET:
+        pytest.skip("CL builds are slow: a small set of kernels runs there")
+    found = [c for c in cases(device) if c[0] == name]
+    if not found:
+        pytest.skip(f"{name}: its reference needs torch")
+    _, out, ref = found[0]
+    si = last_kernel(out)
+    renderers = [Device[device].renderer]
+    if device == "PYTHON":
+        renderers += [ThreadedPython(Device[device].renderer, False), ThreadedPython(Device[device].renderer, True)]
+    plain = run_opts(si, device, [])
+    np.testing.assert_allclose(plain.reshape(np.shape(ref)), ref, rtol=1e-4, atol=1e-4)
+    tried = 0
+    for renderer in renderers:
+        for opts in combos(candidate_opts(si, renderer), si, renderer):
+            got = run_opts(si, device, opts, renderer)
+            np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5, err_msg=f"{name} with {opts}")
+            tried += 1
+    assert tried >= 1
+
+
+def test_upcast_and_local_launch_sizes():
+    """LOCAL sets the work-group size of the launch dimension its axis maps to (innermost first)."""
+    a, b = Tensor(randf(24, 20), device="PYTHON").realize(), Tensor(randf(20, 16), device="PYTHON").realize()
+    si = (a @ b).schedule()[-1]
+    grid = ThreadedPython(Device["PYTHON"].renderer, True)
+    spec = get_program(si.ast, grid, opts=[Opt("LOCAL", 1, 8), Opt("LOCAL", 0, 4), Opt("UPCAST", 1, 2)])
+    assert spec.local_size == (8, 4, 1)
+    assert spec.global_size == (8, 24, 1)  # the upcast axis runs 16 / 2 loops
+
+
+@pytest.mark.parametrize("opt,why", [
+    (Opt("UPCAST", 1, 4), "applies to output axes"),    # axis 1 is reduced
+    (Opt("UNROLL", 0, 2), "applies to reduce axes"),
+    (Opt("UPCAST", 0, 5), "does not divide"),
+    (Opt("UPCAST", 7, 2), "the kernel has 2 axes"),
+    (Opt("LOCAL", 0, 2), "has no work-groups"),
+    (Opt("GROUP", 1, 4), "not supported by this codegen"),
+    (Opt("THREAD", 1, 2), "needs a full reduction"),
+    (Opt("SPLIT", 0, 2), "unknown optimization"),
+    (Opt("UPCAST", 0, -1), "non-negative"),
+])
+def test_invalid_opts_raise(opt: Opt, why: str):
+    a = Tensor(randf(24, 20), device="CPU").realize()
+    si = a.sum(1).schedule()[-1]
+    with pytest.raises(OptError, match=why) as e:
+        get_program(si.ast, Device["CPU"].renderer, opts=[opt])
+    if opt.op != "SPLIT":
+        assert opt.op in str(e.value) and f"axis {opt.axis}" in str(e.value)
+
+
+def test_opt_order_is_checked():
+    a = Tensor(randf(24, 20), device="CPU").realize()
+    si = (a + 1).schedule()[-1]
+    with pytest.raises(OptError, match="PADTO must come before"):
+        apply_opts(si.ast, Device["CPU"].renderer, [Opt("UPCAST", 1, 4), Opt("PADTO", 1, 8)])
+    with pytest.raises(OptError, match="does not divide what is left"):
+        apply_opts(si.ast, Device["CPU"].renderer, [Opt("UPCAST", 1, 4), Opt("UPCAST", 1, 4)])
+    # splits of one axis multiply: 20 = 4 * 5
+    plan = apply_opts(si.ast, Device["CPU"].renderer, [Opt("UPCAST", 1, 4), Opt("UPCAST", 1, 5)])
+    assert plan.upcast == {1: 20}
+
+
+@pytest.mark.parametrize("opts", [[], [Opt("THREAD", 0, 2)], [Opt("THREAD", 0, 2), Opt("UNROLL", 0, 4)]])
+def test_vectorized_and_threaded_max_keep_nan(opts: list[Opt]):
+    """A max split into vector lanes and across cores still returns nan when any element is nan."""
+    x = randf(4096)
+    x[1234] = np.nan
+    t = Tensor(x, device="CPU").realize()
+    si = last_kernel(t.max())
+    assert np.isnan(run_opts(si, "CPU", opts)[0])
+    rows = Tensor(x.reshape(64, 64), device="CPU").realize()
+    got = rows.max(1).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(x.reshape(64, 64).max(1)))
