@@ -40,13 +40,14 @@ def need(device: str, *dts: DType) -> None:
 
 
 def sample(rng: np.random.Generator, dt: DType, shape: tuple[int, ...], wide: bool = False) -> np.ndarray:
-    """Random values for ``dt`` (floats as float64, so that narrow dtypes round them); ``wide`` spans the range."""
+    """Random values for ``dt`` (float16/bfloat16 as float64, for the tensor to round); ``wide`` spans the range."""
     if dt.kind == "b":
         return rng.random(shape) < 0.5
     if dt.kind in "iu":
         lo, hi = (dtypes.min(dt), dtypes.max(dt)) if wide else (0 if dt.kind == "u" else -50, 50)
         return rng.integers(lo, hi, shape, endpoint=True, dtype=np.uint64 if dt == dtypes.uint64 else np.int64)
-    return rng.standard_normal(shape) * (100.0 if wide else 1.0)
+    out = rng.standard_normal(shape) * (100.0 if wide else 1.0)
+    return out.astype(np.float32) if dt == dtypes.float32 else out
 
 
 def tolerance(dt: DType) -> dict[str, float]:
@@ -94,3 +95,34 @@ def same_as_reference(device: str, fn: Callable[..., Tensor], *arrays: Any, dtyp
 def np_dtype(dt: DType) -> type:
     """The numpy dtype values of ``dt`` come back in from ``Tensor.numpy()`` (float32 for bfloat16)."""
     return np.float32 if dt == dtypes.bfloat16 else to_np_dtype(dt)
+
+
+def realize_many(device: str, fns: dict[str, Callable[..., Tensor]], *arrays: Any,
+                 dtypes_: Sequence[DType | None] = ()) -> dict[str, Tensor]:
+    """Every ``fn`` applied to ``arrays`` on ``device``, realized together (one schedule, one batched compile)."""
+    dts = list(dtypes_) + [None] * (len(arrays) - len(dtypes_))
+    inputs = [Tensor(a, device=device, dtype=d) for a, d in zip(arrays, dts)]
+    outs = {label: fn(*inputs) for label, fn in fns.items()}
+    Tensor.realize_all(*outs.values())
+    return outs
+
+
+def same_as_reference_many(device: str, fns: dict[str, Callable[..., Tensor]], *arrays: Any,
+                           dtypes_: Sequence[DType | None] = (), exact: bool = False,
+                           **tol: float) -> dict[str, np.ndarray]:
+    """:func:`same_as_reference` for many functions of the same inputs, compiled and run as one batch per
+    device; a failure names every function that differs."""
+    ours = realize_many(device, fns, *arrays, dtypes_=dtypes_)
+    ref = realize_many(REFERENCE, fns, *arrays, dtypes_=dtypes_)
+    errors, values = [], {}
+    for label in fns:
+        try:
+            assert ours[label].shape == ref[label].shape, f"shape {ours[label].shape} != reference {ref[label].shape}"
+            assert ours[label].dtype == ref[label].dtype, f"dtype {ours[label].dtype} != reference {ref[label].dtype}"
+            values[label] = ours[label].numpy()
+            assert_same(values[label], ref[label].numpy(), exact=exact, what=f"{device} vs {REFERENCE}", **tol)
+        except AssertionError as e:
+            errors.append(f"[{label}] {e}")
+    if errors:
+        raise AssertionError(f"{len(errors)} of {len(fns)} differ:\n" + "\n".join(errors))
+    return values
