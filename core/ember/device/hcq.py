@@ -24,6 +24,9 @@ addresses, runtime values and signal values in place and submits again.
 """
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ember.helpers import getenv
 
 #: how long a wait on a signal may take before it raises (seconds); a hung device never hangs Python
 DEFAULT_TIMEOUT_S = 30.0
@@ -328,6 +333,69 @@ class HCQDevice:
         return value
 
 
+class Profiler:
+    """``PROFILE=1``: every kernel and copy a queue runs, as spans between two signal timestamps.
+
+    At exit the spans are written as Chrome trace-event JSON (``PROFILE_PATH``, default
+    ``ember_profile.json``) that chrome://tracing and Perfetto open: one process per device, one
+    thread per engine.
+    """
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, str, str, Signal, Signal]] = []
+        self._registered = False
+
+    @staticmethod
+    def enabled() -> bool:
+        return bool(getenv("PROFILE", 0))
+
+    def record(self, device: str, engine: str, name: str, start: Signal, end: Signal) -> None:
+        """Remember a span whose timestamps ``start`` and ``end`` will hold once the queue ran it."""
+        self.spans.append((device, engine, name, start, end))
+        if not self._registered:
+            self._registered = True
+            atexit.register(self.write)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The recorded spans as trace events (times in microseconds since the first span)."""
+        done = [s for s in self.spans if s[4].timestamp_ns >= s[3].timestamp_ns > 0]
+        t0 = min((s[3].timestamp_ns for s in done), default=0)
+        return [{"name": name, "cat": engine, "ph": "X", "pid": device, "tid": engine,
+                 "ts": (start.timestamp_ns - t0) / 1e3, "dur": (end.timestamp_ns - start.timestamp_ns) / 1e3}
+                for device, engine, name, start, end in done]
+
+    def write(self, path: str | None = None) -> str:
+        """Write the trace (to ``path``, else ``PROFILE_PATH``, else ``ember_profile.json``); return the path."""
+        path = path or os.environ.get("PROFILE_PATH") or "ember_profile.json"
+        with open(path, "w") as f:
+            json.dump({"traceEvents": self.events(), "displayTimeUnit": "ms"}, f)
+        return path
+
+
+PROFILER = Profiler()
+
+
+def profiled_exec(device: HCQDevice, queue: HWQueue, name: str, program: Any, args: KernelArgs,
+                  global_size: tuple[int, ...], local_size: tuple[int, ...] | None) -> None:
+    """``queue.exec(...)``, between two timestamps recorded as a profile span when ``PROFILE=1``."""
+    if not Profiler.enabled():
+        queue.exec(program, args, global_size, local_size)
+        return
+    start, end = device.new_signal(f"{name} start"), device.new_signal(f"{name} end")
+    queue.timestamp(start).exec(program, args, global_size, local_size).timestamp(end)
+    PROFILER.record(getattr(device, "device", "?"), queue.engine, name, start, end)
+
+
+def profiled_copy(device: HCQDevice, queue: HWQueue, dest: Any, src: Any, nbytes: int) -> None:
+    """``queue.copy(...)``, recorded as a profile span when ``PROFILE=1``."""
+    if not Profiler.enabled():
+        queue.copy(dest, src, nbytes)
+        return
+    start, end = device.new_signal("copy start"), device.new_signal("copy end")
+    queue.timestamp(start).copy(dest, src, nbytes).timestamp(end)
+    PROFILER.record(getattr(device, "device", "?"), queue.engine, f"copy {nbytes} bytes", start, end)
+
+
 class HCQProgram:
     """A kernel launched through the device's compute queue; timed with two timestamp signals when waited on.
 
@@ -345,7 +413,7 @@ class HCQProgram:
         q = self.device.compute_queue()
         if wait:
             q.timestamp(self._start)
-        q.exec(self.kernel, self.make_args(bufs, vals), global_size, local_size)
+        profiled_exec(self.device, q, self.name, self.kernel, self.make_args(bufs, vals), global_size, local_size)
         if wait:
             q.timestamp(self._end)
         value = self.device.submit_and_signal(q)
@@ -376,7 +444,7 @@ class HCQGraph:
             self.args.append(args)
             global_size = tuple(sizes[0]) if sizes and sizes[0] is not None else (1, 1, 1)
             local_size = tuple(sizes[1]) if len(sizes) > 1 and sizes[1] is not None else None
-            self.queue.exec(prg.kernel, args, global_size, local_size)
+            profiled_exec(device, self.queue, prg.name, prg.kernel, args, global_size, local_size)
         self.queue.timestamp(self._end)
         self._last = 0  # the timeline value of the latest replay
 

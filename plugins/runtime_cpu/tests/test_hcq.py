@@ -78,8 +78,9 @@ def test_signal_orders_work_across_two_queues(dev):
     np.testing.assert_array_equal(np.frombuffer(dev.allocator.as_buffer(dst), np.int32), x * 2 + 1)
 
 
-def test_wait_blocks_until_a_later_signal():
-    sig = HostSignal("TEST", "late")
+@pytest.mark.parametrize("native", [False, True])
+def test_wait_blocks_until_a_later_signal(dev, native):
+    sig = dev.new_signal("late") if native else HostSignal("TEST", "late")
     released = threading.Event()
 
     def waiter():
@@ -95,8 +96,9 @@ def test_wait_blocks_until_a_later_signal():
     t.join()
 
 
-def test_timeout_raises_naming_device_signal_and_values():
-    sig = HostSignal("CPU:9", "stuck", value=4)
+@pytest.mark.parametrize("native", [False, True])
+def test_timeout_raises_naming_device_signal_and_values(dev, native):
+    sig = dev.new_signal("stuck", 4) if native else HostSignal("CPU:9", "stuck", value=4)
     start = time.monotonic()
     with pytest.raises(HCQTimeoutError, match=r"CPU:9: stuck did not reach 7 .* holds 4"):
         sig.wait(7, timeout=0.05)
@@ -117,11 +119,18 @@ def test_hung_queue_does_not_hang_synchronize(dev):
     dev.synchronize()
 
 
-def test_failing_command_raises_at_the_next_wait(dev):
+def test_a_command_the_engine_cannot_run_is_refused_at_submit(dev):
     sig = dev.new_signal("after bad exec")
-    dev.compute_queue().exec(object(), CPUKernelArgs([]), (1, 1, 1)).signal(sig, 1).submit(dev)
-    with pytest.raises(HCQCommandError, match="after bad exec"):
-        sig.wait(1, timeout=10)
+    with pytest.raises(TypeError, match="compiled CPU kernel"):
+        dev.compute_queue().exec(object(), CPUKernelArgs([]), (1, 1, 1)).signal(sig, 1).submit(dev)
+    assert sig.value == 0  # nothing of the queue was published
+
+
+def test_failed_signal_raises_at_the_next_wait():
+    sig = HostSignal("TEST", "after failure")
+    sig.fail(ValueError("bad launch"))
+    with pytest.raises(HCQCommandError, match="after failure.*bad launch"):
+        sig.wait(1, timeout=1)
 
 
 def test_timeline_wraps_around(dev):
