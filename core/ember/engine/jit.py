@@ -33,7 +33,7 @@ from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import realize
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
-from ember.graph.lazy import base_of, buffers
+from ember.graph.lazy import base_of, buffers, realized
 from ember.graph.symbolic import Variable
 from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters
@@ -146,6 +146,14 @@ def _tensors_in(ret: Any) -> list[Any]:
 
 
 # --- the memory planner -------------------------------------------------------------------------------
+
+def _forget_results_in(candidates: set[int]) -> None:
+    """Forget remembered results (``realized``) that live in the buffers with these ids: a graph that needs
+    one again recomputes it rather than read a buffer the planner may share."""
+    for node, view in list(realized.items()):
+        if id(buffers.get(base_of(view))) in candidates:
+            realized.pop(node, None)
+
 
 def plan_memory(items: Sequence[ExecItem], pinned: set[int]) -> list[ExecItem]:
     """``items`` with intermediate buffers sharing memory where their lifetimes do not overlap.
@@ -358,9 +366,10 @@ class TinyJit(Generic[R]):
         items = recorded
         if self.plan_memory:
             del uploads
-            gc.collect()  # drop the function's dead tensors: what stays alive must keep its own buffer
-            pinned = {id(b) for b in buffers.values()} | {id(b) for b in in_bufs} | {id(b) for b in out_bufs}
-            pinned |= {id(b) for b, _ in upload_bufs}
+            pinned = {id(b) for b in in_bufs} | {id(b) for b in out_bufs} | {id(b) for b, _ in upload_bufs}
+            _forget_results_in({id(ei.bufs[0]) for ei in recorded if ei.bufs} - pinned)
+            gc.collect()  # drop the function's dead tensors: a buffer still reachable keeps its own memory
+            pinned |= {id(b) for b in buffers.values()}
             items = plan_memory(recorded, pinned)
         slots: list[list[tuple[int, int]]] = [[] for _ in in_bufs]
         for j, ei in enumerate(items):

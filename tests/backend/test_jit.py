@@ -1,0 +1,261 @@
+"""TinyJit: capture, replay with swapped inputs, argument checks, in-place updates, random numbers,
+the memory planner and symbolic variables, on every backend device (modelled on tinygrad's test_jit)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from backend_utils import other_device
+
+from ember import Device, GlobalCounters, JitError, Tensor, TinyJit, jit, nn
+from ember.nn import optim
+
+
+def _arr(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# --- capture and replay -------------------------------------------------------------------------------
+
+def test_capture_count_and_replay(device):
+    calls = []
+
+    @TinyJit
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        calls.append(1)
+        return (a + b).relu() * 2
+
+    for i in range(5):
+        a, b = _arr(3, 4, seed=i), _arr(3, 4, seed=10 + i)
+        out = f(Tensor(a, device=device), Tensor(b, device=device))
+        np.testing.assert_allclose(out.numpy(), np.maximum(a + b, 0) * 2, rtol=1e-6)
+        assert f.cnt == i + 1
+    assert len(calls) == 2  # run, capture; then only replays
+    assert f.captured is not None and f.captured.kernel_count == 1
+
+
+def test_replay_compiles_and_schedules_nothing(device):
+    f = TinyJit(lambda x: (x * 3 + 1).sum(axis=1))
+    for i in range(2):
+        f(Tensor(_arr(4, 5, seed=i), device=device))
+    GlobalCounters.reset()
+    out = f(Tensor(_arr(4, 5, seed=7), device=device))
+    assert GlobalCounters.kernels_compiled == 0
+    assert GlobalCounters.kernel_count == f.captured.kernel_count
+    np.testing.assert_allclose(out.numpy(), (_arr(4, 5, seed=7) * 3 + 1).sum(axis=1), rtol=1e-5)
+
+
+def test_outputs_differ_for_different_inputs(device):
+    f = jit(lambda x: x * x)
+    outs = [f(Tensor(np.full(4, i, np.float32), device=device)).numpy().copy() for i in range(4)]
+    for i, o in enumerate(outs):
+        np.testing.assert_array_equal(o, np.full(4, i * i, np.float32))
+
+
+def test_keyword_inputs(device):
+    @TinyJit
+    def f(x: Tensor, *, y: Tensor, scale: float = 1.0) -> Tensor:
+        return x * scale - y
+
+    for i in range(4):
+        x, y = _arr(6, seed=i), _arr(6, seed=20 + i)
+        out = f(Tensor(x, device=device), y=Tensor(y, device=device), scale=2.0)
+        np.testing.assert_allclose(out.numpy(), x * 2 - y, rtol=1e-6)
+
+
+def test_view_inputs_are_realized(device):
+    f = TinyJit(lambda x: x + 1)
+    for i in range(4):
+        a = _arr(4, 3, seed=i)
+        out = f(Tensor(a, device=device).permute(1, 0))  # a strided view: the jit gives it its own buffer
+        np.testing.assert_allclose(out.numpy(), a.T + 1, rtol=1e-6)
+
+
+def test_replay_goes_through_the_device_graph(device):
+    if Device[device].graph is None:
+        pytest.skip(f"{device} has no Graph: replays run a plain loop")
+    f = TinyJit(lambda x: ((x + 1).contiguous() * 2).contiguous().sum())
+    for i in range(3):
+        out = f(Tensor(_arr(8, seed=i), device=device))
+    np.testing.assert_allclose(out.numpy(), ((_arr(8, seed=2) + 1) * 2).sum(), rtol=1e-5)
+    assert f.captured.kernel_count == 3 and len(f.captured.runs) == 1
+
+
+# --- argument checks ----------------------------------------------------------------------------------
+
+def _captured(device: str) -> TinyJit:
+    f = TinyJit(lambda x, k=1: x * k)
+    for _ in range(2):
+        f(Tensor(_arr(2, 3), device=device), k=2)
+    return f
+
+
+def test_shape_change_raises(device):
+    f = _captured(device)
+    with pytest.raises(JitError, match=r"argument 0.*shape \(2, 3\).*shape \(3, 3\)"):
+        f(Tensor(_arr(3, 3), device=device), k=2)
+
+
+def test_dtype_change_raises(device):
+    f = _captured(device)
+    with pytest.raises(JitError, match=r"argument 0.*float.*int"):
+        f(Tensor(np.ones((2, 3), np.int32), device=device), k=2)
+
+
+def test_device_change_raises(device):
+    f = _captured(device)
+    other = other_device(device)
+    with pytest.raises(JitError, match=f"argument 0.*{device}.*{other}"):
+        f(Tensor(_arr(2, 3), device=other), k=2)
+
+
+def test_non_tensor_argument_change_raises(device):
+    f = _captured(device)
+    np.testing.assert_allclose(f(Tensor(_arr(2, 3, seed=3), device=device), k=2).numpy(), _arr(2, 3, seed=3) * 2)
+    with pytest.raises(JitError, match=r"argument 'k': captured 2, now 3"):
+        f(Tensor(_arr(2, 3), device=device), k=3)
+
+
+# --- state, realize, random numbers ---------------------------------------------------------------
+
+def test_two_jits_sharing_buffers(device):
+    state = Tensor.zeros(4, device=device).contiguous().realize()
+
+    @TinyJit
+    def accumulate(x: Tensor) -> Tensor:
+        return state.assign(state + x).realize()
+
+    @TinyJit
+    def read(scale: Tensor) -> Tensor:
+        return state * scale
+
+    total = np.zeros(4, np.float32)
+    for i in range(5):
+        x = _arr(4, seed=i)
+        total += x
+        accumulate(Tensor(x, device=device))
+        np.testing.assert_allclose(read(Tensor(np.full(4, 2.0, np.float32), device=device)).numpy(), total * 2,
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state.numpy(), total, rtol=1e-5, atol=1e-6)
+
+
+def test_realize_inside(device):
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        y = (x * 2).realize()
+        z = (y + 1).realize()
+        return z.sum()
+
+    for i in range(4):
+        a = _arr(5, seed=i)
+        np.testing.assert_allclose(f(Tensor(a, device=device)).numpy(), (a * 2 + 1).sum(), rtol=1e-5)
+    assert f.captured.kernel_count == 3
+
+
+def test_random_numbers_advance_like_eager(device):
+    x = Tensor.zeros(6, device=device).contiguous().realize()
+    f = TinyJit(lambda x: Tensor.rand(6, device=device) + x)
+    Tensor.manual_seed(3)
+    jitted = [f(x).numpy().copy() for _ in range(5)]
+    Tensor.manual_seed(3)
+    eager = [(Tensor.rand(6, device=device) + x).numpy() for _ in range(5)]
+    assert len({a.tobytes() for a in jitted}) == 5  # every replay draws new numbers ...
+    np.testing.assert_array_equal(np.stack(jitted), np.stack(eager))  # ... the ones an eager call draws
+
+
+def _train_mlp(device: str, batches: list[tuple[np.ndarray, np.ndarray]], jitted: bool) -> tuple[list[float],
+                                                                                               list[np.ndarray]]:
+    Tensor.manual_seed(0)
+    layers = [nn.Linear(6, 8), nn.Linear(8, 3)]
+    params = [t for lin in layers for t in (lin.weight, lin.bias)]
+    for p in params:
+        if p.device != device:
+            p.replace(p.to(device).contiguous().realize())
+    opt = optim.Adam(params, lr=0.01)
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = layers[1](layers[0](x).relu()).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+            return loss.realize()
+
+    fn = TinyJit(step) if jitted else step
+    losses = [fn(Tensor(x, device=device), Tensor(y, device=device)).item() for x, y in batches]
+    return losses, [p.numpy() for p in params]
+
+
+def test_optimizer_step_matches_eager_bit_for_bit(device):
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 6)).astype(np.float32), rng.integers(0, 3, 4)) for _ in range(5)]
+    eager, jitted = _train_mlp(device, batches, False), _train_mlp(device, batches, True)
+    assert eager[0] == jitted[0]
+    for eager_p, jit_p in zip(eager[1], jitted[1]):
+        np.testing.assert_array_equal(eager_p, jit_p)
+
+
+def test_batchnorm_running_stats_update_in_place(device):
+    def run(jitted: bool) -> tuple[np.ndarray, np.ndarray]:
+        bn = nn.BatchNorm(3)
+        bn.running_mean.replace(bn.running_mean.to(device).contiguous().realize())
+        bn.running_var.replace(bn.running_var.to(device).contiguous().realize())
+        bn.num_batches_tracked.replace(bn.num_batches_tracked.to(device).contiguous().realize())
+        bn.weight, bn.bias = bn.weight.to(device), bn.bias.to(device)
+
+        def fwd(x: Tensor) -> Tensor:
+            with Tensor.train():
+                out = bn(x)
+            Tensor.realize_all(out, bn.running_mean, bn.running_var, bn.num_batches_tracked)
+            return out
+
+        fn = TinyJit(fwd) if jitted else fwd
+        for i in range(4):
+            fn(Tensor(_arr(5, 3, seed=i), device=device))
+        return bn.running_mean.numpy(), bn.running_var.numpy()
+
+    for a, b in zip(run(False), run(True)):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- the memory planner ------------------------------------------------------------------------------
+
+def _chain(x: Tensor) -> Tensor:
+    y = x
+    for k in range(5):  # each step in its own buffer, dead two steps later
+        y = (y * 1.5 + k).contiguous()
+    return y.sum(axis=0)
+
+
+def test_memory_planner_shares_dead_intermediates(device):
+    planned, plain = TinyJit(_chain), TinyJit(_chain, plan_memory=False)
+    for i in range(4):
+        a = _arr(16, 4, seed=i)
+        want = a
+        for k in range(5):
+            want = want * np.float32(1.5) + np.float32(k)
+        p, q = planned(Tensor(a, device=device)), plain(Tensor(a, device=device))
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+        np.testing.assert_allclose(p.numpy(), want.sum(axis=0), rtol=1e-5)
+    assert planned.captured.distinct_buffers() < plain.captured.distinct_buffers()
+
+
+def test_memory_planner_never_aliases_live_buffers(device):
+    kept: list[Tensor] = []
+
+    def f(x: Tensor) -> Tensor:
+        a = (x + 1).contiguous().realize()
+        if len(kept) < 2:
+            kept.append(a)  # alive after the call: must keep its own buffer
+        b = (a * 2).contiguous()
+        c = (b * 3).contiguous()
+        return (c + 1).sum()
+
+    planned = TinyJit(f)
+    for i in range(4):
+        a = _arr(8, seed=i)
+        np.testing.assert_allclose(planned(Tensor(a, device=device)).numpy(), ((a + 1) * 6 + 1).sum(), rtol=1e-5)
+        # the kept intermediate holds this call's value, untouched by the buffers planned around it
+        np.testing.assert_allclose(kept[min(i, 1)].numpy(), a + 1, rtol=1e-6)
+    cap = planned.captured
+    for ei in cap.exec_items:  # one kernel never gets one buffer twice unless it asked for that
+        assert len({id(b) for b in ei.bufs}) == len(ei.bufs)
