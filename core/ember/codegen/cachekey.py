@@ -39,9 +39,9 @@ def codegen_fingerprint(renderer_type: type) -> str:
     return h.hexdigest()
 
 
-def renderer_identity(renderer: Any) -> str:
-    """Every capability of ``renderer``: its class, each public non-method attribute declared on a class of its
-    MRO (with the instance's value), and each plain public value the instance sets itself (``fp16``, limits)."""
+def capability_names(renderer: Any) -> list[str]:
+    """The names of ``renderer``'s capabilities: each public non-method attribute declared on a class of its MRO,
+    and each plain public value the instance sets itself (``fp16``, limits)."""
     names: set[str] = set()
     for cls in type(renderer).__mro__:
         for name, value in vars(cls).items():
@@ -49,8 +49,13 @@ def renderer_identity(renderer: Any) -> str:
                                                                                            classmethod)):
                 names.add(name)
     names.update(k for k, v in vars(renderer).items() if not k.startswith("_") and isinstance(v, _PLAIN))
+    return sorted(names)
+
+
+def renderer_identity(renderer: Any) -> str:
+    """Every capability of ``renderer`` (see :func:`capability_names`) with its value, and its class."""
     caps = []
-    for name in sorted(names):
+    for name in capability_names(renderer):
         value = getattr(renderer, name, None)
         if isinstance(value, (set, frozenset)):
             value = sorted(map(repr, value))
