@@ -6,6 +6,11 @@ the CPU implementation, where the "hardware" is two worker threads.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -183,3 +188,38 @@ def test_graph_replays_with_patched_buffers_and_values(dev):
         np.testing.assert_array_equal(read(dev, out, np.int32, N), want)
     with pytest.raises(ValueError, match="runtime values"):
         graph.update_vals(0, (1,))
+
+
+def test_profile_trace_is_valid_trace_event_json(tmp_path):
+    """PROFILE=1 on a small training loop in HCQ mode: kernel names, the device, no overlapping spans per queue."""
+    path = tmp_path / "trace.json"
+    script = textwrap.dedent("""
+        import numpy as np
+        from ember import Tensor
+        from ember.nn import Linear
+        from ember.nn.optim import SGD
+        layer = Linear(16, 4)
+        opt = SGD([layer.weight, layer.bias], lr=0.1)
+        x, y = Tensor(np.random.rand(32, 16).astype(np.float32)), Tensor(np.random.randint(0, 4, 32))
+        with Tensor.train():
+            for _ in range(3):
+                opt.zero_grad()
+                loss = layer(x).sparse_categorical_crossentropy(y)
+                loss.backward()
+                opt.step()
+        print(loss.item())
+    """)
+    env = dict(os.environ, CPU_HCQ="1", PROFILE="1", PROFILE_PATH=str(path), DEV="CPU",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    kernels = [e for e in events if e["tid"] == "compute"]
+    assert kernels and all(e["ph"] == "X" and e["pid"] == "CPU" and e["dur"] >= 0 for e in events)
+    assert any(e["name"].startswith("r_") for e in kernels) and any(e["name"].startswith("E_") for e in kernels)
+    assert any(e["tid"] == "copy" and e["name"].startswith("copy") for e in events)
+    for engine in ("compute", "copy"):
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["tid"] == engine)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end - 1e-3, f"overlapping spans on the {engine} queue"
