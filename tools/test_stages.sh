@@ -38,6 +38,10 @@ for dev in PYTHON CPU CL; do
     stage "conformance suite, $dev" "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=$dev
 done
 stage "conformance suite, CPU with clang" env CC=clang "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CPU
+# the CPU device on hardware command queues (ember.device.hcq): the conformance suite and the JIT tests
+hcq_tests=$(ls tests/backend/test_jit.py 2>/dev/null)
+stage "conformance suite${hcq_tests:+ and JIT tests}, CPU on HCQ (CPU_HCQ=1)" \
+    env CPU_HCQ=1 DEV=CPU "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CPU $hcq_tests
 if "$PY" -m pytest --collect-only -q -m corpus $PLUGIN_TESTS >/dev/null 2>&1; then
     stage "compile checks of the kernel corpus (targets without hardware here)" \
         env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -m corpus $PLUGIN_TESTS
