@@ -1,29 +1,53 @@
-"""A small, crash-safe on-disk key/value cache (compiled kernels, lowered programs).
+"""A small on-disk key/value cache that trusts nothing it reads (compiled kernels, lowered programs).
 
 Layout: one file per entry in ``cache_dir()/<table>``, named ``sha256(key)``. A file holds
-``MAGIC + sha256(payload) + payload``. Entries are written to a temporary file in the same
-folder and renamed into place, so a reader never sees half an entry; an entry that fails
-the checks (wrong magic, wrong checksum, truncated) is deleted and treated as a miss, never
-trusted. IO errors (read-only or full disk) warn once per folder and direction, then that
-direction is skipped for the rest of the process. ``CACHELEVEL=0`` turns the cache off.
+``MAGIC + sha256(key) + sha256(payload) + payload``: the entry names the key it was written for, so a
+file copied or renamed onto another key's name (or swapped with another entry) is refused, as is one
+with a wrong magic, a wrong checksum or a truncated body. A refused entry is deleted and treated as a
+miss, so the caller rebuilds and rewrites it. A caller that finds an intact entry unusable anyway (a
+binary its runtime will not load) calls :func:`invalidate`.
+
+Entries are written to a temporary file (mode 0600) in the same folder and renamed into place, so a
+reader never sees half an entry. Folders are created with mode 0700 whatever the umask, and a folder
+that other users can write to is not used (its entries could have been planted). IO errors (read-only
+or full disk) warn once per folder and direction, then that direction is skipped for the rest of the
+process. ``CACHELEVEL=0`` turns the cache off.
+
+Size: ``EMBER_CACHE_MB`` (default 1024) bounds the whole cache. A read refreshes an entry's time,
+and when writes take the cache over the limit the least recently used entries are deleted until it
+is at 90% of it. ``python -m ember.cache`` shows and clears the cache.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pathlib
+import pickle
+import shutil
+import stat
 import tempfile
 import warnings
+from typing import Any
 
-from ember.helpers import CACHELEVEL, DEBUG, cache_dir
+from ember.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
 
 #: First bytes of every entry (bump the digit when the layout changes).
-MAGIC = b"EMBERCC1"
+MAGIC = b"EMBERCC2"
 _DIGEST_LEN = 32
+_HEAD = len(MAGIC) + 2 * _DIGEST_LEN
 
 # Cache folders that failed with an IO error, per direction: warned about once, then skipped for the process.
 _unreadable_dirs: set[str] = set()
 _unwritable_dirs: set[str] = set()
+# Folders checked (and made private) this process; bytes written since the last size check.
+_checked_dirs: set[str] = set()
+_written_since_check = 0
+
+
+def limit_bytes() -> int:
+    """The size bound of the whole cache in bytes (``EMBER_CACHE_MB``, default 1024 MB; 0 means no bound)."""
+    return int(getenv("EMBER_CACHE_MB", 1024)) * 1024 * 1024
 
 
 def entry_path(table: str, key: str) -> pathlib.Path | None:
@@ -33,41 +57,66 @@ def entry_path(table: str, key: str) -> pathlib.Path | None:
     return cache_dir() / table / hashlib.sha256(key.encode()).hexdigest()
 
 
+def _key_digest(path: pathlib.Path) -> bytes | None:
+    """The sha256 of the key an entry at ``path`` belongs to (its name), or None for a name no key has."""
+    try:
+        digest = bytes.fromhex(path.name)
+    except ValueError:
+        return None
+    return digest if len(digest) == _DIGEST_LEN else None
+
+
 def read(path: pathlib.Path) -> bytes | None:
-    """The payload stored at ``path`` if it is present and intact, else ``None`` (a bad entry is deleted)."""
-    if str(path.parent) in _unreadable_dirs:
+    """The payload stored at ``path`` if it is present, intact and written for this key, else ``None``
+    (a bad entry is deleted)."""
+    folder = str(path.parent)
+    if folder in _unreadable_dirs or not _private_dir(path.parent, create=False):
         return None
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
+        if isinstance(e, IsADirectoryError):
+            _discard(path, "a folder where an entry belongs")
+            return None
         _disk_failed(path.parent, e, _unreadable_dirs, "read")
         return None
-    head = len(MAGIC) + _DIGEST_LEN
-    payload = data[head:]
-    intact = len(data) >= head and data[:len(MAGIC)] == MAGIC
-    if intact and hashlib.sha256(payload).digest() == data[len(MAGIC):head]:
+    payload = data[_HEAD:]
+    key = _key_digest(path)
+    intact = (len(data) >= _HEAD and data[:len(MAGIC)] == MAGIC and key is not None
+              and data[len(MAGIC):len(MAGIC) + _DIGEST_LEN] == key
+              and hashlib.sha256(payload).digest() == data[len(MAGIC) + _DIGEST_LEN:_HEAD])
+    if intact:
+        try:
+            os.utime(path)  # least recently *used*: a hit keeps the entry young
+        except OSError:
+            pass
         return payload
-    if DEBUG >= 1:
-        print(f"disk cache: ignoring corrupt entry {path}")
-    try:
-        path.unlink()
-    except OSError:
-        pass  # a concurrent reader may have deleted it; the rewrite replaces it anyway
+    _discard(path, "corrupt or written for another key")
     return None
 
 
 def write(path: pathlib.Path, payload: bytes) -> None:
-    """Store ``payload`` at ``path`` atomically; an IO error only warns (once per folder) and stops writes there."""
-    if str(path.parent) in _unwritable_dirs:
+    """Store ``payload`` at ``path`` atomically, bound to the key ``path`` is named for; an IO error only
+    warns (once per folder) and stops writes there."""
+    global _written_since_check
+    key = _key_digest(path)
+    if str(path.parent) in _unwritable_dirs or key is None:
         return
     tmp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        if not _private_dir(path.parent, create=True):
+            return
+        try:
+            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except FileNotFoundError:  # the folder was removed since it was checked (a clear): make it again
+            _checked_dirs.discard(str(path.parent))
+            if not _private_dir(path.parent, create=True):
+                return
+            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+            f.write(MAGIC + key + hashlib.sha256(payload).digest() + payload)
         os.replace(tmp_name, path)
     except OSError as e:
         if tmp_name is not None:
@@ -76,6 +125,79 @@ def write(path: pathlib.Path, payload: bytes) -> None:
             except OSError:
                 pass
         _disk_failed(path.parent, e, _unwritable_dirs, "write")
+        return
+    _written_since_check += len(payload) + _HEAD
+    limit = limit_bytes()
+    if limit and _written_since_check >= limit // 16:
+        _written_since_check = 0
+        prune(limit)
+
+
+def invalidate(path: pathlib.Path | None) -> None:
+    """Delete the entry at ``path``: it was intact but its user could not use it (it gets rebuilt)."""
+    if path is not None:
+        _discard(path, "unusable")
+
+
+def restricted_loads(payload: bytes) -> Any:
+    """Unpickle a cache payload, allowing only ember's own classes and plain builtins (never code)."""
+    return _RestrictedUnpickler(io.BytesIO(payload)).load()
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    _BUILTINS = frozenset({"tuple", "list", "dict", "set", "frozenset", "int", "float", "str", "bytes", "bool",
+                           "complex", "slice", "NoneType"})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module == "builtins" and name in self._BUILTINS) or module.split(".")[0] == "ember":
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"disk cache: refusing to load {module}.{name}")
+
+
+# --- folders ---------------------------------------------------------------------------------------
+def _private_dir(folder: pathlib.Path, create: bool) -> bool:
+    """Whether ``folder`` (and the cache root above it) is ours alone: created 0700 when ``create``, tightened
+    when it is ours but open to others, refused (with a warning) when someone else can write to it."""
+    key = str(folder)
+    if key in _checked_dirs:
+        return True
+    root = cache_dir()
+    chain = [folder] if folder == root else [root, folder]
+    for d in chain:
+        if create:
+            try:
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except FileExistsError:
+                pass
+        try:
+            st = d.stat()
+        except OSError:  # missing (a read before any write), or a file where the folder belongs
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            if hasattr(os, "getuid") and st.st_uid != os.getuid():
+                _disk_failed(d, PermissionError(f"owned by uid {st.st_uid} and open to others"), _unreadable_dirs,
+                             "trust")
+                _unwritable_dirs.add(str(d))
+                _unreadable_dirs.add(key)
+                _unwritable_dirs.add(key)
+                return False
+            os.chmod(d, 0o700)  # ours, made under a permissive umask by an older version: close it
+    _checked_dirs.add(key)
+    return True
+
+
+def _discard(path: pathlib.Path, why: str) -> None:
+    if DEBUG >= 1:
+        print(f"disk cache: deleting {path} ({why})")
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+    except OSError:
+        pass  # a concurrent reader may have deleted it; the rewrite replaces it anyway
 
 
 def _disk_failed(folder: pathlib.Path, error: OSError, broken: set[str], action: str) -> None:
@@ -85,3 +207,69 @@ def _disk_failed(folder: pathlib.Path, error: OSError, broken: set[str], action:
         broken.add(key)
         warnings.warn(f"disk cache: cannot {action} {folder} ({error}); continuing without it",
                       RuntimeWarning, stacklevel=4)
+
+
+# --- size: usage, eviction, clearing ---------------------------------------------------------------------
+def _entries(root: pathlib.Path | None = None) -> list[tuple[float, int, pathlib.Path]]:
+    """(last use, size, path) of every file in the cache's tables."""
+    root = cache_dir() if root is None else root
+    out: list[tuple[float, int, pathlib.Path]] = []
+    try:
+        tables = [t for t in root.iterdir() if t.is_dir() and not t.is_symlink()]
+    except OSError:
+        return out
+    for table in tables:
+        try:
+            with os.scandir(table) as it:
+                for e in it:
+                    try:
+                        if e.is_file(follow_symlinks=False) or e.is_symlink():
+                            st = e.stat(follow_symlinks=False)
+                            out.append((st.st_mtime, st.st_size, pathlib.Path(e.path)))
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return out
+
+
+def usage() -> dict[str, tuple[int, int]]:
+    """Per table: (number of entries, bytes)."""
+    out: dict[str, tuple[int, int]] = {}
+    for _, size, path in _entries():
+        n, b = out.get(path.parent.name, (0, 0))
+        out[path.parent.name] = (n + 1, b + size)
+    return out
+
+
+def prune(limit: int) -> int:
+    """Delete least recently used entries until the cache holds at most 90% of ``limit`` bytes (when it is over
+    ``limit``); returns how many were deleted."""
+    entries = _entries()
+    total = sum(size for _, size, _ in entries)
+    if total <= limit:
+        return 0
+    target, deleted = limit * 9 // 10, 0
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= target:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        deleted += 1
+    return deleted
+
+
+def clear(table: str | None = None) -> int:
+    """Delete every entry (of ``table`` only, when given); returns how many were deleted."""
+    deleted = 0
+    for _, _, path in _entries():
+        if table is None or path.parent.name == table:
+            try:
+                path.unlink()
+                deleted += 1
+            except OSError:
+                pass
+    return deleted

@@ -11,7 +11,9 @@ header for each program, or a compiler started as a process) also overrides
 its own cache entry.
 
 Disk cache entries live in ``cache_dir()/"compile"``, keyed by ``cachekey + "\\0" + src``
-(see :mod:`ember.diskcache` for the crash-safe layout): a corrupt entry is recompiled, never used.
+(see :mod:`ember.diskcache` for the layout): a corrupt entry, or one written for another key, is
+recompiled, never used; an intact binary the runtime refuses to load is dropped with :meth:`Compiler.invalidate`
+and rebuilt.
 """
 from __future__ import annotations
 
@@ -100,6 +102,11 @@ class Compiler(abc.ABC):
                     diskcache.write(path, binary)
                 found[src] = self.memory_cache[src] = binary
         return [found[src] for src in srcs]
+
+    def invalidate(self, src: str) -> None:
+        """Forget ``src``'s binary (memory and disk): it was found unusable, so the next request rebuilds it."""
+        self.memory_cache.pop(src, None)
+        diskcache.invalidate(self._entry(src))
 
     def _entry(self, src: str) -> pathlib.Path | None:
         """Where ``src``'s binary is cached on disk, or ``None`` when this compiler or the disk cache is off."""

@@ -54,7 +54,14 @@ class CompiledRunner(Runner):
         if DEBUG >= 4:
             print(spec.src)
         self.binary = dev.compiler.compile_cached(spec.src) if binary is None else binary
-        self.program = dev.runtime(spec.name, self.binary)
+        try:
+            self.program = dev.runtime(spec.name, self.binary)
+        except Exception:  # noqa: BLE001
+            # an intact cache entry the runtime will not load (planted, or left by a broken build): build it
+            # again, once; a fresh binary that fails to load raises
+            dev.compiler.invalidate(spec.src)
+            self.binary = dev.compiler.compile_cached(spec.src)
+            self.program = dev.runtime(spec.name, self.binary)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
@@ -180,9 +187,10 @@ def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
     if payload is None:
         return None
     try:
-        fields = pickle.loads(payload)
+        fields = diskcache.restricted_loads(payload)  # ember's own classes only: an entry never runs code
         return ProgramSpec(**fields, uops=())
-    except Exception:  # an entry from an incompatible version: lower again
+    except Exception:  # noqa: BLE001  (an entry from an incompatible version: lower again)
+        diskcache.invalidate(path)
         return None
 
 
