@@ -1,0 +1,132 @@
+"""The rendered MSL computes what ember's PYTHON device computes, when compiled for the host CPU.
+
+Every op of every dtype, every cast pair and bitcast, multi-dimensional grids, int variables and gated
+loads: the same linear program runs on the PYTHON device (the oracle) and as MSL compiled with
+``shim/host/metal_stdlib`` (see metal_host_run), on inputs full of edge cases. Results must match bit for
+bit, transcendental functions within 2 ulp. This checks the renderer's arithmetic; it does not run Metal.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ember_metal.renderer import MetalRenderer
+from metal_host_run import HostKernels
+from metal_programs import every_program, threadgroup_sum_program
+
+from ember.device import Device
+from ember.dtype import f32_to_bf16, to_np_dtype
+from ember.renderer import DType, Ops, PtrDType, UOp, dtypes
+
+N = 64
+RNG = np.random.default_rng(11)
+TRANSCENDENTAL = {Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW}
+EPS = {dtypes.float16: 2 ** -10, dtypes.bfloat16: 2 ** -7, dtypes.float32: 2 ** -23}
+
+
+def storage(dt: DType) -> np.dtype:
+    return np.dtype(np.uint16) if dt == dtypes.bfloat16 else np.dtype(to_np_dtype(dt))
+
+
+def sample(dt: DType) -> np.ndarray:
+    """N stored values of ``dt``: extremes, zeros, nan and inf among random ones."""
+    if dt == dtypes.bool:
+        return RNG.integers(0, 2, N).astype(np.bool_)
+    if dt.kind in "iu":
+        info = np.iinfo(to_np_dtype(dt))
+        edges = [info.min, info.max, 0, 1, 2, 3, 7, 8, 31, 32, 63, 64] + ([-1, -2, -7, -8] if dt.kind == "i" else [])
+        rand = RNG.integers(info.min, info.max, N, dtype=to_np_dtype(dt), endpoint=True)
+        small = RNG.integers(-9 if dt.kind == "i" else 0, 10, N).astype(to_np_dtype(dt))
+        mixed = np.concatenate([np.array(edges, dtype=to_np_dtype(dt)), rand[:N // 2], small])[:N]
+        return RNG.permutation(mixed)
+    edges = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, np.inf, -np.inf, np.nan, 1e-3, 65504.0, 100.25, -7.75, 3e9, -3e9]
+    vals = np.concatenate([edges, RNG.uniform(-20, 20, N) * RNG.choice([1e-3, 1.0, 1e2], N)])[:N]
+    vals = RNG.permutation(vals)
+    return f32_to_bf16(vals.astype(np.float32)) if dt == dtypes.bfloat16 else vals.astype(to_np_dtype(dt))
+
+
+def values(a: np.ndarray, dt: DType) -> np.ndarray:
+    return (a.astype(np.uint32) << 16).view(np.float32) if dt == dtypes.bfloat16 else a
+
+
+def launch(uops: list[UOp]) -> tuple[list[DType], set[int], tuple[int, int, int], tuple[int, ...]]:
+    """The buffer dtypes, the stored buffer indices, the grid and the variable values of a program."""
+    globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+    dts = [u.dtype.base for u in globals_ if isinstance(u.dtype, PtrDType)]
+    stored = {u.src[0].arg[0] for u in uops if u.op is Ops.STORE}
+    sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
+    grid = tuple(sizes + [1] * (3 - len(sizes)))
+    vals = tuple(13 for u in uops if u.op is Ops.DEFINE_VAR)
+    return dts, stored, grid, vals  # type: ignore[return-value]
+
+
+def run_python(uops: list[UOp], arrays: list[np.ndarray], grid: tuple[int, ...], vals: tuple[int, ...]) -> list:
+    dev = Device["PYTHON"]
+    prg = dev.runtime("k", dev.compiler.compile_cached(dev.renderer.render("k", uops)))
+    bufs = []
+    for a in arrays:
+        buf = dev.allocator.alloc(a.nbytes)
+        dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(a)).cast("B"))
+        bufs.append(buf)
+    prg(*bufs, global_size=grid, vals=vals, wait=True)
+    out = []
+    for a, buf in zip(arrays, bufs):
+        got = np.empty_like(a)
+        dev.allocator.copyout(memoryview(got).cast("B"), buf)
+        out.append(got)
+    return out
+
+
+@pytest.fixture(scope="module")
+def host(clang: str) -> tuple[HostKernels, dict[str, list[UOp]]]:
+    programs = dict(every_program())
+    renderer = MetalRenderer()
+    return HostKernels({name: renderer.render(name, uops) for name, uops in programs.items()}), programs
+
+
+def compare(kernels: HostKernels, name: str, uops: list[UOp]) -> int:
+    """Run program ``name`` on the host and on PYTHON; AssertionError on a difference. Returns the outputs checked."""
+    dts, stored, grid, vals = launch(uops)
+    arrays = [np.zeros(N, storage(dt)) if i in stored else sample(dt) for i, dt in enumerate(dts)]
+    want = run_python(uops, [a.copy() for a in arrays], grid, vals)
+    got = [a.copy() for a in arrays]
+    kernels.run(name, got, grid, vals=vals)
+    ops = {u.src[0].arg[0]: u.src[2].op for u in uops if u.op is Ops.STORE}
+    for i in sorted(stored):
+        dt, what = dts[i], f"{name}: output {i} ({ops[i].name} -> {dts[i].name})"
+        g, w = values(got[i], dt), values(want[i], dt)
+        if dt.kind == "f" and ops[i] in TRANSCENDENTAL:
+            tol = 2 * EPS[dt]
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol * 1e-3,
+                                       equal_nan=True, err_msg=what)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=what)
+            if dt.kind == "f":
+                zero = w == 0
+                assert (np.signbit(g[zero]) == np.signbit(w[zero])).all(), f"{what}: signed zeros differ"
+    return len(stored)
+
+
+def test_every_program_matches_the_python_device(host: tuple[HostKernels, dict[str, list[UOp]]]) -> None:
+    kernels, programs = host
+    assert sum(compare(kernels, name, uops) for name, uops in programs.items()) > 300
+
+
+class PlainFloatToInt(MetalRenderer):
+    """A planted bug: float -> int casts without ember's range check (nan and out-of-range values must give 0)."""
+
+    def _render_float_to_int(self, x: str, dt: DType) -> str:
+        return f"(({self.render_dtype(dt)}){x})"
+
+
+def test_the_comparison_catches_a_planted_cast_bug(clang: str) -> None:
+    programs = dict(every_program())
+    name = "cast_from_float"
+    kernels = HostKernels({name: PlainFloatToInt().render(name, programs[name])})
+    with pytest.raises(AssertionError, match=r"cast_from_float: output \d+ \(CAST -> "):
+        compare(kernels, name, programs[name])
+
+
+def test_threadgroup_programs_cannot_run_on_the_host() -> None:
+    src = MetalRenderer().render("g", threadgroup_sum_program(dtypes.float32))
+    with pytest.raises(ValueError, match="barriers"):
+        HostKernels({"g": src})
