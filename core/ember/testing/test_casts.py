@@ -16,7 +16,7 @@ import pytest
 
 from ember import Tensor, dtypes
 from ember.dtype import DType, bf16_to_f32, f32_to_bf16
-from ember.testing.checks import ALL_DTYPES, REFERENCE, assert_same, name, need, np_dtype
+from ember.testing.checks import ALL_DTYPES, REFERENCE, assert_same, name, need, np_dtype, supported
 
 # floats whose narrowing is easy to get wrong
 FLOAT_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, 0.9999999, 127.9, 128.0, -128.5, -129.0,
@@ -94,6 +94,19 @@ def expected(src: np.ndarray, sdt: DType, ddt: DType) -> np.ndarray:
 
 
 PAIRS = list(itertools.product(ALL_DTYPES, ALL_DTYPES))
+_RESULTS: dict[tuple[str, DType], dict[DType, np.ndarray]] = {}
+
+
+def _casts_from(device: str, src_dt: DType) -> dict[DType, np.ndarray]:
+    """The source values of ``src_dt`` cast to every supported dtype on ``device``, computed once and
+    together (one batched compile instead of one per pair)."""
+    key = (device, src_dt)
+    if key not in _RESULTS:
+        t = Tensor(source_values(src_dt), dtype=src_dt, device=device)
+        outs = {dt: t.cast(dt) for dt in ALL_DTYPES if supported(device, dt)}
+        Tensor.realize_all(*outs.values())
+        _RESULTS[key] = {dt: o.numpy() for dt, o in outs.items()}
+    return _RESULTS[key]
 
 
 @pytest.mark.parametrize("src_dt,dst_dt", PAIRS, ids=[f"{name(s)}-{name(d)}" for s, d in PAIRS])
@@ -102,8 +115,7 @@ def test_cast(device: str, src_dt: DType, dst_dt: DType) -> None:
     need(device, src_dt, dst_dt)
     src = source_values(src_dt)
     want = expected(src, src_dt, dst_dt)
-    t = Tensor(src, dtype=src_dt, device=device)
-    got = t.cast(dst_dt).numpy()
+    got = _casts_from(device, src_dt)[dst_dt]
     assert got.dtype == np_dtype(dst_dt), f"numpy() of a {name(dst_dt)} tensor gave {got.dtype}"
     assert_same(got, want.astype(np_dtype(dst_dt)), exact=True, inputs=src,
                 what=f"{name(src_dt)} -> {name(dst_dt)} on {device}")

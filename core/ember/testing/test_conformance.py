@@ -6,6 +6,7 @@ import pytest
 
 from ember import Device, GlobalCounters, Tensor, dtypes
 from ember.dtype import DType, to_np_dtype
+from ember.testing.checks import name, same_as_reference_many
 
 REFERENCE = "PYTHON"
 RNG = np.random.default_rng(1234)
@@ -45,25 +46,17 @@ NUMERIC = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, 
            dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 
-@pytest.mark.parametrize("dt", NUMERIC, ids=lambda d: d.name)
-@pytest.mark.parametrize("op", list(BINARY))
-def test_binary_ops(device: str, op: str, dt: DType) -> None:
+@pytest.mark.parametrize("dt", NUMERIC, ids=name)
+def test_binary_ops(device: str, dt: DType) -> None:
+    """Each binary op with broadcasting, per dtype (all ops of a dtype compiled as one batch)."""
     if not _supported(device, dt):
-        pytest.skip(f"{device} does not support {dt}")
+        pytest.skip(f"{device} does not support {name(dt)}")
     tol = {"rtol": 1e-2, "atol": 1e-2} if dt in (dtypes.float16, dtypes.bfloat16) else {}
-    _same(device, BINARY[op], _sample(dt, (3, 5)), _sample(dt, (1, 5)), dtype=dt, **tol)
+    same_as_reference_many(device, BINARY, _sample(dt, (3, 5)), _sample(dt, (1, 5)), dtypes_=(dt, dt), **tol)
 
 
-@pytest.mark.parametrize("op", list(UNARY))
-def test_unary_float_ops(device: str, op: str) -> None:
-    _same(device, UNARY[op], _sample(dtypes.float32, (4, 7)), rtol=2e-6)
-
-
-def test_casts_between_dtypes(device: str) -> None:
-    x = RNG.standard_normal((16,)).astype(np.float32) * 100
-    for dt in NUMERIC + (dtypes.bool,):
-        if _supported(device, dt):
-            _same(device, lambda t, dt=dt: t.cast(dt), x)
+def test_unary_float_ops(device: str) -> None:
+    same_as_reference_many(device, UNARY, _sample(dtypes.float32, (4, 7)), rtol=2e-6)
 
 
 def test_reductions(device: str) -> None:
@@ -117,24 +110,3 @@ def test_fusion_is_one_kernel(device: str) -> None:
     GlobalCounters.reset()
     ((a * 2 + 1).relu().exp() - a).realize()
     assert GlobalCounters.kernel_count == 1
-
-
-def test_graph_replay(device: str) -> None:
-    """A device with a batched graph replays a list of kernels with the same results as running them one by one."""
-    from ember.engine.realize import program_for
-
-    dev = Device[device]
-    if getattr(dev, "graph", None) is None:
-        pytest.skip(f"{device} has no graph (batched replay) API")
-    a = Tensor(_sample(dtypes.float32, (32,)), device=device).realize()
-    items = (a * 3 + 1).exp().schedule() + ((a - 2) * a).schedule()
-    calls = []
-    for si in items:  # each kernel through the device's own parts: compiler, runtime, then its graph
-        spec = program_for(device, si.ast)
-        program = dev.runtime(spec.name, dev.compiler.compile_cached(spec.src))
-        calls.append((program, [b.opaque for b in si.bufs], (), spec.global_size, spec.local_size))
-    graph = dev.graph(calls)
-    graph(wait=True)
-    outs = [np.frombuffer(si.bufs[0].as_bytes(), np.float32) for si in items]
-    np.testing.assert_allclose(outs[0], np.exp(a.numpy() * 3 + 1), rtol=1e-5)
-    np.testing.assert_allclose(outs[1], (a.numpy() - 2) * a.numpy(), rtol=1e-6)
