@@ -273,7 +273,10 @@ class MetalRenderer(CStyleRenderer):
         op, dt = u.op, u.dtype
         assert isinstance(dt, DType)
         if op is Ops.IDIV and dt.kind == "f":
-            expr = f"trunc({a[0]} / {a[1]})"
+            # half division rounds the quotient before truncating (the cast says so on any C++ compiler);
+            # bfloat16 is float arithmetic rounded once, after
+            quotient = f"(half)({a[0]} / {a[1]})" if dt == dtypes.float16 else f"{a[0]} / {a[1]}"
+            expr = f"trunc({quotient})"
         elif op is Ops.MOD and dt.kind == "f":
             expr = f"fmod({a[0]}, {a[1]})"
         else:
