@@ -189,6 +189,23 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
     return UOp(Ops.SINK, None, (store,)), params, reads
 
 
+def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:
+    """The kernel AST with its views' variable values stripped (one kernel for every value), and the values."""
+    var_vals: dict[str, int] = {}
+    memo: dict[UOp, UOp] = {}
+    for n in toposort([ast]):
+        arg = n.arg
+        if n.op in (Ops.VIEW, Ops.STORE) and isinstance(arg, ShapeTracker) and arg.symbolic:
+            arg, vals = arg.unbind()
+            for name, v in vals.items():
+                if var_vals.setdefault(name, v) != v:
+                    raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {v} in one kernel")
+        src = tuple(memo[s] for s in n.src)
+        same = arg is n.arg and all(a is b for a, b in zip(src, n.src))
+        memo[n] = n if same else UOp(n.op, n.dtype, src, arg)
+    return memo[ast], var_vals
+
+
 def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule everything needed to realize ``roots``.
 
@@ -219,7 +236,8 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
         if size == 0:
             continue
         ast, params, reads = _build_ast(t, target_bufs)
-        items.append((t, ScheduleItem(ast, tuple(buffers[p] for p in params)), reads))
+        ast, var_vals = unbind_ast(ast)
+        items.append((t, ScheduleItem(ast, tuple(buffers[p] for p in params), tuple(sorted(var_vals.items()))), reads))
     if any(t.op is Ops.ASSIGN for t, _, _ in items):
         items = _order_writes_after_reads(items)
     schedule = [si for _, si, _ in items]

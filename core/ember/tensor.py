@@ -50,6 +50,7 @@ from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import Scalar, Shape, broadcast_shape, make_const
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.graph.shapetracker import ShapeTracker
+from ember.graph.symbolic import Variable, sadd, sint_of, ssub, sym_le
 from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
 from ember.schedule import create_schedule, mark_realized
@@ -472,6 +473,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """
         if mode != "constant":
             return self._pad_mode(padding, mode)
+        if _symbolic_arg(padding):
+            return self._pad_symbolic(padding, value)
         if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
             flat = list(padding)
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
@@ -498,6 +501,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole)."""
+        if _symbolic_arg(arg):
+            return self._shrink_symbolic(arg)
         a = tuple((0, s) if r is None else (int(r[0]), int(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
             if not 0 <= lo <= hi <= s:
@@ -505,6 +510,33 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         back = tuple((lo, s - hi) for (lo, hi), s in zip(a, self.shape))
         return self if all(r == (0, s) for r, s in zip(a, self.shape)) else \
             self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
+
+    def _shrink_symbolic(self, arg: Sequence[Any]) -> Tensor:
+        """shrink with bounds that use bound Variables (each kept size must still be a known int)."""
+        a = tuple((0, s) if r is None else (sint_of(r[0]), sint_of(r[1])) for r, s in zip(arg, self.shape))
+        for (lo, hi), s in zip(a, self.shape):
+            if not (sym_le(0, lo) and sym_le(lo, hi) and sym_le(hi, s)):
+                raise RuntimeError(f"shrink {a} can be out of bounds for shape {self.shape} (for some value of its "
+                                    f"variables)")
+        back = tuple((lo, ssub(s, hi)) for (lo, hi), s in zip(a, self.shape))
+        return self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
+
+    def _pad_symbolic(self, padding: Sequence[Any], value: Scalar) -> Tensor:
+        """pad by amounts that use bound Variables, per dim ``((before, after), ...)``; amounts must be
+        non-negative and each padded size a known int."""
+        if len(padding) != self.ndim or any(p is not None and len(p) != 2 for p in padding):
+            raise RuntimeError(f"a symbolic padding needs one (before, after) pair or None per dim of a tensor of "
+                                f"{self.ndim} dims")
+        arg = tuple((0, 0) if p is None else (sint_of(p[0]), sint_of(p[1])) for p in padding)
+        if any(not (sym_le(0, b) and sym_le(0, a)) for b, a in arg):
+            raise RuntimeError(f"padding {arg} can be negative (for some value of its variables)")
+        inner = tuple((b, sadd(b, s)) for (b, _), s in zip(arg, self.shape))
+        out = self._view(lambda st: st.pad(arg), lambda g: g.shrink(inner))
+        if value == 0:
+            return out
+        mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device)._view(lambda st: st.pad(arg),
+                                                                                     lambda g: g)
+        return mask.where(out, out.full_like(value))
 
     def flip(self, *axis: Any) -> Tensor:
         """Reverse the order of elements along ``axis``."""
@@ -717,6 +749,13 @@ def _assign_target(x: UOp) -> tuple[UOp, tuple[UOp, ...]]:
         return tv, (base,)
     st = tv.arg if tv.op is Ops.VIEW else ShapeTracker.from_shape(shape_of(tv))
     return UOp(Ops.VIEW, x.dtype, (tv.src[0] if tv.op is Ops.VIEW else tv,), st + x.arg), (base,)
+
+
+def _symbolic_arg(arg: Any) -> bool:
+    """Whether a shrink/pad argument mentions a Variable or a symbolic int."""
+    if isinstance(arg, (Variable, UOp)):
+        return True
+    return isinstance(arg, (tuple, list)) and any(_symbolic_arg(a) for a in arg)
 
 
 def _assignable(x: UOp) -> bool:

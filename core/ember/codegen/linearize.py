@@ -31,9 +31,9 @@ def linearize(sink: UOp) -> list[UOp]:
     nodes = toposort([sink])
     rsets = _range_sets(nodes)
     program: list[UOp] = []
-    for n in nodes:
-        if n.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
-            program.append(n)
+    program.extend(n for n in nodes if n.op is Ops.DEFINE_GLOBAL)
+    # variables in launch order (``vals``): sorted by name, as the engine passes them
+    program.extend(sorted((n for n in nodes if n.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]))
     for n in nodes:
         if n.op is Ops.REDUCE:
             nodes.append(UOp.const(n.dtype, reduce_identity(n.arg, n.dtype)))  # type: ignore[arg-type]

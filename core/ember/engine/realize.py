@@ -22,6 +22,7 @@ from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus
+from ember.graph.shapetracker import ShapeTracker
 from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters, colored
 from ember.schedule import ScheduleItem
@@ -150,7 +151,11 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 
 def ast_var_names(ast: UOp) -> tuple[str, ...]:
     """The names of the symbolic variables a kernel AST takes, in launch order (sorted)."""
-    return tuple(sorted({u.arg[0] for u in ast.toposort() if u.op is Ops.DEFINE_VAR}))
+    names = {u.arg[0] for u in ast.toposort() if u.op is Ops.DEFINE_VAR}
+    for u in ast.toposort():
+        if u.op in (Ops.VIEW, Ops.STORE) and isinstance(u.arg, ShapeTracker):
+            names |= u.arg.var_names()
+    return tuple(sorted(names))
 
 
 def program_for(device: str, ast: UOp) -> ProgramSpec:

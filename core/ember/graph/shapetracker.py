@@ -5,6 +5,12 @@ A :class:`View` is (shape, strides, offset, mask): element ``idx`` lives at
 ``mask[i][0] <= idx[i] < mask[i][1]``. Movement ops (reshape, permute, expand, pad, shrink,
 flip) make new views without touching data. When a reshape cannot be expressed as one view,
 a :class:`ShapeTracker` stacks views; codegen composes them into one index expression.
+
+Offsets and mask bounds may be symbolic: integer expressions (UOps) over bound variables
+(``DEFINE_VAR`` nodes whose arg carries the value, see :class:`ember.graph.symbolic.Variable`),
+as made by ``shrink`` and ``pad`` with a :class:`~ember.graph.symbolic.Variable`. Shapes and
+strides are always ints. :meth:`ShapeTracker.unbind` strips the values for a kernel AST, so
+one compiled kernel serves every value.
 """
 from __future__ import annotations
 
@@ -12,11 +18,12 @@ import functools
 from dataclasses import dataclass
 
 from ember.dtype import DType, dtypes
-from ember.graph.symbolic import simplify
-from ember.graph.uop import UOp
+from ember.graph.symbolic import sadd, simplify, smax, smin, ssub, sym_le, unbind_uop
+from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
 
-Mask = tuple[tuple[int, int], ...]
+sint = int | UOp
+Mask = tuple[tuple[sint, sint], ...]
 
 
 def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -34,13 +41,13 @@ class View:
 
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    offset: int
+    offset: sint
     mask: Mask | None
     contiguous: bool
 
     @staticmethod
     @functools.cache
-    def create(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0,
+    def create(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: sint = 0,
                mask: Mask | None = None) -> View:
         """Canonicalize and build a view (size-1 strides are 0, full masks are dropped)."""
         strides = strides_for_shape(shape) if strides is None else tuple(0 if s == 1 else st
@@ -48,7 +55,7 @@ class View:
         if mask is not None:
             if all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)):
                 mask = None
-            elif any(lo >= hi for lo, hi in mask):
+            elif any(sym_le(hi, lo) for lo, hi in mask):
                 # nothing valid: normalise so equal views compare equal
                 mask, strides, offset = tuple((0, 0) for _ in shape), (0,) * len(shape), 0
         contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
@@ -70,21 +77,27 @@ class View:
         strides = tuple(st if s == ns else 0 for st, s, ns in zip(self.strides, self.shape, new_shape))
         return View.create(new_shape, strides, self.offset, mask)
 
-    def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
-        offset = self.offset + sum(lo * st for (lo, _), st in zip(arg, self.strides))
+    def shrink(self, arg: tuple[tuple[sint, sint], ...]) -> View:
+        """Keep ``[lo, hi)`` of each dim; bounds may be symbolic when ``hi - lo`` is a known int."""
+        offset = self.offset
+        for (lo, _), st in zip(arg, self.strides):
+            offset = sadd(offset, lo * st) if st else offset
         mask = None
         if self.mask:
-            mask = tuple((max(mlo, lo) - lo, max(min(mhi, hi), max(mlo, lo)) - lo)
+            mask = tuple((ssub(smax(mlo, lo), lo), ssub(smax(smin(mhi, hi), smax(mlo, lo)), lo))
                          for (mlo, mhi), (lo, hi) in zip(self.mask, arg))
-        return View.create(tuple(hi - lo for lo, hi in arg), self.strides, offset, mask)
+        return View.create(tuple(_int_size(ssub(hi, lo)) for lo, hi in arg), self.strides, offset, mask)
 
-    def pad(self, arg: tuple[tuple[int, int], ...]) -> View:
-        if all(b == 0 and a == 0 for b, a in arg):
+    def pad(self, arg: tuple[tuple[sint, sint], ...]) -> View:
+        """Pad each dim with ``(before, after)``; the amounts may be symbolic when their sum is a known int."""
+        if all(isinstance(b, int) and isinstance(a, int) and b == 0 == a for b, a in arg):
             return self
-        new_shape = tuple(s + b + a for s, (b, a) in zip(self.shape, arg))
+        new_shape = tuple(_int_size(sadd(s, sadd(b, a))) for s, (b, a) in zip(self.shape, arg))
         base_mask = self.mask or tuple((0, s) for s in self.shape)
-        mask = tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(base_mask, arg))
-        offset = self.offset - sum(b * st for (b, _), st in zip(arg, self.strides))
+        mask = tuple((sadd(lo, b), sadd(hi, b)) for (lo, hi), (b, _) in zip(base_mask, arg))
+        offset = self.offset
+        for (b, _), st in zip(arg, self.strides):
+            offset = ssub(offset, b * st) if st else offset
         return View.create(new_shape, self.strides, offset, mask)
 
     def flip(self, axes: tuple[int, ...]) -> View:
@@ -99,7 +112,7 @@ class View:
             strides[ax] = -strides[ax]
             if mask is not None:
                 lo, hi = mask[ax]
-                mask[ax] = (s - hi, s - lo)
+                mask[ax] = (ssub(s, hi), ssub(s, lo))
         return View.create(self.shape, tuple(strides), offset, tuple(mask) if mask else None)
 
     def reshape(self, new_shape: tuple[int, ...]) -> View | None:
@@ -172,18 +185,32 @@ class View:
 
     def to_index(self, idxs: list[UOp], idx_dtype: DType) -> tuple[UOp, UOp]:
         """The flat index and the validity condition for logical indices ``idxs``."""
-        idx = UOp.const(idx_dtype, self.offset)
+        idx = _as_index(self.offset, idx_dtype)
         for i, st in zip(idxs, self.strides):
             if st != 0:
                 idx = idx + i * UOp.const(idx_dtype, st)
         valid = UOp.const(dtypes.bool, True)
         if self.mask:
             for i, (lo, hi), s in zip(idxs, self.mask, self.shape):
-                if lo > 0:
-                    valid = valid.logical_and(UOp.const(idx_dtype, lo - 1).lt(i))
-                if hi < s:
-                    valid = valid.logical_and(i.lt(UOp.const(idx_dtype, hi)))
+                if not sym_le(lo, 0):
+                    valid = valid.logical_and(_as_index(ssub(lo, 1), idx_dtype).lt(i))
+                if not sym_le(s, hi):
+                    valid = valid.logical_and(i.lt(_as_index(hi, idx_dtype)))
         return idx, valid
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether the offset or a mask bound depends on a variable."""
+        return isinstance(self.offset, UOp) or (self.mask is not None and any(isinstance(b, UOp) for m in self.mask
+                                                                                for b in m))
+
+    def unbind(self, var_vals: dict[str, int]) -> View:
+        """This view with its variables' values stripped (collected into ``var_vals``)."""
+        if not self.symbolic:
+            return self
+        mask = tuple((unbind_uop(lo, var_vals), unbind_uop(hi, var_vals)) for lo, hi in self.mask) \
+            if self.mask is not None else None
+        return View.create(self.shape, self.strides, unbind_uop(self.offset, var_vals), mask)
 
 
 @dataclass(frozen=True)
@@ -232,6 +259,27 @@ class ShapeTracker:
     def flip(self, axes: tuple[int, ...]) -> ShapeTracker:
         return self._replace_last(self.views[-1].flip(tuple(axes)))
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether any view depends on a variable."""
+        return any(v.symbolic for v in self.views)
+
+    def var_names(self) -> set[str]:
+        """The names of the variables the views depend on."""
+        names: set[str] = set()
+        for v in self.views if self.symbolic else ():
+            for x in (v.offset, *(b for m in v.mask or () for b in m)):
+                if isinstance(x, UOp):
+                    names.update(n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR)
+        return names
+
+    def unbind(self) -> tuple[ShapeTracker, dict[str, int]]:
+        """(this tracker with variable values stripped, the values by name)."""
+        var_vals: dict[str, int] = {}
+        if not self.symbolic:
+            return self, var_vals
+        return ShapeTracker(tuple(v.unbind(var_vals) for v in self.views)), var_vals
+
     def __add__(self, other: ShapeTracker) -> ShapeTracker:
         """Compose: ``other`` is a view of the tensor that ``self`` describes."""
         out = self
@@ -259,3 +307,19 @@ class ShapeTracker:
         return simplify(idx), simplify(valid)
 
 
+
+
+def _as_index(x: sint, idx_dtype: DType) -> UOp:
+    """An int or symbolic int as an index expression of ``idx_dtype``."""
+    return x.cast(idx_dtype) if isinstance(x, UOp) else UOp.const(idx_dtype, x)
+
+
+def _int_size(x: sint) -> int:
+    """A dimension size, which must not depend on a variable."""
+    if isinstance(x, UOp):
+        x = simplify(x)
+        if x.op is not Ops.CONST:
+            raise ValueError("a symbolic shrink or pad must keep every size a known int (shapes are not symbolic); "
+                             "got a size that depends on a variable")
+        return x.arg
+    return x

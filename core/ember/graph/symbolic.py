@@ -194,6 +194,76 @@ def simplify(u: UOp) -> UOp:
     return graph_rewrite(u, symbolic)
 
 
+# --- symbolic ints: an int, or an int expression (UOp) over bound variables ---------------------------
+
+def _u(x: int | UOp) -> UOp:
+    return x if isinstance(x, UOp) else UOp.const(dtypes.int32, x)
+
+
+def sint_of(x: object) -> int | UOp:
+    """``x`` as a symbolic int: ints stay ints, a bound :class:`Variable` becomes its bound node, an
+    expression is simplified (to an int when it folds to a constant)."""
+    if isinstance(x, Variable):
+        return x.bound_uop
+    if isinstance(x, UOp):
+        y = simplify(x)
+        return y.arg if y.op is Ops.CONST else y
+    return operator.index(x)  # type: ignore[arg-type]
+
+
+def sadd(a: int | UOp, b: int | UOp) -> int | UOp:
+    """a + b."""
+    return a + b if isinstance(a, int) and isinstance(b, int) else sint_of(_u(a) + _u(b))
+
+
+def ssub(a: int | UOp, b: int | UOp) -> int | UOp:
+    """a - b (kept as a sum, so like terms cancel)."""
+    return a - b if isinstance(a, int) and isinstance(b, int) else sint_of(_u(a) + _u(b) * -1)
+
+
+def sym_le(a: int | UOp, b: int | UOp) -> bool:
+    """Whether a <= b holds for every value the variables may take."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a <= b
+    d = ssub(b, a)
+    return d >= 0 if isinstance(d, int) else d.vmin >= 0
+
+
+def smax(a: int | UOp, b: int | UOp) -> int | UOp:
+    """max(a, b)."""
+    if sym_le(a, b):
+        return b
+    if sym_le(b, a):
+        return a
+    return _u(a).maximum(_u(b))
+
+
+def smin(a: int | UOp, b: int | UOp) -> int | UOp:
+    """min(a, b)."""
+    if sym_le(a, b):
+        return a
+    if sym_le(b, a):
+        return b
+    return ssub(0, smax(ssub(0, a), ssub(0, b)))
+
+
+def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
+    """``x`` with every bound variable replaced by the plain DEFINE_VAR kernels take; values go to ``var_vals``."""
+    if isinstance(x, int):
+        return x
+    memo: dict[UOp, UOp] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
+            name, lo, hi, val = n.arg
+            if var_vals.setdefault(name, val) != val:
+                raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {val} in one kernel")
+            memo[n] = UOp(Ops.DEFINE_VAR, n.dtype, (), (name, lo, hi))
+        else:
+            src = tuple(memo[s] for s in n.src)
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return memo[x]
+
+
 class Variable:
     """A named integer in ``[min, max]`` that kernels take at launch (a DEFINE_VAR), like tinygrad's.
 
@@ -231,6 +301,33 @@ class Variable:
     def uop(self) -> UOp:
         """The DEFINE_VAR node kernels read (the same for every value)."""
         return UOp(Ops.DEFINE_VAR, dtypes.int32, (), (self.name, self.min, self.max))
+
+    @property
+    def bound_uop(self) -> UOp:
+        """The node a tensor graph holds: DEFINE_VAR with the value as a fourth arg (stripped for kernels)."""
+        if self.val is None:
+            raise ValueError(f"Variable {self.name!r} must be bound to a value (.bind(n)) before a tensor uses it")
+        return UOp(Ops.DEFINE_VAR, dtypes.int32, (), (self.name, self.min, self.max, self.val))
+
+    # arithmetic builds symbolic ints (bound expressions), e.g. ``x.shrink(((v, v + 1),))``
+    def __add__(self, x: object) -> int | UOp:
+        return sadd(self.bound_uop, sint_of(x))
+
+    __radd__ = __add__
+
+    def __sub__(self, x: object) -> int | UOp:
+        return ssub(self.bound_uop, sint_of(x))
+
+    def __rsub__(self, x: object) -> int | UOp:
+        return ssub(sint_of(x), self.bound_uop)
+
+    def __mul__(self, x: int) -> int | UOp:
+        return sint_of(self.bound_uop * operator.index(x))
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> int | UOp:
+        return ssub(0, self.bound_uop)
 
     def __int__(self) -> int:
         if self.val is None:
