@@ -34,6 +34,7 @@ class RegisterFile(CPURenderer):
     """A CPU renderer with a chosen register file, so tile choices do not depend on the test machine."""
 
     def __init__(self, lanes: int, registers: int):
+        super().__init__()
         self.vector_floats, self.vector_registers = lanes, registers
 
 
