@@ -44,6 +44,14 @@ inline ushort ember_f32_to_bf16(float f) { uint u = as_type<uint>(f);
   return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }"""
 
+#: an integer of up to 64 bits to bfloat16 with one rounding: the bits below float's 24 fold into a sticky
+#: bit, so the float is exact and only the bfloat16 rounding rounds (used by the shared C-family casts)
+_BF16_FROM_U64 = """inline float ember_bf16_from_u64(ulong m, bool neg) {
+  const int s = (m >> 24) ? 40 - (int)clz(m) : 0;
+  const ulong q = (m >> s) | (ulong)((m & ((1UL << s) - 1UL)) != 0UL);
+  const float f = ldexp((float)q, s);
+  return ember_bf16_round(neg ? -f : f); }"""
+
 #: the attribute each kind of hardware index reads (SPECIAL names start with the kind)
 _INDEX_ATTRS = {"gid": ("uint3", "thread_position_in_grid"),
                 "lid": ("uint3", "thread_position_in_threadgroup"),
@@ -216,6 +224,8 @@ class MetalRenderer(CStyleRenderer):
         parts = ["#include <metal_stdlib>", "using namespace metal;"]
         if "ember_bf16_" in code or "ember_f32_to_bf16" in code:
             parts.append(_guarded("EMBER_BF16_HELPERS", _BF16_HELPERS))
+        if "ember_bf16_from_u64" in code:
+            parts.append(_guarded("EMBER_BF16_FROM_U64", _BF16_FROM_U64))
         return "\n".join(parts) + "\n"
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 from metal_msl_check import find_clang
 
+from ember.device import Device
+from ember.renderer import UOp
+
 HOST_SHIM = pathlib.Path(__file__).parent / "shim" / "host"
 _PARAM = re.compile(r"(?:const )?device (\w+)\* data(\d+) \[\[buffer\(\d+\)\]\]|constant long\* ember_vals|"
                     r"uint3 (gid|lid|group) \[\[\w+\]\]")
@@ -78,3 +81,23 @@ class HostKernels:
         values = (ctypes.c_long * max(len(vals), 1))(*vals)
         fn = getattr(self.lib, f"run_{name}")
         fn(ptrs, values, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*local))
+
+
+def run_on_python(uops: list[UOp], arrays: Sequence[np.ndarray], grid: Sequence[int],
+                  vals: Sequence[int] = ()) -> list[np.ndarray]:
+    """Run the linear program ``uops`` on ember's PYTHON device (the oracle) with copies of ``arrays`` as its
+    buffers; the buffers' contents afterwards."""
+    dev = Device["PYTHON"]
+    prg = dev.runtime("k", dev.compiler.compile_cached(dev.renderer.render("k", uops)))
+    bufs = []
+    for a in arrays:
+        buf = dev.allocator.alloc(a.nbytes)
+        dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(a)).cast("B"))
+        bufs.append(buf)
+    prg(*bufs, global_size=tuple(grid), vals=tuple(vals), wait=True)
+    out = []
+    for a, buf in zip(arrays, bufs):
+        got = np.empty_like(a)
+        dev.allocator.copyout(memoryview(got).cast("B"), buf)
+        out.append(got)
+    return out

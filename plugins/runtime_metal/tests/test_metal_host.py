@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ember_metal.renderer import MetalRenderer
-from metal_host_run import HostKernels
+from metal_host_run import HostKernels, run_on_python
 from metal_programs import every_program, threadgroup_sum_program
 
-from ember.device import Device
 from ember.dtype import f32_to_bf16, to_np_dtype
 from ember.renderer import DType, Ops, PtrDType, UOp, dtypes
 
@@ -59,23 +58,6 @@ def launch(uops: list[UOp]) -> tuple[list[DType], set[int], tuple[int, int, int]
     return dts, stored, grid, vals  # type: ignore[return-value]
 
 
-def run_python(uops: list[UOp], arrays: list[np.ndarray], grid: tuple[int, ...], vals: tuple[int, ...]) -> list:
-    dev = Device["PYTHON"]
-    prg = dev.runtime("k", dev.compiler.compile_cached(dev.renderer.render("k", uops)))
-    bufs = []
-    for a in arrays:
-        buf = dev.allocator.alloc(a.nbytes)
-        dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(a)).cast("B"))
-        bufs.append(buf)
-    prg(*bufs, global_size=grid, vals=vals, wait=True)
-    out = []
-    for a, buf in zip(arrays, bufs):
-        got = np.empty_like(a)
-        dev.allocator.copyout(memoryview(got).cast("B"), buf)
-        out.append(got)
-    return out
-
-
 @pytest.fixture(scope="module")
 def host(clang: str) -> tuple[HostKernels, dict[str, list[UOp]]]:
     programs = dict(every_program())
@@ -87,7 +69,7 @@ def compare(kernels: HostKernels, name: str, uops: list[UOp]) -> int:
     """Run program ``name`` on the host and on PYTHON; AssertionError on a difference. Returns the outputs checked."""
     dts, stored, grid, vals = launch(uops)
     arrays = [np.zeros(N, storage(dt)) if i in stored else sample(dt) for i, dt in enumerate(dts)]
-    want = run_python(uops, [a.copy() for a in arrays], grid, vals)
+    want = run_on_python(uops, [a.copy() for a in arrays], grid, vals)
     got = [a.copy() for a in arrays]
     kernels.run(name, got, grid, vals=vals)
     ops = {u.src[0].arg[0]: u.src[2].op for u in uops if u.op is Ops.STORE}
