@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from backend_utils import other_device
 
-from ember import Device, GlobalCounters, JitError, Tensor, TinyJit, jit, nn
+from ember import Device, GlobalCounters, JitError, Tensor, TinyJit, Variable, jit, nn
 from ember.nn import optim
 
 
@@ -259,3 +259,62 @@ def test_memory_planner_never_aliases_live_buffers(device):
     cap = planned.captured
     for ei in cap.exec_items:  # one kernel never gets one buffer twice unless it asked for that
         assert len({id(b) for b in ei.bufs}) == len(ei.bufs)
+
+
+# --- symbolic variables -------------------------------------------------------------------------------
+
+def test_variable_binding_checks():
+    v = Variable("n", 1, 16)
+    assert v.bind(7).val == 7 and v.val is None
+    with pytest.raises(ValueError, match="outside"):
+        v.bind(17)
+    with pytest.raises(TypeError, match="int"):
+        v.bind(2.5)
+    with pytest.raises(ValueError, match="bound"):
+        Tensor.ones(20).shrink(((v, v + 2),))
+
+
+def test_symbolic_shrink_and_pad_match_numpy(device):
+    a = _arr(12)
+    x = Tensor(a, device=device).realize()
+    v = Variable("i", 0, 9)
+    for val in (0, 4, 9):
+        i = v.bind(val)
+        np.testing.assert_array_equal(x.shrink(((i, i + 3),)).numpy(), a[val:val + 3])
+        np.testing.assert_array_equal(Tensor(a[:3], device=device).pad(((i, 9 - i),)).numpy(),
+                                      np.pad(a[:3], (val, 9 - val)))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.shrink(((v.bind(1), v.bind(1) + 4),))  # i + 4 can reach 13 > 12
+
+
+def test_symbolic_jit_replays_for_several_values(device):
+    a = _arr(10)
+    x = Tensor(a, device=device).realize()
+    v = Variable("p", 0, 7)
+    f = TinyJit(lambda x, p: x.shrink(((p, p + 3),)) * 2 + 1)
+    for val in (0, 1):
+        f(x, v.bind(val))
+    GlobalCounters.reset()
+    for val in (5, 2, 7, 3):
+        np.testing.assert_allclose(f(x, v.bind(val)).numpy(), a[val:val + 3] * 2 + 1, rtol=1e-6)
+    assert GlobalCounters.kernels_compiled == 0
+
+
+def test_kv_cache_update_at_a_symbolic_position(device):
+    size = 8
+    cache = Tensor.zeros(size, 3, device=device).contiguous().realize()
+    v = Variable("pos", 0, size - 1)
+
+    @TinyJit
+    def step(x: Tensor, pos: Variable) -> Tensor:
+        cache.shrink(((pos, pos + 1), None)).assign(x.reshape(1, 3)).realize()
+        # rows [0, pos] are valid: a window of a padded ones vector, moved by the position
+        valid = Tensor.ones(size, device=device).pad(((0, size),)).shrink(((size - 1 - pos, 2 * size - 1 - pos),))
+        return (cache * valid.reshape(size, 1)).sum(axis=0)
+
+    want = np.zeros((size, 3), np.float32)
+    for p in range(6):
+        want[p] = _arr(3, seed=p)
+        np.testing.assert_allclose(step(Tensor(want[p], device=device), v.bind(p)).numpy(), want[:p + 1].sum(0),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(cache.numpy(), want)
