@@ -109,22 +109,56 @@ class Renderer(Protocol):
     family renderer to subclass.
     """
 
-    #: the device name the renderer was made for (part of cache keys)
-    device: str
-    #: dtypes the target can load, store and compute with
-    supported_dtypes: frozenset[Any]
-    #: True when the target launches a grid of threads (GPU-style)
-    has_local: bool
-    has_shared: bool
-    global_max: tuple[int, ...] | None
-    local_max: tuple[int, ...] | None
-    shared_max: int
-    #: host threads a loop-based target may split its outer loop across
-    parallel_threads: int
-    #: a dialect option that changes the rendered source (part of every cache key)
-    variant: str
-    #: matrix-multiply instructions (``ember.renderer.TensorCore``); empty when none
-    tensor_cores: tuple[Any, ...]
+    # read-only (properties): core only reads them, and a renderer may narrow a type (``global_max = None``)
+    @property
+    def device(self) -> str:
+        """The device name the renderer was made for (part of cache keys)."""
+        ...
+
+    @property
+    def supported_dtypes(self) -> frozenset[Any]:
+        """Dtypes the target can load, store and compute with."""
+        ...
+
+    @property
+    def has_local(self) -> bool:
+        """True when the target launches a grid of threads (GPU-style)."""
+        ...
+
+    @property
+    def has_shared(self) -> bool:
+        """True when work-groups have local (shared) memory."""
+        ...
+
+    @property
+    def global_max(self) -> tuple[int, ...] | None:
+        """The largest launch grid per dimension, or None for a loop-based target."""
+        ...
+
+    @property
+    def local_max(self) -> tuple[int, ...] | None:
+        """The largest work-group per dimension, or None for a loop-based target."""
+        ...
+
+    @property
+    def shared_max(self) -> int:
+        """Bytes of local memory per work-group."""
+        ...
+
+    @property
+    def parallel_threads(self) -> int:
+        """Host threads a loop-based target may split its outer loop across."""
+        ...
+
+    @property
+    def variant(self) -> str:
+        """A dialect option that changes the rendered source (part of every cache key)."""
+        ...
+
+    @property
+    def tensor_cores(self) -> tuple[Any, ...]:
+        """Matrix-multiply instructions (``ember.renderer.TensorCore``); empty when none."""
+        ...
 
     def render(self, name: str, uops: list[Any]) -> str:
         """The source of a kernel called ``name`` computing the linear program ``uops``."""

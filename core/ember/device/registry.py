@@ -342,7 +342,8 @@ class _DeviceRegistry:
                 if plugin_name not in impls:
                     continue
                 try:
-                    out[self._origins[plugin_name]] = [str(line) for line in impls[plugin_name].function()]
+                    lines: Iterable[Any] = impls[plugin_name].function()
+                    out[self._origins[plugin_name]] = [str(line) for line in lines]
                 except Exception as e:
                     out[self._origins[plugin_name]] = [f"ember_report_header failed: {type(e).__name__}: {e}"]
             return out

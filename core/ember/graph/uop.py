@@ -191,7 +191,7 @@ class UOp(metaclass=UOpMeta):
 
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
 
-    def __init__(self, op: Ops, dtype: DType | PtrDType | None, src: tuple[UOp, ...], arg: Any):
+    def __init__(self, op: Ops, dtype: DType | PtrDType | None, src: tuple[UOp, ...], arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
 
     # identity semantics: hash-consing makes this structural

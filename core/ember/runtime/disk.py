@@ -87,7 +87,7 @@ class DiskAllocator(Allocator):
     """
 
     def __init__(self, device: str, path: str):
-        self.device, self.path = device, path
+        self.device_name, self.path = device, path
 
     def alloc(self, nbytes: int, options: Any = None) -> DiskBuffer:
         """Map the first ``nbytes`` bytes of the file.
@@ -180,6 +180,7 @@ class DiskDevice:
         self.device = device
         self.path = os.path.abspath(os.path.expanduser(path))
         self.allocator = DiskAllocator(device, self.path)
+        self.allocator.device = self  # type: ignore[assignment]  # storage only: DiskDevice is not a Compiled
 
     def _no_compute(self) -> DiskComputeError:
         return DiskComputeError(

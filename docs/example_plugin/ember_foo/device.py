@@ -83,27 +83,29 @@ class FooGraph:
     """Batch replay for FOO: the calls in a Python loop (a real device would prebuild a command buffer)."""
 
     def __init__(self, calls: Sequence[GraphCall]):
-        self.calls = [[prg, list(bufs), tuple(vals)] for prg, bufs, vals, *_sizes in calls]
+        self.programs = [call[0] for call in calls]
+        self.bufs = [list(call[1]) for call in calls]
+        self.vals = [tuple(call[2]) for call in calls]
 
     def __call__(self, wait: bool = False) -> float | None:
         start = time.perf_counter()
-        for prg, bufs, vals in self.calls:
+        for prg, bufs, vals in zip(self.programs, self.bufs, self.vals):
             prg(*bufs, vals=vals)
         return time.perf_counter() - start if wait else None
 
     def update_buffer(self, call_index: int, buf_index: int, opaque: Any) -> None:
-        bufs = self.calls[call_index][1]
+        bufs = self.bufs[call_index]
         if not 0 <= buf_index < len(bufs):
             raise IndexError(f"call {call_index} has {len(bufs)} buffers, no buffer {buf_index}")
         bufs[buf_index] = opaque
 
     def update_vals(self, call_index: int, vals: Sequence[int]) -> None:
-        if len(vals) != len(self.calls[call_index][2]):
-            raise ValueError(f"call {call_index} takes {len(self.calls[call_index][2])} int variables, got {len(vals)}")
-        self.calls[call_index][2] = tuple(vals)
+        if len(vals) != len(self.vals[call_index]):
+            raise ValueError(f"call {call_index} takes {len(self.vals[call_index])} int variables, got {len(vals)}")
+        self.vals[call_index] = tuple(vals)
 
     def __len__(self) -> int:
-        return len(self.calls)
+        return len(self.programs)
 
 
 class FooDevice(Compiled):
