@@ -67,8 +67,9 @@ class Allocator(abc.ABC):
     sets it when the device is built (an allocator may also set it itself, earlier).
     """
 
-    #: the device this allocator serves (set by ``Compiled.__init__`` when left ``None``)
-    device: Compiled | None = None
+    #: the device object this allocator serves (a :class:`~ember.device.Compiled`, set by its ``__init__``
+    #: when left ``None``); typed loosely so a plugin's allocator can use its own device class's attributes
+    device: Any = None
 
     def alloc(self, nbytes: int, options: BufferSpec | None = None) -> Any:
         """Allocate ``nbytes`` bytes (0 is allowed) and return an opaque handle.

@@ -342,7 +342,7 @@ class _DeviceRegistry:
                 if plugin_name not in impls:
                     continue
                 try:
-                    lines: Iterable[Any] = impls[plugin_name].function()
+                    lines: Any = impls[plugin_name].function()
                     out[self._origins[plugin_name]] = [str(line) for line in lines]
                 except Exception as e:
                     out[self._origins[plugin_name]] = [f"ember_report_header failed: {type(e).__name__}: {e}"]

@@ -180,7 +180,7 @@ class DiskDevice:
         self.device = device
         self.path = os.path.abspath(os.path.expanduser(path))
         self.allocator = DiskAllocator(device, self.path)
-        self.allocator.device = self  # type: ignore[assignment]  # storage only: DiskDevice is not a Compiled
+        self.allocator.device = self
 
     def _no_compute(self) -> DiskComputeError:
         return DiskComputeError(
