@@ -140,6 +140,14 @@ class CStyleRenderer(Renderer):
         if dt.kind == "b":
             return f"({x} != 0)"
         if dt == dtypes.bfloat16:
+            # float64 and wide integers do not fit float exactly: narrowing through float would round twice
+            if sdt == dtypes.float64:
+                return f"ember_bf16_from_f64({x})"
+            if sdt.kind in "iu" and sdt.itemsize >= 4:
+                u64 = self.render_dtype(dtypes.uint64)
+                if sdt.kind == "u":
+                    return f"ember_bf16_from_u64(({u64}){x}, 0)"
+                return f"ember_bf16_from_u64(({x} < 0) ? ({u64})0 - ({u64}){x} : ({u64}){x}, {x} < 0)"
             return f"ember_bf16_round((float){x})"
         if sdt.kind == "f" and dt.kind in "iu":
             # out-of-range and nan conversions are undefined in C: every ember device gives 0
@@ -265,5 +273,14 @@ static inline unsigned short ember_f32_to_bf16(float f) { unsigned int u; __buil
     return (u & 0xffffu) ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)(u >> 16);
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
 static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+/* float64 and 32/64-bit integers to bfloat16 with one rounding: narrow to float rounding to odd (the last
+   kept bit records anything dropped), then round to nearest even once; plain (float) would round twice */
+static inline float ember_bf16_from_f64(double d) { float f = (float)d; unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if (f == f && (double)f != d) { if (fabs((double)f) > fabs(d)) u -= 1u; u |= 1u; }
+  __builtin_memcpy(&f, &u, 4); return ember_bf16_round(f); }
+static inline float ember_bf16_from_u64(unsigned long long m, int neg) {
+  int s = (m >> 24) ? 40 - __builtin_clzll(m) : 0;
+  unsigned long long q = (m >> s) | (unsigned long long)((m & ((1ull << s) - 1ull)) != 0ull);
+  float f = ldexpf((float)q, s); return ember_bf16_round(neg ? -f : f); }
 #endif
 """

@@ -177,6 +177,20 @@ def _f64_to_f32_round_odd(x: np.ndarray) -> np.ndarray:
     return np.where(inexact & ((bits & np.uint32(1)) == 0), nudged, bits).astype(np.uint32).view(np.float32)
 
 
+def _int64_to_f64_round_odd(x: Any) -> np.ndarray:
+    """64-bit integers -> float64 rounding to odd (exact below 2**53), so that narrowing further rounds once."""
+    x = np.asarray(x)
+    hi = (x >> 32).astype(np.float64) * 4294967296.0  # both halves are exact in float64
+    lo = (x & 0xFFFFFFFF).astype(np.float64)
+    s = hi + lo
+    b = s - hi
+    err = (hi - (s - b)) + (lo - b)  # what the sum rounded off, exactly (TwoSum)
+    bits = s.view(np.uint64)
+    away = np.sign(err) == np.sign(s)  # the dropped part points away from zero: step out, else step in
+    nudged = np.where(away, bits + np.uint64(1), bits - np.uint64(1)).astype(np.uint64)
+    return np.where((err != 0) & ((bits & np.uint64(1)) == 0), nudged, bits).astype(np.uint64).view(np.float64)
+
+
 def _bf16_bits(x: Any) -> np.ndarray:
     """The 16 bits of bfloat16 register values (which are exact, so this only drops zero bits)."""
     return (np.asarray(x, dtype=np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -204,8 +218,10 @@ def cast_value(x: Any, src: DType, dst: DType) -> Any:
             return np.asarray(x).astype(np.float32)
         if src in (dtypes.float32, dtypes.bfloat16, dtypes.float16):
             return round_to_bf16(np.asarray(x).astype(np.float32))
-        # float64 and integers: one rounding (ints up to 32 bits are exact in float64)
-        return round_to_bf16(_f64_to_f32_round_odd(np.asarray(x).astype(np.float64)))
+        # float64 and integers: one rounding (ints up to 32 bits are exact in float64; 64-bit ones round to odd)
+        wide = (_int64_to_f64_round_odd(x) if src.kind in "iu" and src.itemsize == 8
+                else np.asarray(x).astype(np.float64))
+        return round_to_bf16(_f64_to_f32_round_odd(wide))
     npdt = np.dtype(to_np_dtype(dst))
     if dst.kind in "iu" and src.kind == "f":
         t = np.trunc(np.asarray(x).astype(np.float64))

@@ -18,7 +18,7 @@ from ember import Tensor, dtypes
 from ember.dtype import DType, bf16_to_f32, f32_to_bf16
 from ember.testing.checks import ALL_DTYPES, REFERENCE, assert_same, name, need, np_dtype, supported
 
-# floats whose narrowing is easy to get wrong
+# floats whose narrowing is easy to get wrong (some halfway cases only look halfway after a first rounding)
 FLOAT_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, 0.9999999, 127.9, 128.0, -128.5, -129.0,
                 255.5, 256.0, 300.7, -300.7, 32767.5, -32768.9, 65504.0, 65519.99, 65520.0, 70000.0, 2147483520.0,
                 2147483648.0, -2147483648.0, -2147483904.0, 4294967040.0, 4294967296.0, 9.2233715e18, 1.9e19, 1e10,
@@ -30,7 +30,9 @@ FLOAT_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, 0.9
 def _int_values(dt: DType) -> list[int]:
     lo, hi = dtypes.min(dt), dtypes.max(dt)
     edges = [0, 1, -1, 2, 127, 128, -128, -129, 255, 256, 2049, 32767, 32768, -32769, 65535, 65536, 16777217,
-             2 ** 31 - 1, -2 ** 31, 2 ** 32 - 1, 2 ** 53 + 1, 2 ** 62 + 2 ** 40 + 1, lo, hi, lo + 1, hi - 1]
+             2 ** 24 + 2 ** 16 + 1, -(2 ** 24 + 2 ** 16 + 1), 2 ** 31 - 1, -2 ** 31, 2 ** 32 - 1, 2 ** 53 + 1,
+             2 ** 62 + 2 ** 40 + 1, 2 ** 62 + 2 ** 54 + 1, -(2 ** 62 + 2 ** 54 + 1), 2 ** 63 + 2 ** 55 + 1, lo, hi,
+             lo + 1, hi - 1]
     return [v for v in edges if lo <= v <= hi]
 
 

@@ -35,6 +35,13 @@ _F64_TO_F16_HELPER = """ushort ember_f64_to_f16(double d) { ushort b; vstore_hal
   return b; }"""
 
 
+# float64 and wide integers to bfloat16 with one rounding (see ember.renderer's C preamble)
+_BF16_FROM_F64_HELPER = """float ember_bf16_from_f64(double d) { float f = (float)d; uint u = as_uint(f);
+  if (f == f && (double)f != d) { if (fabs((double)f) > fabs(d)) u -= 1u; u |= 1u; }
+  return ember_bf16_round(as_float(u)); }"""
+_BF16_FROM_U64_HELPER = """float ember_bf16_from_u64(ulong m, int neg) { int s = (m >> 24) ? 40 - (int)clz(m) : 0;
+  ulong q = (m >> s) | (ulong)((m & ((((ulong)1) << s) - (ulong)1)) != (ulong)0);
+  float f = ldexp((float)q, s); return ember_bf16_round(neg ? -f : f); }"""
 
 def _guarded(macro: str, code: str) -> str:
     """``code`` under an include guard: kernels built together as one program define each helper once."""
@@ -149,6 +156,10 @@ class CLRenderer(CStyleRenderer):
             parts.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if "ember_bf16_" in code or "ember_f32_to_bf16" in code:
             parts.append(_guarded("EMBER_BF16_HELPERS", _BF16_HELPERS))
+        if "ember_bf16_from_f64" in code:
+            parts.append(_guarded("EMBER_BF16_FROM_F64_HELPER", _BF16_FROM_F64_HELPER))
+        if "ember_bf16_from_u64" in code:
+            parts.append(_guarded("EMBER_BF16_FROM_U64_HELPER", _BF16_FROM_U64_HELPER))
         if "ember_f16_" in code or "ember_f32_to_f16" in code or "ember_f64_to_f16" in code:
             parts.append(_guarded("EMBER_F16_HELPERS", _F16_HELPERS))
         if "ember_f64_to_f16" in code:
