@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ember import Device, GlobalCounters, Tensor, dtypes, no_grad
+from ember import Device, GlobalCounters, Tensor, TinyJit, dtypes, no_grad
 from ember.helpers import cache_dir
 from ember.nn import BatchNorm2d, Conv2d, Linear, get_parameters, get_state_dict, load_state_dict
 from ember.nn.datasets import digits
@@ -110,6 +110,15 @@ def train(args: argparse.Namespace) -> float:
         start_epoch = load_checkpoint(args.checkpoint, model, opt, sched)
         print(f"resumed from {args.checkpoint} after epoch {start_epoch}")
 
+    @TinyJit
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        """Forward, backward and update as one schedule; from the third call on, a replay of its kernels."""
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        Tensor.realize_all(loss, *opt.schedule_step())
+        return loss
+
     print(f"device {Device.DEFAULT}: {len(y_np)} train / {y_test.shape[0]} test images, batch {args.batch_size}, "
           f"{steps_per_epoch} steps per epoch")
     GlobalCounters.reset()
@@ -126,11 +135,7 @@ def train(args: argparse.Namespace) -> float:
             for i in bar:
                 st = time.perf_counter()
                 idx = order[i * args.batch_size:(i + 1) * args.batch_size]
-                x, y = Tensor(x_np[idx]), Tensor(y_np[idx])
-                opt.zero_grad()
-                loss = model(x).sparse_categorical_crossentropy(y)
-                loss.backward()
-                Tensor.realize_all(loss, *opt.schedule_step())  # forward, backward and update: one schedule
+                loss = train_step(Tensor(x_np[idx]), Tensor(y_np[idx]))
                 sched.step()
                 losses.append(float(loss.item()))  # already computed: a copy, not a sync point
                 step_times.append(time.perf_counter() - st)

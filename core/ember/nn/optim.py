@@ -148,7 +148,8 @@ class Optimizer:
     def _set_scalar(self, name: str, value: float) -> None:
         """Give the 1-element hyperparameter tensor ``name`` a new value (no recompilation)."""
         t: Tensor = getattr(self, name)
-        t.assign(Tensor([float(value)], device=t.device, dtype=t.dtype))
+        # written now: a jitted step reads the buffer and does not run this (lazy) assign
+        t.assign(Tensor([float(value)], device=t.device, dtype=t.dtype)).realize()
         self._host[name] = _HostValue(float(value), t.lazydata)
 
     def _get_scalar(self, name: str) -> float:
