@@ -9,7 +9,7 @@ of ``PLUGIN_API`` (see ``docs/contracts.md``):
 * the device object and its parts: :class:`Compiled` (the device base class),
   :class:`Allocator` / :class:`LRUAllocator` with :class:`BufferSpec` options and the copy checks
   :func:`copyin_source` / :func:`copyout_dest`, :class:`Compiler` / :class:`BatchCompiler` with
-  :class:`KernelBinary` and :class:`CompileError`, and the Protocols :class:`Renderer`,
+  :class:`KernelBinary`, :func:`join_sources` and :class:`CompileError`, and the Protocols :class:`Renderer`,
   :class:`Program` and :class:`Graph` (with :data:`GraphCall`, :data:`GraphFactory`);
 * what a plugin reads from the environment: :func:`getenv`, :data:`DEBUG`,
   :class:`GlobalCounters`, :func:`cache_dir`, and :mod:`~ember.diskcache` (crash-safe cache
@@ -19,7 +19,7 @@ This module must stay import-light: plugins import it, and it never imports the 
 """
 from ember import diskcache
 from ember.device.allocator import Allocator, LRUAllocator, copyin_source, copyout_dest
-from ember.device.batch_compiler import BatchCompiler, KernelBinary
+from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_sources
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
@@ -57,4 +57,5 @@ __all__ = [
     "getenv",
     "hookimpl",
     "hookspec",
+    "join_sources",
 ]
