@@ -247,6 +247,11 @@ class CStyleRenderer(Renderer):
                     expr = self.render_bitcast(u, srcs[0])
                 else:
                     expr = self.render_alu(u, srcs)
+                    if (u.dtype == dtypes.bfloat16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC)
+                            and not expr.startswith("ember_bf16_round(")):
+                        # bfloat16 values live in float registers: round each result, as storing it would, so a
+                        # value recomputed in a later kernel equals the stored one (argmax, max's gradient)
+                        expr = f"ember_bf16_round({expr})"
                 r[u] = fresh("alu")
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")  # type: ignore[arg-type]
             elif op is Ops.SINK:
