@@ -67,7 +67,7 @@ class HostKernels:
         folder = pathlib.Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
         cpp.write_text("\n".join(parts))
-        proc = subprocess.run([clangxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
+        proc = subprocess.run([clangxx, "-std=c++17", "-O0", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
                                "-Wno-unknown-attributes", "-I", str(HOST_SHIM), "-o", str(lib), str(cpp)],
                               capture_output=True, text=True)
         if proc.returncode != 0:

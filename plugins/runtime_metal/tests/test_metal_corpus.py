@@ -11,14 +11,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from ember_metal.renderer import MetalRenderer
+from metal_host_run import HostKernels, run_on_python
 from metal_msl_check import check_msl
 
 from ember.codegen import get_program
+from ember.dtype import f32_to_bf16, to_np_dtype
 from ember.engine.corpus import load_corpus
-from ember.renderer import PtrDType
+from ember.renderer import Ops, PtrDType, dtypes
 
 pytestmark = pytest.mark.corpus
 
@@ -52,7 +56,8 @@ REPRESENTATIVE = textwrap.dedent("""
 """)
 
 
-def corpus_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bool]:
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bool]:
     """The corpus to check, and whether it was recorded here."""
     folder = os.environ.get("KERNEL_CORPUS", "")
     if folder:
@@ -73,30 +78,114 @@ def metal_can_run(ast, renderer: MetalRenderer) -> bool:
     return True
 
 
-def test_corpus_renders_and_type_checks(clang: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    folder, recorded_here = corpus_folder(tmp_path_factory)
+@dataclass
+class Lowered:
+    """The corpus lowered for the METAL renderer."""
+
+    folder: str
+    recorded_here: bool
+    total: int  # distinct kernels in the corpus
+    specs: list = field(default_factory=list)  # ProgramSpecs of the kernels Metal can run
+    failures: list[str] = field(default_factory=list)  # kernels that could not be lowered or rendered
+    seconds: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def lowered(corpus: tuple[str, bool]) -> Lowered:
+    folder, recorded_here = corpus
     start = time.perf_counter()
     renderer = MetalRenderer()
     asts = load_corpus(folder)
-    kept = [ast for ast in asts if metal_can_run(ast, renderer)]
-    sources, failures = [], []
-    for ast in kept:
+    out = Lowered(folder, recorded_here, len(asts))
+    for ast in asts:
+        if not metal_can_run(ast, renderer):
+            continue
         try:
-            sources.append(get_program(ast, renderer).src)
+            out.specs.append(get_program(ast, renderer))
         except Exception as e:  # noqa: BLE001 - collect every kernel that cannot be lowered, then fail once
-            failures.append(f"{type(e).__name__}: {e}")
-    lowered = time.perf_counter()
-    assert not failures, f"{len(failures)} of {len(kept)} kernels could not be rendered for Metal:\n" + \
-        "\n".join(sorted(set(failures))[:20])
-    assert len(sources) >= (40 if recorded_here else 1), f"only {len(sources)} kernels in the corpus at {folder}"
+            out.failures.append(f"{type(e).__name__}: {e}")
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def test_corpus_renders_and_type_checks(clang: str, lowered: Lowered) -> None:
+    kept = len(lowered.specs) + len(lowered.failures)
+    assert not lowered.failures, f"{len(lowered.failures)} of {kept} kernels could not be rendered for Metal:\n" + \
+        "\n".join(sorted(set(lowered.failures))[:20])
+    sources = [spec.src for spec in lowered.specs]
+    assert len(sources) >= (40 if lowered.recorded_here else 1), \
+        f"only {len(sources)} kernels in the corpus at {lowered.folder}"
+    start = time.perf_counter()
     runs = check_msl(sources)
     done = time.perf_counter()
     features = {name: sum(needle in s for s in sources) for name, needle in
                 [("half", " half "), ("bfloat16", "ember_bf16_"), ("loops", "for ("), ("int variables", "ember_vals"),
                  ("threadgroup memory", "threadgroup "), ("barriers", "threadgroup_barrier"),
                  ("simdgroup matrices", "simdgroup_multiply_accumulate")]}
-    print(f"\nMETAL corpus: {len(sources)} kernels checked ({len(asts) - len(kept)} left out: float64) in {runs} "
-          f"clang runs; lowering+render {lowered - start:.2f} s, clang {done - lowered:.2f} s; kernels with "
+    print(f"\nMETAL corpus: {len(sources)} kernels checked ({lowered.total - kept} left out: float64) in {runs} "
+          f"clang runs; lowering+render {lowered.seconds:.2f} s, clang {done - start:.2f} s; kernels with "
           + ", ".join(f"{k}: {v}" for k, v in features.items()))
-    if recorded_here:  # the representative programs must reach the renderer's 16-bit float paths
+    if lowered.recorded_here:  # the representative programs must reach the renderer's 16-bit float paths
         assert features["half"] and features["bfloat16"] and features["loops"]
+
+
+#: kernels up to this many estimated ALU ops run on the host and on PYTHON (the interpreter is the slow side)
+HOST_RUN_MAX_OPS = 200_000
+TRANSCENDENTAL = frozenset({Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
+
+
+def random_buffer(dt, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` stored values of ``dt`` in a range where float results do not overflow."""
+    if dt == dtypes.bool:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if dt.kind in "iu":
+        return rng.integers(0 if dt.kind == "u" else -8, 9, n).astype(to_np_dtype(dt))
+    vals = rng.uniform(-3, 3, n).astype(np.float32)
+    return f32_to_bf16(vals) if dt == dtypes.bfloat16 else vals.astype(to_np_dtype(dt))
+
+
+def test_corpus_kernels_compute_like_python(clang: str, lowered: Lowered) -> None:
+    """The MSL of every small corpus kernel, run on the host, gives the PYTHON device's results for the same
+    lowered program (floats within a few ulp: transcendental functions come from different libraries)."""
+    renderer = MetalRenderer()
+    specs = []
+    for spec in lowered.specs:
+        indexed_by_data = any(u.op in (Ops.LOAD, Ops.STORE) and any(x.op is Ops.LOAD for x in u.src[1].toposort())
+                              for u in spec.uops)
+        if spec.estimated_ops <= HOST_RUN_MAX_OPS and not indexed_by_data and "threadgroup_barrier" not in spec.src:
+            specs.append(spec)
+    assert specs, f"no kernel of {lowered.folder} is small enough to run on the host"
+    start = time.perf_counter()
+    kernels = HostKernels({f"k{i}": renderer.render(f"k{i}", list(spec.uops)) for i, spec in enumerate(specs)})
+    built = time.perf_counter()
+    rng = np.random.default_rng(3)
+    skipped = 0
+    for i, spec in enumerate(specs):
+        globals_ = {u.arg[0]: u for u in spec.uops if u.op is Ops.DEFINE_GLOBAL}
+        arrays = [random_buffer(globals_[j].dtype.base, globals_[j].arg[1], rng) if j in globals_
+                  else np.zeros(1, np.uint8) for j in range(max(globals_) + 1)]
+        vals = tuple(u.arg[1] for u in spec.uops if u.op is Ops.DEFINE_VAR)
+        want = run_on_python(list(spec.uops), arrays, spec.global_size, vals)
+        got = [a.copy() for a in arrays]
+        kernels.run(f"k{i}", got, spec.global_size, spec.local_size or (1, 1, 1), vals)
+        # a transcendental result may differ in its last bit between libraries; an integer made from it (a
+        # bitcast, a comparison) is then not comparable bit for bit
+        inexact = any(u.op in TRANSCENDENTAL for u in spec.uops)
+        for j in spec.outs:
+            dt = globals_[j].dtype.base
+            if inexact and dt.kind != "f":
+                skipped += 1
+                continue
+            what = f"kernel {spec.name} (corpus #{i}), buffer {j} ({dt.name})\n{spec.src}"
+            g, w = got[j], want[j]
+            if dt == dtypes.bfloat16:
+                g, w = (g.astype(np.uint32) << 16).view(np.float32), (w.astype(np.uint32) << 16).view(np.float32)
+            if dt.kind == "f":
+                tol = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}[dt]
+                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol,
+                                           equal_nan=True, err_msg=what)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=what)
+    print(f"\nMETAL corpus on the host: {len(specs)} kernels run and compared with PYTHON ({skipped} integer "
+          f"outputs of transcendental values not compared; build {built - start:.2f} s, "
+          f"runs {time.perf_counter() - built:.2f} s)")
