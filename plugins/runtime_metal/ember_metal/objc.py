@@ -134,7 +134,10 @@ class SystemObjC(ObjC):
         self.libobjc.sel_registerName.argtypes = [ctypes.c_char_p]
         self.metal.MTLCreateSystemDefaultDevice.restype = ctypes.c_void_p
         self.metal.MTLCreateSystemDefaultDevice.argtypes = []
-        self._msgsend = ctypes.cast(self.libobjc.objc_msgSend, ctypes.c_void_p).value
+        msgsend = ctypes.cast(self.libobjc.objc_msgSend, ctypes.c_void_p).value
+        if not msgsend:
+            raise ObjCError("libobjc has no objc_msgSend")
+        self._msgsend: int = msgsend
         self._selectors: dict[str, int] = {}
         self._functions: dict[tuple[Any, ...], Any] = {}
 
