@@ -76,15 +76,15 @@ def entries(cache: Path) -> list[Path]:
                   if p.is_file() and len(p.name) == 64)
 
 
-def mutate(cache: Path, rng: random.Random, kind: str) -> list[Path]:
-    """Apply one mutation of ``kind``; returns the key-named entries it damaged (to be rebuilt)."""
+def mutate(cache: Path, rng: random.Random, kind: str, files: list[Path]) -> list[Path]:
+    """Apply one mutation of ``kind`` to one of ``files`` (the program's real entries); returns the entries it
+    damaged (to be rebuilt)."""
     from ember import diskcache
 
-    files = entries(cache)
-    if not files:
-        return []
     p = rng.choice(files)
-    data = p.read_bytes() if p.is_file() else b""
+    if p.is_dir():  # a folder left by an earlier mutation of this round
+        return []
+    data = p.read_bytes() if p.exists() else b""
     if kind == "truncate":
         p.write_bytes(data[:rng.randrange(0, max(len(data), 1))])
     elif kind == "flip":
@@ -96,13 +96,15 @@ def mutate(cache: Path, rng: random.Random, kind: str) -> list[Path]:
         q = rng.choice(files)
         if q == p:
             return []
-        qdata = q.read_bytes()
+        if q.is_dir():
+            return []
+        qdata = q.read_bytes() if q.exists() else b""
         p.write_bytes(qdata)
         q.write_bytes(data)
         return [p, q]
     elif kind == "forge":
         garbage = rng.randbytes(rng.randrange(1, 4096))
-        p.unlink()
+        p.unlink(missing_ok=True)
         diskcache.write(p, garbage)  # a well-formed entry for this key with a useless payload
     else:
         how = rng.randrange(4)
@@ -137,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["EMBER_CACHE_DIR"] = str(cache)  # for diskcache.write/read in this process
         first = run_program(cache)
         assert first["rc"] == 0 and not first["bad"], first
+        real = entries(cache)  # the entries the program uses (stray files added later are not rebuilt, by design)
         done, crashes, wrong, not_rebuilt, rounds = 0, 0, 0, 0, 0
         counts = {k: 0 for k in KINDS}
         while done < args.mutations:
-            damaged: set[Path] = set()
+            damaged: dict[Path, str] = {}
             for _ in range(min(args.per_round, args.mutations - done)):
                 kind = rng.choice(KINDS)
-                damaged.update(mutate(cache, rng, kind))
+                damaged.update((p, kind) for p in mutate(cache, rng, kind, real))
                 counts[kind] += 1
                 done += 1
             res = run_program(cache)
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             wrong += bool(res["bad"])
             missing = [p for p in damaged if not good_entry(p)]
+            for p in missing:
+                print(f"  not rebuilt: {p.parent.name}/{p.name[:12]} (last mutation: {damaged[p]}, "
+                      f"{'a folder' if p.is_dir() else 'missing' if not p.exists() else 'a bad file'})")
             not_rebuilt += len(missing)
             print(f"round {rounds}: {len(damaged)} entries damaged, {res['compiled']} kernels rebuilt, "
                   f"wrong results {res['bad']}, not rebuilt {len(missing)}")

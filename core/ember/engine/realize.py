@@ -21,7 +21,7 @@ from ember.codegen import ProgramSpec, get_program
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
-from ember.engine import corpus
+from ember.engine import corpus, runtime_consts
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters, colored
@@ -244,7 +244,11 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
 
 
 def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
-    """Turn a whole schedule into ExecItems, compiling its new kernels together (one batch per device)."""
+    """Turn a whole schedule into ExecItems, compiling its new kernels together (one batch per device).
+
+    Float constants that changed since an earlier kernel of the same shape become input buffers first
+    (:mod:`ember.engine.runtime_consts`), so a Python float that changes every step compiles once."""
+    schedule = [runtime_consts.parameterize(si, method_cache) for si in schedule]
     _compile_new_kernels(schedule)
     return [lower_schedule_item(si) for si in schedule]
 

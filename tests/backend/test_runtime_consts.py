@@ -1,0 +1,50 @@
+"""A Python float that changes between runs of the same kernel becomes a kernel input: compiled once, right values."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Context, GlobalCounters, Tensor, dtypes
+
+
+def _compiled(fn) -> int:
+    before = GlobalCounters.kernels_compiled
+    fn()
+    return GlobalCounters.kernels_compiled - before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_changing_float_compiles_once(device: str, dtype: str):
+    a = np.linspace(-3, 3, 13).astype(dtype)
+    x = Tensor(a, device=device).realize()
+    counts = []
+    for i, s in enumerate([0.25, 0.5, -1.75, 3.0, float("inf"), 1e-3, -0.0]):
+        before = GlobalCounters.kernels_compiled
+        got = (x * s + 1.5 + i * 0.125).exp2().numpy()
+        counts.append(GlobalCounters.kernels_compiled - before)
+        with np.errstate(invalid="ignore"):  # 0 * inf
+            want = np.exp2((a.astype(np.float32) * np.float32(s)).astype(dtype) + np.float32(1.5 + i * 0.125))
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(dtype).astype(np.float32),
+                                   rtol=1e-2 if dtype == "float16" else 1e-6)
+    assert counts[0] >= 1 and sum(counts[2:]) == 0, counts  # the 2nd value builds the kernel with inputs, then none
+
+
+def test_constants_that_do_not_change_stay_in_the_kernel(device: str):
+    x = Tensor(np.arange(5, dtype=np.float32), device=device).realize()
+    (x * 2.5 + 7.0).numpy()
+    assert _compiled(lambda: (x * 2.5 + 7.0).numpy()) == 0  # the same values: the same kernel, no inputs added
+    n = _compiled(lambda: np.testing.assert_array_equal((x * 4.0 + 7.0).numpy(), np.arange(5) * 4.0 + 7.0))
+    assert n == 1
+
+
+def test_runtime_consts_can_be_turned_off(device: str):
+    x = Tensor(np.ones(3, dtype=np.float32), device=device).realize()
+    with Context(RUNTIME_CONSTS=0):
+        counts = [_compiled(lambda s=s: (x * s - 0.5).numpy()) for s in (0.31, 0.32, 0.33)]
+    assert counts == [1, 1, 1]
+
+
+def test_integer_constants_keep_their_kernels(device: str):
+    x = Tensor(np.arange(6), dtype=dtypes.int32, device=device).realize()
+    for k in (3, 4):
+        np.testing.assert_array_equal((x * k).numpy(), np.arange(6) * k)
