@@ -102,9 +102,8 @@ def bench_conv(repeat: int) -> None:
     out = tx.conv2d(tw, padding=1)
     loss = out.sum()
     loss.backward()
-    ember_run = runner(Tensor.stack if False else out)  # forward kernels
-    back = [tx.grad, tw.grad]
-    back_runs = [runner(g) for g in back if g is not None]
+    ember_run = runner(out)  # forward kernels
+    back_runs = [runner(g) for g in (tx.grad, tw.grad) if g is not None]
 
     def ember_step() -> None:
         ember_run()

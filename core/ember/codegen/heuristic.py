@@ -47,9 +47,19 @@ def _view_strides(view: UOp, rank: int) -> dict[int, int]:
 
 
 def reduce_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
-    """The stride maps of the loads inside the kernel's reductions (over the full shape), and an estimate of the
-    operations one output costs per reduction step (loads, index math, gates, ALU): what a tile copy adds to
-    the innermost loop's body. Loads behind a second view (a reshape of a computed value) are left out."""
+    """The stride maps of the loads inside the kernel's reductions and the per-step cost of one output
+    (see :func:`weighted_reduce_loads`)."""
+    loads, ops = weighted_reduce_loads(ast)
+    return [s for s, _ in loads], ops
+
+
+def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[dict[int, int], int]], int]:
+    """The stride maps of the loads inside the kernel's reductions (over the full shape) with what each load
+    costs, and an estimate of the operations one output costs per reduction step (loads, index math, gates,
+    ALU): what a tile copy adds to the innermost loop's body.
+
+    The views are read directly; only when a view reshapes a computed value (a view of an expression, as in
+    a convolution's input gradient) is the reduction's body indexed symbolically to find its loads' strides."""
     ks = kernel_shape(ast)
     reduce_axes = ks.reduce_axes
     # the reduction input's axes -> the kernel's axes
@@ -58,7 +68,7 @@ def reduce_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
     if not reduces or not reduce_axes:
         return [], 1
     rank = len(ast_shape(reduces[0].src[0], {}))
-    out: list[dict[int, int]] = []
+    out: list[tuple[dict[int, int], int]] = []
     ops = 0
     seen: set[UOp] = set()
 
@@ -68,23 +78,68 @@ def reduce_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
             return
         seen.add(n)
         if n.op is Ops.VIEW:
+            if n.src[0].op is not Ops.LOAD and n.src[0].op is not Ops.CONST:
+                raise _NestedView
             if n.src[0].op is Ops.LOAD:
                 strides = _view_strides(n, rank)
-                out.append({to_full[d]: c for d, c in strides.items() if d in to_full})
                 masked = any(v.mask is not None for v in n.arg.views)
-                ops += 2 + 3 * masked + (len(n.arg.views) > 1) * 2
+                cost = 2 + 3 * masked + (len(n.arg.views) > 1) * 2
+                out.append(({to_full[d]: c for d, c in strides.items() if d in to_full}, cost))
+                ops += cost
             return
         if n.op in GroupOp.ALU or n.op is Ops.CAST:
             ops += 1
         for s in n.src:
             walk(s)
 
-    for red in reduces:
-        walk(red.src[0])
+    try:
+        for red in reduces:
+            walk(red.src[0])
+    except _NestedView:
+        out, ops = _indexed_loads(reduces, rank)
+        out = [({to_full[d]: c for d, c in st.items() if d in to_full}, cost) for st, cost in out]
     # loads that no reduction loop moves (a bias, a row's max) are read once per output: they say nothing
     # about how a tile would share work
-    moving = [s for s in out if any(s.get(a, 0) != 0 for a in reduce_axes)]
+    moving = [(s, c) for s, c in out if any(s.get(a, 0) != 0 for a in reduce_axes)]
     return moving, max(1, ops)
+
+
+class _NestedView(Exception):
+    """A view of a computed value inside a reduction: its loads' strides need the index expressions."""
+
+
+def _indexed_loads(reduces: list[UOp], rank: int) -> tuple[list[tuple[dict[int, int], int]], int]:
+    """Index the reductions' bodies with one variable per axis of their input, and read each load's strides
+    (per axis) from its index expression; an axis used through / or % counts as non-contiguous (-1)."""
+    from ember.codegen.lowerer import LoweringContext, _lower
+    from ember.dtype import dtypes
+
+    red_shape = ast_shape(reduces[0].src[0], {})
+    ctx = LoweringContext(dtypes.int32)
+    vars_ = tuple(UOp(Ops.DEFINE_VAR, dtypes.int32, (), (f"a{i}", 0, max(d - 1, 0))) for i, d in enumerate(red_shape))
+    true = UOp.const(dtypes.bool, True)
+    out: list[tuple[dict[int, int], int]] = []
+    ops = 0
+    for red in reduces:
+        body = _lower(ctx, red.src[0], vars_, true)
+        for n in body.toposort():
+            if n.op is Ops.LOAD:
+                strides: dict[int, int] = {}
+                for t in split_terms(n.src[1]):
+                    var, c = term_coeff(t)
+                    if var is not None and var in vars_:
+                        strides[vars_.index(var)] = c
+                    elif var is not None:
+                        for sub in var.toposort():
+                            if sub in vars_:
+                                strides.setdefault(vars_.index(sub), -1)
+                cost = 2 + 3 * (len(n.src) > 2)
+                out.append((strides, cost))
+                ops += cost
+            elif n.op in GroupOp.ALU and not (isinstance(n.dtype, type(dtypes.int32)) and n.dtype.kind in "iub"):
+                ops += 1
+    del rank
+    return out, ops
 
 
 def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
@@ -99,7 +154,8 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> l
     """UPCASTs of output axes for a reduction: a tile of outputs per loop iteration sharing its loads."""
     shape, reduce_axes = full_shape(ast)
     out_shape = ast.src[0].arg.shape
-    loads, body_ops = reduce_loads(ast)
+    weighted, body_ops = weighted_reduce_loads(ast)
+    loads = [s for s, _ in weighted]
     dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes]
     strides = {d: {s.get(d, 0) for s in loads} for d in dims}
     max_tile = max(1, MAX_TILE_OPS // body_ops)
@@ -117,12 +173,14 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> l
     if opts:
         # 2) rows of the tile: another dim that some input does not depend on (its loads are reused across the row)
         vecs_per_row = -(-opts[0].arg // lanes)
-        for d in sorted(strides, reverse=True):
-            if d != opts[0].axis and 0 in strides[d]:
-                amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].arg))
-                if amt > 1:
-                    opts.append(Opt("UPCAST", d, amt))
-                break
+        # the dim along which the costliest loads (gated, through several views) stay the same: they are shared
+        # by the whole row (a convolution: the padded input is shared across output channels)
+        rows = [d for d in sorted(strides, reverse=True) if d != opts[0].axis and 0 in strides[d]]
+        if rows:
+            d = max(rows, key=lambda d: sum(c for s, c in weighted if s.get(d, 0) == 0))
+            amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].arg))
+            if amt > 1:
+                opts.append(Opt("UPCAST", d, amt))
         if len(opts) == 1:
             # no loads to share across rows (a column sum or max): spend the registers on a wider row, so each
             # reduction step reads a longer contiguous run
