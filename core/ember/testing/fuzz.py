@@ -56,10 +56,10 @@ _FLOAT_UNARY: dict[str, tuple[str, str | None]] = {
     "tanh": ("{0}.tanh()", "np.tanh({0})"),
     "sigmoid": ("{0}.sigmoid()", "1 / (1 + np.exp(-{0}))"),
     "relu": ("{0}.relu()", "np.maximum({0}, 0)"),
-    "gelu": ("{0}.gelu()", None),
+    "gelu": ("{0}.gelu()", "0.5 * {0} * (1 + np.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} ** 3)))"),
     "silu": ("{0}.silu()", "{0} / (1 + np.exp(-{0}))"),
     "softplus": ("{0}.clip(-20, 20).softplus()", "np.log1p(np.exp(np.clip({0}, -20, 20)))"),
-    "erf": ("{0}.erf()", None),
+    "erf": ("{0}.erf()", "_erf({0})"),
     "atan": ("{0}.atan()", "np.arctan({0})"),
     "floor": ("{0}.floor()", "np.floor({0})"),
     "round": ("{0}.round()", "np.round({0})"),
@@ -251,7 +251,9 @@ class _Builder:
     def gen_cast(self) -> None:
         a = self.pick()
         if a is not None:
-            self.try_add(f"{{0}}.cast(dtypes.{self.rng.choice(self.pool)})", [a])
+            target = self.rng.choice(self.pool)
+            np_expr = {"float32": "{0}.astype(np.float32).astype(np.float64)", "float64": "{0}"}.get(target)
+            self.try_add(f"{{0}}.cast(dtypes.{target})", [a], np_expr)
 
     def gen_reduce(self) -> None:
         a = self.pick()
@@ -453,10 +455,13 @@ def evaluate_numpy(graph: FuzzGraph) -> list[np.ndarray] | None:
         if n.np_expr is None:
             return None
         with np.errstate(all="ignore"):
-            vals.append(np.asarray(eval(n.np_expr.format(*[f"_v[{s}]" for s in n.srcs]), {"np": np, "_v": vals}),
+            vals.append(np.asarray(eval(n.np_expr.format(*[f"_v[{s}]" for s in n.srcs]), {"np": np, "_v": vals,
+                                                                                          "_erf": _erf}),
                                    dtype=np.float64))
     return [vals[o] for o in graph.outputs]
 
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 # -------------------------------------------------------------------------------------- comparison
 def mismatch(got: np.ndarray, want: np.ndarray, dtype: str, scale: float = 1.0) -> str | None:
@@ -596,7 +601,7 @@ def reproducer(graph: FuzzGraph, device: str, grad: bool = False) -> str:
                   ".float().sum() for o in outputs)",
                   "    targets = [" + ", ".join(f"v{t}" for t in _grad_targets(graph)) + "]",
                   "    outputs = loss.gradient(*targets)"]
-    lines.append("    print(DEVICE, [o.numpy() for o in outputs])")
+    lines.append("    print(DEVICE, [o.numpy().tolist() for o in outputs])")
     return "\n".join(lines).replace("inf,", "float('inf'),").replace("nan,", "float('nan'),")
 
 
