@@ -318,3 +318,17 @@ def test_kv_cache_update_at_a_symbolic_position(device):
         np.testing.assert_allclose(step(Tensor(want[p], device=device), v.bind(p)).numpy(), want[:p + 1].sum(0),
                                    rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(cache.numpy(), want)
+
+
+def test_output_fed_back_as_input(device):
+    f = TinyJit(lambda x: (x @ x).realize())
+    x = Tensor(np.eye(2, dtype=np.float32) * 2, device=device)
+    for i in range(5):
+        x = f(x)  # from the third call on, the input is the buffer the kernels write
+        assert float(x.numpy()[0, 0]) == 2.0 ** (2 ** (i + 1))
+
+
+def test_tensors_inside_containers_are_refused(device):
+    g = TinyJit(lambda xs: xs[0] + 1)
+    with pytest.raises(JitError, match="inside a list"):
+        g([Tensor([1.0], device=device)])

@@ -101,6 +101,9 @@ def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[tup
     for name, a in named:
         if _is_tensor(a):
             continue
+        if _tensors_in(a):
+            raise JitError(f"jit {name} holds tensors inside a {type(a).__name__}: pass each tensor as an argument "
+                           f"of its own, so replays can swap it")
         if isinstance(a, Variable):
             if a.val is None:
                 raise JitError(f"jit {name}: the Variable {a.name!r} is not bound to a value (use .bind(n))")
@@ -120,8 +123,10 @@ def _check_signature(want: _Signature, got: _Signature) -> None:
         if (shape, dtype, dev) != (gshape, gdtype, gdev):
             raise JitError(f"jit input {name} was captured with shape {shape}, dtype {dtype}, device {dev}; "
                            f"called with shape {gshape}, dtype {gdtype}, device {gdev}")
-    if want.others != got.others:
-        diff = [(n, a, b) for (n, a), (_, b) in zip(want.others, got.others) if not _same_value(a, b)]
+    names_differ = [n for n, _ in want.others] != [n for n, _ in got.others]
+    diff = [] if names_differ else [(n, a, b) for (n, a), (_, b) in zip(want.others, got.others)
+                                    if not _same_value(a, b)]
+    if names_differ or diff:
         detail = "; ".join(f"{n}: captured {a!r}, now {b!r}" for n, a, b in diff) or \
             f"captured {[n for n, _ in want.others]}, now {[n for n, _ in got.others]}"
         raise JitError(f"jit non-tensor arguments changed since capture ({detail}): they are baked into the "
@@ -129,10 +134,12 @@ def _check_signature(want: _Signature, got: _Signature) -> None:
 
 
 def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
     try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - objects whose == is not a bool (arrays): compare identity
-        return a is b
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - objects whose == is not a bool (arrays): only identity counts
+        return False
 
 
 def _tensors_in(ret: Any) -> list[Any]:
@@ -227,6 +234,8 @@ class CapturedJit:
     _graph_of: dict[int, tuple[GraphRunner, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        #: ids of the buffers the recorded kernels write (besides the inputs')
+        self.written = {id(ei.bufs[0]) for ei in self.exec_items if ei.bufs} - {id(b) for b in self.input_buffers}
         self._build_runs()
 
     @property
@@ -297,7 +306,7 @@ class CapturedJit:
         GlobalCounters.kernel_count += self.kernel_count
         GlobalCounters.global_ops += sum(ei.prg.estimated_ops for ei in self.runs)
         GlobalCounters.global_mem += sum(ei.prg.estimated_mem for ei in self.runs)
-        if DEBUG >= 1:
+        if DEBUG >= 2:
             print(f"jit replay: {self.kernel_count} kernels in {len(self.runs)} launches, "
                   f"{(time.perf_counter() - st) * 1e3:.3f} ms")
         return total if wait else time.perf_counter() - st
@@ -388,7 +397,11 @@ class TinyJit(Generic[R]):
         assert cap is not None
         _check_signature(cap.signature, sig)
         for i, (_, t) in enumerate(tensors):
-            cap.set_input(i, input_buffer(t))
+            buf = input_buffer(t)
+            if id(buf) in cap.written and buf is not cap.input_buffers[i]:
+                # e.g. the last call's output passed back in: the kernels would overwrite what they read
+                buf = input_buffer(type(t)(UOp(Ops.CONTIGUOUS, t.dtype, (t.lazydata,))).realize())
+            cap.set_input(i, buf)
         if var_vals:
             cap.set_vars(var_vals)
         cap.replay()
