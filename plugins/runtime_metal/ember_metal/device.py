@@ -11,7 +11,7 @@ from ember.device import Compiled
 from ember_metal.allocator import MetalAllocator
 from ember_metal.compiler import MetalCompiler, build_library
 from ember_metal.graph import MetalGraph
-from ember_metal.objc import ObjC, ObjCError, system_objc
+from ember_metal.objc import GPU_FAMILY_APPLE7, GPU_FAMILY_MAC2, ObjC, ObjCError, system_objc
 from ember_metal.renderer import MetalRenderer
 from ember_metal.runtime import MetalProgram, finish
 
@@ -32,6 +32,10 @@ class MetalDevice(Compiled):
         if not mtl_device:
             raise ObjCError("no Metal device: MTLCreateSystemDefaultDevice() returned nil")
         self.mtl_device = mtl_device
+        reason = self.objc.unusable_gpu(mtl_device)
+        if reason is not None:
+            raise ObjCError(f"{device}: {reason}")
+        simdgroup_matrix = any(self.objc.supports_family(mtl_device, f) for f in (GPU_FAMILY_APPLE7, GPU_FAMILY_MAC2))
         self.queue = self.objc.send(mtl_device, "newCommandQueue")
         with self.objc.pool():
             self.gpu_name = self.objc.string(self.objc.send(mtl_device, "name"))
@@ -39,8 +43,9 @@ class MetalDevice(Compiled):
         self._libraries: dict[bytes, int] = {}
         shared = int(self.objc.send(mtl_device, "maxThreadgroupMemoryLength", restype=ctypes.c_ulong))
         compiler = MetalCompiler(self.objc, mtl_device, self.gpu_name, platform.mac_ver()[0] or platform.release())
-        super().__init__(device, MetalAllocator(self), MetalRenderer(shared_max=shared, device=device), compiler,
-                         functools.partial(MetalProgram, self), MetalGraph)
+        renderer = MetalRenderer(shared_max=shared, simdgroup_matrix=simdgroup_matrix, device=device)
+        super().__init__(device, MetalAllocator(self), renderer, compiler, functools.partial(MetalProgram, self),
+                         MetalGraph)
 
     def load_library(self, source: bytes) -> int:
         """The ``MTLLibrary`` built from a kernel source, built once per device and shared by its kernels."""

@@ -33,6 +33,11 @@ COMMAND_BUFFER_ERROR = 5
 MATH_MODE_SAFE = 0
 
 
+#: MTLGPUFamily values: Apple4 and Mac2 have non-uniform threadgroup sizes (dispatchThreads), Apple7 and Mac2
+#: have simdgroup_matrix
+GPU_FAMILY_APPLE4, GPU_FAMILY_APPLE7, GPU_FAMILY_MAC2 = 1004, 1007, 2002
+
+
 class ObjCError(RuntimeError):
     """A Metal call failed; the message carries Metal's own description."""
 
@@ -95,6 +100,16 @@ class ObjC:
     def error_text(self, error: int | None) -> str:
         """``[error localizedDescription]`` of an ``NSError`` (``""`` for nil)."""
         return self.string(self.send(error, "localizedDescription")) if error else ""
+
+    def supports_family(self, mtl_device: int, family: int) -> bool:
+        """``[device supportsFamily:family]``."""
+        return bool(self.send(mtl_device, "supportsFamily:", ctypes.c_long(family), restype=ctypes.c_bool))
+
+    def unusable_gpu(self, mtl_device: int) -> str | None:
+        """Why ember cannot use this GPU (it launches exact grids with ``dispatchThreads``), or None."""
+        if self.supports_family(mtl_device, GPU_FAMILY_APPLE4) or self.supports_family(mtl_device, GPU_FAMILY_MAC2):
+            return None
+        return "the GPU has no non-uniform threadgroup sizes (needs MTLGPUFamilyApple4 or MTLGPUFamilyMac2)"
 
     def release(self, ref: int | None) -> None:
         """Give up an owned reference."""

@@ -31,7 +31,7 @@ def probe() -> str | None:
     if not device:
         return "no Metal device: MTLCreateSystemDefaultDevice() returned nil (no Metal-capable GPU, or a VM " \
                "without GPU access)"
-    return None
+    return objc.unusable_gpu(device)
 
 
 @hookimpl

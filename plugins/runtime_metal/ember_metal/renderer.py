@@ -129,7 +129,8 @@ class MetalRenderer(CStyleRenderer):
     Args:
         local_max: the largest threadgroup size per dimension (``maxThreadsPerThreadgroup``).
         shared_max: bytes of threadgroup memory (``maxThreadgroupMemoryLength``).
-        bfloat_tensor_cores: declare bfloat16 ``simdgroup_matrix`` tiles (MSL 3.1, macOS 14).
+        simdgroup_matrix: the GPU has ``simdgroup_matrix`` (MTLGPUFamilyApple7 / Mac2): declare tensor cores.
+        bfloat_tensor_cores: declare bfloat16 ``simdgroup_matrix`` tiles too (MSL 3.1, macOS 14).
         device: the ember device name the kernels are for.
 
     The defaults describe every Apple-silicon GPU (1024 threads per threadgroup, 32 KiB of
@@ -147,7 +148,7 @@ class MetalRenderer(CStyleRenderer):
                 Ops.POW: "precise::pow"}
 
     def __init__(self, local_max: Sequence[int] = (1024, 1024, 1024), shared_max: int = 32768,
-                 bfloat_tensor_cores: bool = False, device: str = "METAL"):
+                 simdgroup_matrix: bool = True, bfloat_tensor_cores: bool = False, device: str = "METAL"):
         self.device = device
         self.global_max = (2 ** 32 - 1,) * 3  # thread_position_in_grid is a uint3
         self.local_max = tuple(local_max)
@@ -155,8 +156,8 @@ class MetalRenderer(CStyleRenderer):
         self.supports_float16 = True
         self.supported_dtypes = frozenset(dt for dt in dtypes.fields().values() if dt != dtypes.float64)
         self.type_map = dict(_BASE_TYPES)
-        self.tensor_cores = tensor_cores(bfloat_tensor_cores)
-        self.variant = "msl-bf16tc" if bfloat_tensor_cores else "msl"
+        self.tensor_cores = tensor_cores(bfloat_tensor_cores) if simdgroup_matrix else ()
+        self.variant = "msl-bf16tc" if bfloat_tensor_cores and simdgroup_matrix else "msl"
 
     # --- types --------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:

@@ -40,18 +40,20 @@ def _value(arg: Any) -> Any:
 
 
 class FakeObjC(ObjC):
-    """The fake runtime. ``has_device=False`` makes ``MTLCreateSystemDefaultDevice`` return nil;
+    """The fake runtime. ``has_device=False`` makes ``MTLCreateSystemDefaultDevice`` return nil; the GPU
+    supports the MTLGPUFamily values in ``families``;
     ``math_mode=False`` answers ``respondsToSelector:setMathMode:`` with NO (a system before macOS 15);
     a source containing ``compile_error_marker`` fails to build; ``fail_command_buffers`` makes every
     command buffer end in the error status."""
 
     def __init__(self, has_device: bool = True, math_mode: bool = True, compile_error_marker: str = "#error",
-                 fail_command_buffers: bool = False):
+                 fail_command_buffers: bool = False, families: tuple[int, ...] = (1004, 1007, 2002)):
         self.objects: dict[int, FakeObject] = {}
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
         self.has_device, self.math_mode = has_device, math_mode
         self.compile_error_marker = compile_error_marker
         self.fail_command_buffers = fail_command_buffers
+        self.families = families
         self._next = 0x1000
         self._classes: dict[str, int] = {}
         self._device: int | None = None
@@ -147,6 +149,9 @@ class FakeObjC(ObjC):
     # --- MTLDevice -----------------------------------------------------------------------------------
     def _name(self, ref: int, o: FakeObject) -> int:
         return self._autoreleased("NSString", text=b"Fake Apple GPU")
+
+    def _supportsFamily(self, ref: int, o: FakeObject, family: ctypes.c_long) -> bool:
+        return family.value in self.families
 
     def _maxBufferLength(self, ref: int, o: FakeObject) -> int:
         return 1 << 30

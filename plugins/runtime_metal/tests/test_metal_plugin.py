@@ -28,6 +28,9 @@ def test_probe_on_a_mac_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin.probe.cache_clear()
     try:
         assert "MTLCreateSystemDefaultDevice() returned nil" in plugin.probe()
+        monkeypatch.setattr(ember_metal.objc, "system_objc", lambda: FakeObjC(families=(2001,)))
+        plugin.probe.cache_clear()
+        assert "non-uniform threadgroup" in plugin.probe()
         monkeypatch.setattr(ember_metal.objc, "system_objc", lambda: FakeObjC())
         plugin.probe.cache_clear()
         assert plugin.probe() is None

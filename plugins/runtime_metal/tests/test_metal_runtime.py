@@ -66,6 +66,15 @@ def test_fast_math_off_before_macos_15() -> None:
     assert fake.objects[dev.compiler.options].data == {"fast_math": False}
 
 
+def test_gpu_families() -> None:
+    """An old Intel-Mac GPU (no non-uniform threadgroups) is refused with the reason; a GPU without
+    simdgroup_matrix declares no tensor cores."""
+    with pytest.raises(ObjCError, match="non-uniform threadgroup"):
+        MetalDevice("METAL", objc=FakeObjC(families=()))
+    assert MetalDevice("METAL", objc=FakeObjC(families=(1004,))).renderer.tensor_cores == ()
+    assert len(MetalDevice("METAL", objc=FakeObjC(families=(1004, 1007))).renderer.tensor_cores) == 3
+
+
 def test_no_device_and_other_indices() -> None:
     with pytest.raises(ObjCError, match="MTLCreateSystemDefaultDevice"):
         MetalDevice("METAL", objc=FakeObjC(has_device=False))
