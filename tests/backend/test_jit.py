@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from backend_utils import other_device
 
-from ember import Device, GlobalCounters, JitError, Tensor, TinyJit, Variable, jit, nn
+from ember import Device, GlobalCounters, JitError, Tensor, TinyJit, Variable, dtypes, jit, nn
 from ember.nn import optim
 
 
@@ -332,3 +332,17 @@ def test_tensors_inside_containers_are_refused(device):
     g = TinyJit(lambda xs: xs[0] + 1)
     with pytest.raises(JitError, match="inside a list"):
         g([Tensor([1.0], device=device)])
+
+
+def test_symbolic_views_print_in_full():
+    """Kernel cache keys are built from the printed AST: views that differ deep in a symbolic offset must differ."""
+    from ember.graph.shapetracker import View
+    from ember.graph.uop import UOp
+
+    def deep(last: int) -> View:
+        u = Variable("i", 0, 9).uop
+        for k in (1, 2, 3, 4, last):
+            u = u.maximum(UOp.const(dtypes.int32, k))
+        return View.create((4,), (1,), u)
+
+    assert repr(deep(5)) != repr(deep(6))

@@ -61,6 +61,16 @@ class View:
         contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
         return View(shape, strides, offset, mask, contiguous)
 
+    def __repr__(self) -> str:
+        # symbolic parts in full (a UOp's own repr stops at depth 3): disk cache keys are built from this text
+        def full(x: sint) -> str:
+            return x.pretty() if isinstance(x, UOp) else repr(x)
+
+        mask = None if self.mask is None else "(" + ", ".join(f"({full(lo)}, {full(hi)})" for lo, hi in self.mask) + \
+            ("," if len(self.mask) == 1 else "") + ")"
+        return (f"View(shape={self.shape!r}, strides={self.strides!r}, offset={full(self.offset)}, mask={mask}, "
+                f"contiguous={self.contiguous!r})")
+
     @property
     def size(self) -> int:
         return prod(self.shape)
