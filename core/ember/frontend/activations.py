@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, dtypes
 from ember.frontend import libm
+from ember.frontend.base import TensorBase
 from ember.frontend.util import make_const
 
 if TYPE_CHECKING:
@@ -24,16 +25,16 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-class ActivationMixin:
+class ActivationMixin(TensorBase):
     """relu and its relatives, sigmoid, softplus, gelu, silu, mish, the hard approximations and softmin."""
 
     __slots__ = ()
 
     def relu(self) -> Tensor:
         """``max(self, 0)`` (nan stays nan); the gradient at 0 is 0."""
-        if self.dtype == dtypes.bool:  # type: ignore[attr-defined]
+        if self.dtype == dtypes.bool:
             raise RuntimeError("Boolean inputs not supported for relu")
-        out = self.detach().maximum(0)  # type: ignore[attr-defined]
+        out = self.detach().maximum(0)
         return self._custom((self,), out, lambda g, o, p: ((p[0].detach() > 0).where(g, 0.0),), "relu")
 
     def relu6(self) -> Tensor:
@@ -42,12 +43,12 @@ class ActivationMixin:
 
     def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
         """Clamp to ``[min_val, max_val]``; the gradient flows strictly inside the interval."""
-        dt = self.dtype  # type: ignore[attr-defined]
+        dt = self.dtype
         if dt == dtypes.bool:
             raise RuntimeError("Bool inputs not supported for hardtanh")
         if dt.kind == "u" and (min_val < 0 or max_val < 0):
             raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
-        x = self.detach()  # type: ignore[attr-defined]
+        x = self.detach()
         if dt.kind != "f":
             lo, hi = (int(min_val), int(max_val))
             return x.maximum(type(self)(make_const(lo, dt, x.device))).minimum(type(self)(make_const(hi, dt, x.device)))
@@ -62,7 +63,7 @@ class ActivationMixin:
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
         """``self`` where positive, else ``neg_slope * self``."""
         self._need_float("leaky_relu_cpu")
-        x = self.detach()  # type: ignore[attr-defined]
+        x = self.detach()
         out = (x > 0).where(x, x * neg_slope)
         return self._custom((self,), out, lambda g, o, p: ((p[0].detach() > 0).where(g, g * neg_slope),),
                             "leaky_relu")
@@ -124,7 +125,7 @@ class ActivationMixin:
 
     def softsign(self) -> Tensor:
         """``self / (1 + |self|)``."""
-        if self.dtype.kind != "f":  # type: ignore[attr-defined]
+        if self.dtype.kind != "f":
             return self / (self.abs() + 1)  # integer arithmetic (wrapping) first, as torch does
         return self._unary("softsign", lambda x: x / (x.abs() + 1),
                            lambda g, o, x: g / ((x.abs() + 1) * (x.abs() + 1)))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ember.dtype import DType, dtypes, result_type_scalar
 from ember.frontend import checks, elementwise
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
 from ember.graph.uop import Ops
 
@@ -24,37 +25,37 @@ if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class ArithmeticMixin:
+class ArithmeticMixin(TensorBase):
     """Arithmetic, clamping, selection, sign and rounding, with their Python operators."""
 
     __slots__ = ()
 
     def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """``self + x`` with broadcasting and promotion (bools: logical or)."""
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """``self - x`` (``x - self`` when ``reverse``)."""
         other_bool = x.dtype == dtypes.bool if isinstance(x, type(self)) else isinstance(x, bool)
-        if self.dtype == dtypes.bool and other_bool:  # type: ignore[attr-defined]
+        if self.dtype == dtypes.bool and other_bool:
             raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
                                "Use the `^` or `logical_xor()` operator instead.")
-        if self.dtype == dtypes.bool or other_bool:  # type: ignore[attr-defined]
+        if self.dtype == dtypes.bool or other_bool:
             raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
                                "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.SUB, b)
 
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """``self * x`` (bools: logical and)."""
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b) if a.dtype != dtypes.bool else a._alu(Ops.AND, b)
 
     def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """``self / x``: true division (integers give the default float), or rounded with
         ``rounding_mode="trunc"`` (toward zero) or ``"floor"`` (toward -inf), which keep integer dtypes."""
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         if rounding_mode is None:
             if a.dtype.kind != "f":
                 a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
@@ -84,7 +85,7 @@ class ArithmeticMixin:
 
     def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """``self % x`` with the sign of the divisor (Python's and torch's ``remainder``)."""
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         if a.dtype.kind == "f":
             return _float_mod(a, b)
         if a.dtype.kind == "b":
@@ -109,7 +110,7 @@ class ArithmeticMixin:
         and a zero result keeps the dividend's sign. Gradients: ``g`` for self, ``-g * trunc(self / x)``
         for ``x``.
         """
-        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x)
         if a.dtype.kind == "b":
             raise not_implemented("fmod_cpu", a.dtype)
         if a.dtype.kind in "iu":
@@ -136,7 +137,7 @@ class ArithmeticMixin:
         Integer and bool inputs give the default float, as in torch. The gradient for self is
         ``g * out / self`` (0 where self is 0); ``other`` gets none.
         """
-        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(other)
         if a.dtype.kind != "f":
             a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
         bits = _INT_OF_SIZE[a.dtype.itemsize]
@@ -167,8 +168,8 @@ class ArithmeticMixin:
         if not reverse and not isinstance(x, type(self)):
             if not isinstance(x, (int, float, bool)):
                 raise TypeError(f"unsupported exponent type {type(x).__name__}")
-            dt = result_type_scalar(self.dtype, x)  # type: ignore[attr-defined]
-            base = self.cast(dt)  # type: ignore[attr-defined]
+            dt = result_type_scalar(self.dtype, x)
+            base = self.cast(dt)
             if dt.kind == "b":
                 raise not_implemented("pow", dt)
             if dt.kind in "iu":
@@ -176,7 +177,7 @@ class ArithmeticMixin:
                     raise RuntimeError("Integers to negative integer powers are not allowed.")
                 return _int_pow_const(base, int(x))
             return _float_pow_scalar(base, float(x))
-        a, b = self._broadcasted(x, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x, reverse)
         if a.dtype.kind == "b":
             raise not_implemented("pow", a.dtype)
         if a.dtype.kind in "iu":
@@ -185,12 +186,12 @@ class ArithmeticMixin:
 
     def maximum(self, x: Tensor | Scalar) -> Tensor:
         """Elementwise maximum; nan wins, equal inputs share the gradient."""
-        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x)
         return a._alu(Ops.MAX, b) if a.dtype != dtypes.bool else a._alu(Ops.OR, b)
 
     def minimum(self, x: Tensor | Scalar) -> Tensor:
         """Elementwise minimum; nan wins, equal inputs share the gradient."""
-        a, b = self._broadcasted(x)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(x)
         if a.dtype == dtypes.bool:
             return a._alu(Ops.AND, b)
         if a.dtype.kind == "f":
@@ -206,7 +207,7 @@ class ArithmeticMixin:
         max_ = max if max_ is None else max_
         if min_ is None and max_ is None:
             raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-        x = self.detach()  # type: ignore[attr-defined]
+        x = self.detach()
         out = x
         lo = hi = None
         if min_ is not None:
@@ -243,7 +244,7 @@ class ArithmeticMixin:
 
     def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
         """``x`` where self is true (nonzero), else ``y``; all three broadcast together."""
-        cond = self.cast(dtypes.bool)  # type: ignore[attr-defined]
+        cond = self.cast(dtypes.bool)
         if isinstance(x, type(self)):
             x2, y2 = x._broadcasted(y)
         elif isinstance(y, type(self)):
@@ -264,7 +265,7 @@ class ArithmeticMixin:
             raise RuntimeError(f"expected dtype {self.dtype.name} for `end` but got dtype {end.dtype.name}")
         if isinstance(weight, type(self)) and weight.dtype != self.dtype:
             raise RuntimeError(f"expected dtype {self.dtype.name} for `weight` but got dtype {weight.dtype.name}")
-        s, e = self.detach()._broadcasted(end.detach())  # type: ignore[attr-defined]
+        s, e = self.detach()._broadcasted(end.detach())
         w = weight.detach() if isinstance(weight, type(self)) else weight
         if isinstance(w, type(self)):
             shape = broadcast_shape(s.shape, w.shape)
@@ -287,10 +288,10 @@ class ArithmeticMixin:
 
     def neg(self) -> Tensor:
         """``-self`` (bools raise, as in torch)."""
-        if self.dtype == dtypes.bool:  # type: ignore[attr-defined]
+        if self.dtype == dtypes.bool:
             raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. "
                                "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
-        return self._alu(Ops.NEG)  # type: ignore[attr-defined]
+        return self._alu(Ops.NEG)
 
     def reciprocal(self) -> Tensor:
         """``1 / self`` (integers give the default float)."""
@@ -298,28 +299,28 @@ class ArithmeticMixin:
 
     def square(self) -> Tensor:
         """``self * self`` (bools give int64, like torch)."""
-        x = self.cast(dtypes.int64) if self.dtype == dtypes.bool else self  # type: ignore[attr-defined]
+        x = self.cast(dtypes.int64) if self.dtype == dtypes.bool else self
         return x * x
 
     def abs(self) -> Tensor:
         """``|self|`` (``abs(-0.0) = 0.0``); the gradient is ``sign(self)``, 0 at 0."""
-        dt = self.dtype  # type: ignore[attr-defined]
+        dt = self.dtype
         if dt.kind == "b":
             raise not_implemented("abs_cpu", dt)
         if dt.kind == "u":
             return self  # type: ignore[return-value]
         if dt.kind == "i":
             return (self < 0).where(-self, self)
-        x = self.detach()  # type: ignore[attr-defined]
+        x = self.detach()
         out = (x <= 0).where(0 - x, x)
         return self._custom((self,), out, lambda g, o, p: (g * p[0].detach().sign(),), "abs")
 
     def sign(self) -> Tensor:
         """-1, 0 or 1 in self's dtype (nan gives 0, like torch)."""
-        dt = self.dtype  # type: ignore[attr-defined]
+        dt = self.dtype
         if dt.kind == "b":
             return self  # type: ignore[return-value]
-        x = self.detach()  # type: ignore[attr-defined]
+        x = self.detach()
         one, zero = _full_like(x, 1), _full_like(x, 0)
         out = (x > 0).where(one, zero if dt.kind == "u" else (x < 0).where(_full_like(x, -1), zero))
         return self._custom((self,), out, _zero_rule, "sign")
@@ -351,12 +352,12 @@ class ArithmeticMixin:
         return self._round_op("round_vml_cpu", lambda x: _round_half_even(x * scale) / scale)
 
     def _round_op(self, kernel: str, fn: Callable[[Tensor], Tensor]) -> Tensor:
-        dt = self.dtype  # type: ignore[attr-defined]
+        dt = self.dtype
         if dt.kind == "b":
             raise not_implemented(kernel, dt)
         if dt.kind in "iu":
             return self  # type: ignore[return-value]
-        out = fn(self.detach().cast(compute_dtype(dt))).cast(dt)  # type: ignore[attr-defined]
+        out = fn(self.detach().cast(compute_dtype(dt))).cast(dt)
         return self._custom((self,), out, _zero_rule, kernel.split("_")[0])
 
     # --- operators -------------------------------------------------------------------------------
@@ -422,15 +423,15 @@ class ArithmeticMixin:
 
     def __ifloordiv__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self //= x``."""
-        return self.assign(self // x)  # type: ignore[attr-defined]
+        return self.assign(self // x)
 
     def __imod__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self %= x``."""
-        return self.assign(self % x)  # type: ignore[attr-defined]
+        return self.assign(self % x)
 
     def __ipow__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self **= x``."""
-        return self.assign(self ** x)  # type: ignore[attr-defined]
+        return self.assign(self ** x)
 
 
 # --- helpers used by the methods above ---------------------------------------------------------------

@@ -9,12 +9,13 @@ import math
 from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class AttentionMixin:
+class AttentionMixin(TensorBase):
     """scaled_dot_product_attention."""
 
     __slots__ = ()

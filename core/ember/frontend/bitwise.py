@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, make_const, not_implemented
 from ember.graph.uop import Ops
 
@@ -15,14 +16,14 @@ if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class BitwiseMixin:
+class BitwiseMixin(TensorBase):
     """``& | ^ ~ << >>`` and their named forms."""
 
     __slots__ = ()
 
     def _check_bitwise(self, y: Tensor | Scalar, kernel: str, reverse: bool = False,
                        allow_bool: bool = True) -> tuple[Tensor, Tensor]:
-        a, b = self._broadcasted(y, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(y, reverse)
         if a.dtype.kind == "f" or (not allow_bool and a.dtype.kind == "b"):
             raise not_implemented(kernel, a.dtype)
         return a, b
@@ -48,12 +49,12 @@ class BitwiseMixin:
 
     def bitwise_not(self) -> Tensor:
         """``~self`` for integers; logical not for bools."""
-        dt = self.dtype  # type: ignore[attr-defined]
+        dt = self.dtype
         if dt == dtypes.bool:
             return self.logical_not()
         if dt.kind == "f":
             raise not_implemented("bitwise_not_cpu", dt)
-        return self._alu(Ops.XOR, type(self)(make_const(-1, dt, self.device))._broadcast_to(self.shape))  # type: ignore
+        return self._alu(Ops.XOR, type(self)(make_const(-1, dt, self.device))._broadcast_to(self.shape))
 
     def lshift(self, x: Tensor | int, reverse: bool = False) -> Tensor:
         """``self << x``; shifting by the bit width or more gives 0."""
@@ -116,26 +117,26 @@ class BitwiseMixin:
 
     def __invert__(self) -> Tensor:
         """``~self``: bitwise not for integers, logical not for bools (floats raise TypeError)."""
-        if self.dtype.kind == "f":  # type: ignore[attr-defined]
+        if self.dtype.kind == "f":
             raise TypeError("~ (operator.invert) is only implemented on integer and Boolean-type tensors")
         return self.bitwise_not()
 
     def __iand__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self &= x``."""
-        return self.assign(self & x)  # type: ignore[attr-defined]
+        return self.assign(self & x)
 
     def __ior__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self |= x``."""
-        return self.assign(self | x)  # type: ignore[attr-defined]
+        return self.assign(self | x)
 
     def __ixor__(self, x: Tensor | Scalar) -> Tensor:
         """In-place ``self ^= x``."""
-        return self.assign(self ^ x)  # type: ignore[attr-defined]
+        return self.assign(self ^ x)
 
     def __ilshift__(self, x: Tensor | int) -> Tensor:
         """In-place ``self <<= x``."""
-        return self.assign(self << x)  # type: ignore[attr-defined]
+        return self.assign(self << x)
 
     def __irshift__(self, x: Tensor | int) -> Tensor:
         """In-place ``self >>= x``."""
-        return self.assign(self >> x)  # type: ignore[attr-defined]
+        return self.assign(self >> x)

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar
 from ember.graph.uop import Ops
 
@@ -17,28 +18,28 @@ if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class ComparisonMixin:
+class ComparisonMixin(TensorBase):
     """``< > <= >= == !=``, nan and inf tests, logical not/and/or/xor, isclose and allclose."""
 
     __slots__ = ()
 
     def _cmp(self, op: Ops, y: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a, b = self._broadcasted(y, reverse)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(y, reverse)
         return a._alu(op, b, dtype=dtypes.bool)
 
-    def __lt__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+    def __lt__(self, x: Tensor | Scalar) -> Tensor:
         """``self < x`` as a bool tensor."""
         return self._cmp(Ops.CMPLT, x)
 
-    def __gt__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+    def __gt__(self, x: Tensor | Scalar) -> Tensor:
         """``self > x`` as a bool tensor."""
         return self._cmp(Ops.CMPLT, x, reverse=True)
 
-    def __le__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+    def __le__(self, x: Tensor | Scalar) -> Tensor:
         """``self <= x`` as a bool tensor (false where either side is nan)."""
         return self._cmp(Ops.CMPLT, x)._alu(Ops.OR, self._cmp(Ops.CMPEQ, x))
 
-    def __ge__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+    def __ge__(self, x: Tensor | Scalar) -> Tensor:
         """``self >= x`` as a bool tensor (false where either side is nan)."""
         return self._cmp(Ops.CMPLT, x, True)._alu(Ops.OR, self._cmp(Ops.CMPEQ, x))
 
@@ -76,14 +77,14 @@ class ComparisonMixin:
 
     def isnan(self) -> Tensor:
         """True where the value is nan."""
-        if self.dtype.kind != "f":  # type: ignore[attr-defined]
+        if self.dtype.kind != "f":
             return self._cmp(Ops.CMPNE, self)  # always false for integers
-        return self._alu(Ops.CMPNE, self, dtype=dtypes.bool)  # type: ignore[attr-defined]
+        return self._alu(Ops.CMPNE, self, dtype=dtypes.bool)
 
     def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
         """True where the value is +inf (``detect_positive``) or -inf (``detect_negative``)."""
         out = self._cmp(Ops.CMPLT, self)  # all false, nan included
-        if self.dtype.kind != "f":  # type: ignore[attr-defined]
+        if self.dtype.kind != "f":
             return out
         if detect_positive:
             out = out | (self == math.inf)
@@ -93,16 +94,16 @@ class ComparisonMixin:
 
     def isfinite(self) -> Tensor:
         """True where the value is neither inf nor nan."""
-        if self.dtype.kind != "f":  # type: ignore[attr-defined]
+        if self.dtype.kind != "f":
             return self._cmp(Ops.CMPEQ, self)
         return self.abs() < math.inf
 
     def logical_not(self) -> Tensor:
         """``not self`` as a bool tensor (nonzero counts as true)."""
-        return self.cast(dtypes.bool)._alu(Ops.NEG)  # type: ignore[attr-defined]
+        return self.cast(dtypes.bool)._alu(Ops.NEG)
 
     def _logical(self, op: Ops, x: Tensor | Scalar) -> Tensor:
-        a = self.cast(dtypes.bool)  # type: ignore[attr-defined]
+        a = self.cast(dtypes.bool)
         b = x.cast(dtypes.bool) if isinstance(x, type(self)) else bool(x)
         l, r = a._broadcasted(b)
         return l._alu(op, r)
@@ -132,9 +133,9 @@ class ComparisonMixin:
             raise RuntimeError(f"rtol must be greater than or equal to zero, but got {rtol}")
         if atol < 0:
             raise RuntimeError(f"atol must be greater than or equal to zero, but got {atol}")
-        if isinstance(other, type(self)) and other.dtype != self.dtype:  # type: ignore[attr-defined]
-            raise RuntimeError(f"{self.dtype.name} did not match {other.dtype.name}")  # type: ignore[attr-defined]
-        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        if isinstance(other, type(self)) and other.dtype != self.dtype:
+            raise RuntimeError(f"{self.dtype.name} did not match {other.dtype.name}")
+        a, b = self._broadcasted(other)
         close = a == b
         if equal_nan and a.dtype.kind == "f":
             close = close | (a.isnan() & b.isnan())

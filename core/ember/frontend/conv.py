@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ember.dtype import DType, least_upper_dtype, to_dtype
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class ConvMixin:
+class ConvMixin(TensorBase):
     """Grouped, strided, dilated and padded convolutions and their transposes."""
 
     __slots__ = ()

@@ -20,6 +20,7 @@ import numpy as np
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, make_const
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -42,7 +43,7 @@ def _shape_of_args(shape: Sequence[Any]) -> tuple[int, ...]:
     return out
 
 
-class CreationMixin:
+class CreationMixin(TensorBase):
     """Creation methods; see the module docstring."""
 
     __slots__ = ()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ember.device.registry import Device
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 from ember.frontend.util import compute_dtype, not_implemented
 
 if TYPE_CHECKING:
@@ -34,18 +35,18 @@ def _has_float64(device: str) -> bool:
     return _F64_SUPPORT[device]
 
 
-class ElementwiseMixin:
+class ElementwiseMixin(TensorBase):
     """Float promotion, dtype checks and custom-gradient functions for the elementwise mixins."""
 
     __slots__ = ()
 
     def _to_float(self) -> Tensor:
         """Self as a float tensor (integers and bools become the default float, like torch)."""
-        return self if self.dtype.kind == "f" else self.cast(dtypes.default_float)  # type: ignore[attr-defined]
+        return self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
 
     def _need_float(self, kernel: str) -> None:
-        if self.dtype.kind != "f":  # type: ignore[attr-defined]
-            raise not_implemented(kernel, self.dtype)  # type: ignore[attr-defined]
+        if self.dtype.kind != "f":
+            raise not_implemented(kernel, self.dtype)
 
     def _custom(self, parents: tuple[Tensor, ...], out: Tensor,
                 rule: Callable[[Tensor, Tensor, Sequence[Tensor]], Sequence[Tensor | None]], name: str) -> Tensor:

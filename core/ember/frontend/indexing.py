@@ -23,6 +23,7 @@ import numpy as np
 
 from ember.dtype import DType, dtypes
 from ember.frontend import checks
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, make_const
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -43,7 +44,7 @@ class _IndexPlan(NamedTuple):
 _BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices"
 
 
-class IndexingMixin:
+class IndexingMixin(TensorBase):
     """Indexing methods; see the module docstring."""
 
     __slots__ = ()

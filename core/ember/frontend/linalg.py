@@ -10,13 +10,14 @@ import functools
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ember.dtype import DType, dtypes, least_upper_dtype, to_dtype
+from ember.frontend.base import TensorBase
 from ember.frontend.util import broadcast_shape
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class LinalgMixin:
+class LinalgMixin(TensorBase):
     """``@``, dot, matmul, linear, sequential and einsum."""
 
     __slots__ = ()

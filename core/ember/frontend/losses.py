@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
 from ember.frontend import checks
+from ember.frontend.base import TensorBase
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 REDUCTIONS = ("none", "mean", "sum")
 
 
-class LossMixin:
+class LossMixin(TensorBase):
     """Cross-entropy and nll losses, and one-hot encoding of class labels."""
 
     __slots__ = ()

@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
+from ember.frontend.base import TensorBase
 from ember.helpers import prod
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def _along(x: Any, d: int, lo: int, hi: int) -> Any:
     return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
 
 
-class MovementMixin:
+class MovementMixin(TensorBase):
     """Movement methods; see the module docstring."""
 
     __slots__ = ()

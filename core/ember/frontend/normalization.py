@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
+from ember.frontend.base import TensorBase
 from ember.frontend.util import _TORCH_NAMES
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class NormalizationMixin:
+class NormalizationMixin(TensorBase):
     """layernorm, batchnorm, rms_norm, group_norm, normalize and dropout."""
 
     __slots__ = ()

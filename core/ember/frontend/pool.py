@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class PoolMixin:
+class PoolMixin(TensorBase):
     """Sliding-window views, max/avg/adaptive pooling over the trailing dims, and max unpooling."""
 
     __slots__ = ()

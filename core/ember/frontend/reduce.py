@@ -23,6 +23,7 @@ import math
 from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, dtypes, to_dtype
+from ember.frontend.base import TensorBase
 from ember.graph.uop import Ops
 from ember.helpers import prod
 
@@ -41,7 +42,7 @@ def _acc_dtype(dt: DType) -> DType:
     return dtypes.int64 if dt.kind in "biu" else dt
 
 
-class ReduceMixin:
+class ReduceMixin(TensorBase):
     """Reduce methods; see the module docstring."""
 
     __slots__ = ()

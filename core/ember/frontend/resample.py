@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ember.frontend.base import TensorBase
+
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class ResampleMixin:
+class ResampleMixin(TensorBase):
     """Linear and nearest-neighbour resizing of the trailing dims."""
 
     __slots__ = ()

@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import dtypes
+from ember.frontend.base import TensorBase
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class SortingMixin:
+class SortingMixin(TensorBase):
     """sort, argsort and topk; see the module docstring."""
 
     __slots__ = ()

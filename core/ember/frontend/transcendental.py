@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ember.frontend import libm
+from ember.frontend.base import TensorBase
 from ember.frontend.reduce import _logaddexp
 from ember.frontend.util import Scalar, compute_dtype, not_implemented
 from ember.graph.uop import Ops
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 
-class TranscendentalMixin:
+class TranscendentalMixin(TensorBase):
     """exp, log, sqrt, trigonometric, hyperbolic and error functions, and logaddexp."""
 
     __slots__ = ()
@@ -124,7 +125,7 @@ class TranscendentalMixin:
         Floats only, like torch (float16/bfloat16 compute in float32). Two ``-inf`` give ``-inf``; the
         gradients are ``g * exp(self - out)`` and ``g * exp(other - out)``.
         """
-        a, b = self._broadcasted(other)  # type: ignore[attr-defined]
+        a, b = self._broadcasted(other)
         if a.dtype.kind != "f":
             raise not_implemented("logaddexp_cpu", a.dtype)
         cdt = compute_dtype(a.dtype)
