@@ -325,9 +325,10 @@ class CUDARenderer(CStyleRenderer):
             if sdt == dtypes.float64:  # one rounding, straight from double
                 return f"__half2float(__double2half({x}))" if dt == dtypes.float16 else \
                     f"__bfloat162float(__double2bfloat16({x}))"
-            if sdt.kind in "iu" and sdt.itemsize >= 4:  # a wide int is not exact in float: go through double
-                return f"__half2float(__double2half((double){x}))" if dt == dtypes.float16 else \
-                    f"__bfloat162float(__double2bfloat16((double){x}))"
+            if sdt.kind in "iu" and sdt.itemsize >= 4:  # a wide int is not exact in float: one rounding, from the int
+                fn = {(4, "i"): "int", (4, "u"): "uint", (8, "i"): "ll", (8, "u"): "ull"}[(sdt.itemsize, sdt.kind)]
+                return f"__half2float(__{fn}2half_rn({x}))" if dt == dtypes.float16 else \
+                    f"__bfloat162float(__{fn}2bfloat16_rn({x}))"
             return self._round_result(dt, f"((float){x})")
         if dt in (dtypes.float16, dtypes.bfloat16):  # from bool
             return f"({x} ? 1.0f : 0.0f)"

@@ -52,7 +52,9 @@ def _workloads() -> list[Tensor]:
                 x.cast(dtypes.int16), i32.cast(dt),
                 x.cast(dtypes.float32) + x.cast(dtypes.float64).cast(dtypes.float32)]
     out += [f32.cast(dtypes.float16).bitcast(dtypes.int16), i32.cast(dtypes.int16).bitcast(dtypes.float16),
-            f32.cast(dtypes.bfloat16).bitcast(dtypes.uint16), f32.cast(dtypes.float64).bitcast(dtypes.int64)]
+            f32.cast(dtypes.bfloat16).bitcast(dtypes.uint16), f32.cast(dtypes.float64).bitcast(dtypes.int64),
+            i32.cast(dtypes.int64).cast(dtypes.bfloat16), i32.cast(dtypes.uint64).cast(dtypes.float16),
+            i32.cast(dtypes.uint32).cast(dtypes.bfloat16)]
     for dt in (dtypes.int8, dtypes.uint16, dtypes.uint32, dtypes.int64, dtypes.uint64):
         x = i32.cast(dt)
         out += [x * 3 - x // 2, x.sum(axis=0), x.max(axis=1), (x << 1) >> 3]

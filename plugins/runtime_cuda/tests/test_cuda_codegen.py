@@ -79,6 +79,12 @@ def test_16bit_floats_use_the_cuda_headers():
     assert "#include <cuda_bf16.h>" in bf and "__nv_bfloat16* __restrict__" in bf and "ember_bf16_round" in bf
 
 
+def test_wide_ints_round_once_to_16bit_floats():
+    assert "__ll2bfloat16_rn(" in kernel_src(x().cast(dtypes.int64).cast(dtypes.bfloat16))
+    assert "__uint2half_rn(" in kernel_src(x().cast(dtypes.uint32).cast(dtypes.float16))
+    assert "__double2bfloat16(" in kernel_src(x(dtypes.float64).cast(dtypes.bfloat16))
+
+
 def test_special_float_constants_are_bit_patterns():
     src = kernel_src(x() + float("inf"))
     assert "__int_as_float(0x7f800000)" in src and "INFINITY" not in src
