@@ -531,7 +531,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if any(not (sym_le(0, b) and sym_le(0, a)) for b, a in arg):
             raise RuntimeError(f"padding {arg} can be negative (for some value of its variables)")
         inner = tuple((b, sadd(b, s)) for (b, _), s in zip(arg, self.shape))
-        out = self._view(lambda st: st.pad(arg), lambda g: g.shrink(inner))
+        out = self._view(lambda st: st.pad(arg), lambda g: g._shrink_symbolic(inner))
         if value == 0:
             return out
         mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device)._view(lambda st: st.pad(arg),

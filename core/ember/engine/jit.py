@@ -327,7 +327,7 @@ class TinyJit(Generic[R]):
             raise TypeError(f"TinyJit needs a callable, got {type(fxn).__name__}")
         self.fxn, self.plan_memory = fxn, plan_memory
         self.reset()
-        functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fxn)
 
     def reset(self) -> None:
         """Forget the capture: the next call runs the function normally again."""

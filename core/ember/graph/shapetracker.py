@@ -139,7 +139,8 @@ class View:
         new_core = [s for s in new_shape if s != 1]
         if [s for s, _, _ in core] == new_core:
             it = iter(core)
-            strides, mask = [], []
+            strides: list[int] = []
+            mask: list[tuple[sint, sint]] = []
             for s in new_shape:
                 if s == 1:
                     strides.append(0)
@@ -260,10 +261,10 @@ class ShapeTracker:
     def expand(self, new_shape: tuple[int, ...]) -> ShapeTracker:
         return self._replace_last(self.views[-1].expand(tuple(new_shape)))
 
-    def pad(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+    def pad(self, arg: tuple[tuple[sint, sint], ...]) -> ShapeTracker:
         return self._replace_last(self.views[-1].pad(tuple(arg)))
 
-    def shrink(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+    def shrink(self, arg: tuple[tuple[sint, sint], ...]) -> ShapeTracker:
         return self._replace_last(self.views[-1].shrink(tuple(arg)))
 
     def flip(self, axes: tuple[int, ...]) -> ShapeTracker:

@@ -312,7 +312,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     with no_grad():
         for p in params:
             p.grad.assign(p.grad.detach() * coef.cast(p.grad.dtype))
-    Tensor.realize_all(total, *(p.grad for p in params))
+    Tensor.realize_all(total, *(p.grad for p in params if p.grad is not None))
     return total
 
 
