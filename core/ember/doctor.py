@@ -1,12 +1,22 @@
 """``python -m ember.doctor``: report the installation, every device plugin, and smoke-test each usable device.
 
 Exits with status 0 when the default device passes its smoke test, 1 otherwise.
+
+The probes and smoke tests run in a child process (``--in-process`` is that child), so a plugin that
+hangs or crashes the interpreter cannot take the doctor with it: the report shows what was found up to
+that point and why it stopped. Each plugin import, hook and probe is limited to
+``EMBER_PLUGIN_TIMEOUT`` seconds inside the child; the whole child to ``EMBER_DOCTOR_TIMEOUT`` (default:
+three of those per installed plugin, plus a minute for the smoke tests).
 """
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
+import signal
+import subprocess
 import sys
+import threading
 import warnings
 
 from ember.device import PLUGIN_API, Device, DeviceSpec
@@ -41,8 +51,48 @@ def smoke_test(device: str) -> str | None:
     return None
 
 
-def main() -> int:
-    """Print the report; return the process exit code."""
+def main(argv: list[str] | None = None) -> int:
+    """Print the report (probing in a child process, see the module docstring); return the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--in-process" in args:
+        return report()
+    from ember.device.registry import ENTRY_POINT_GROUP, plugin_timeout
+
+    plugins = len(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    budget = float(os.environ.get("EMBER_DOCTOR_TIMEOUT", "") or plugin_timeout() * 3 * (plugins + 2) + 60)
+    child = subprocess.Popen([sys.executable, "-m", "ember.doctor", "--in-process"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    last: list[str] = [""]
+
+    def relay() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.strip():
+                last[0] = line.strip()
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        code = child.wait(timeout=budget)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        reader.join(5)
+        print(f"\nFAILED: the device checks did not finish within {budget:g} s (EMBER_DOCTOR_TIMEOUT); "
+              f"the last line was: {last[0]!r}")
+        return 1
+    reader.join(5)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        print(f"\nFAILED: a device check crashed the checking process ({name}); the last line was: {last[0]!r}")
+        return 1
+    return code
+
+
+def report() -> int:
+    """Print the report, probing in this process; return the process exit code."""
     print(f"ember    {_ember_version()}")
     print(f"python   {platform.python_version()} ({sys.executable})")
     print(f"platform {platform.platform()} ({platform.machine()})")

@@ -281,11 +281,16 @@ def test_spec_is_frozen_with_defaults() -> None:
         spec.name = "NO"  # type: ignore[misc]
 
 
-def test_name_conflict_keeps_the_first_provider() -> None:
+def test_name_declared_by_two_distributions_is_an_error_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
     reg = _DeviceRegistry(entry_points=[good_ep("one"), good_ep("two")])
-    assert reg.origin("FAKE").dist == "ember-one"
+    with pytest.raises(DevicePluginError, match="ember-one==0.1.0 and ember-two==0.1.0.*EMBER_PLUGIN_FAKE"):
+        reg["FAKE"]
+    assert "FAKE" not in reg.available()
+    monkeypatch.setenv("EMBER_PLUGIN_FAKE", "ember-two")  # the user's choice
+    reg = _DeviceRegistry(entry_points=[good_ep("one"), good_ep("two")])
+    assert reg.origin("FAKE").dist == "ember-two" and reg["FAKE"].device == "FAKE"
     (failure,) = reg.failures()
-    assert failure.stage == "conflict" and failure.origin.dist == "ember-two"
+    assert failure.stage == "conflict" and failure.origin.dist == "ember-one"
 
 
 def test_plugin_cannot_shadow_a_builtin() -> None:
@@ -428,7 +433,7 @@ def test_doctor_reports_every_plugin(monkeypatch: pytest.MonkeyPatch, capsys: py
     ])
     monkeypatch.setattr(ember.doctor, "Device", reg)
     monkeypatch.setattr(ember.doctor, "smoke_test", lambda device: None if device == "FAKE" else "boom")
-    assert ember.doctor.main() == 0
+    assert ember.doctor.report() == 0  # the in-process part (main() runs it in a child process)
     out = capsys.readouterr().out
     assert "GPU" in out and "unusable: no GPU here" in out
     assert "ember-cpu==0.1.0" in out and "broken (import): ImportError: no libcpu" in out

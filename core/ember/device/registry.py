@@ -7,6 +7,14 @@ ember``; the first use of :data:`Device` loads every entry point, each in its ow
 :meth:`_DeviceRegistry.failures` and raised, chained and naming the distribution, only when
 somebody asks for a device that the broken plugin would have provided.
 
+Isolation: a plugin's import, its ``ember_devices()`` hook and each probe run with a time limit
+(``EMBER_PLUGIN_TIMEOUT`` seconds, default 10): one that does not return in time is recorded as
+broken and left behind. Asking for one device (``DEV=CPU``, ``Device["CPU"]``) loads only the
+entry points that may provide it (same name, or its known distribution) while that is enough, so a
+hang in an unrelated plugin cannot stall it. Two distributions that declare the same device name are
+an error naming both, until the user picks one with ``EMBER_PLUGIN_<NAME>=<distribution>``. When the
+default device is chosen by priority, a device whose factory fails is skipped with a warning.
+
 Typical use::
 
     from ember.device import Device
@@ -18,6 +26,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import importlib.metadata
+import os
 import threading
 import warnings
 from collections.abc import Iterable
@@ -28,6 +37,7 @@ import pluggy
 
 from ember.device import hookspecs
 from ember.device.hookspecs import PLUGIN_API, hookimpl
+from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, plugin_timeout  # noqa: F401
 from ember.device.spec import DeviceSpec
 from ember.helpers import getenv
 
@@ -175,6 +185,9 @@ class _DeviceRegistry:
         self._pm = pluggy.PluginManager("ember")
         self._pm.add_hookspecs(hookspecs)
         self._loaded = False
+        self._pending: list[Any] = []                    # entry points not loaded yet (see _ensure_loaded)
+        self._hook_results: dict[str, Any] = {}          # plugin name -> ember_devices() result or its error
+        self._ambiguous: dict[str, list[PluginOrigin]] = {}  # device name -> the distributions that declare it
         self._order: list[str] = []                      # plugin names, in registration order
         self._origins: dict[str, PluginOrigin] = {}      # plugin name -> origin
         self._load_failures: list[PluginFailure] = []
@@ -191,18 +204,26 @@ class _DeviceRegistry:
 
     # ----- loading plugins -----
 
-    def _ensure_loaded(self) -> None:
+    def _ensure_loaded(self, want: str | None = None) -> None:
+        """Register the built-ins and load the entry points: all of them, or with ``want`` only those that may
+        provide device ``want`` (same entry-point name, or its known distribution); the others stay pending."""
         with self._lock:
-            if self._loaded:
-                return
-            self._loaded = True  # set first: a plugin that touches Device while importing must not recurse
-            if self._builtins:
-                self._add_plugin(_BuiltinDevices(), PluginOrigin(_BUILTIN_PLUGIN_NAME, builtin=True))
-            if self._entry_points is None:
-                eps: Iterable[Any] = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            if not self._loaded:
+                self._loaded = True  # set first: a plugin that touches Device while importing must not recurse
+                if self._builtins:
+                    self._add_plugin(_BuiltinDevices(), PluginOrigin(_BUILTIN_PLUGIN_NAME, builtin=True))
+                if self._entry_points is None:
+                    self._pending = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+                else:
+                    self._pending = list(self._entry_points)
+            if want is None:
+                todo, self._pending = self._pending, []
             else:
-                eps = self._entry_points
-            for ep in eps:
+                dist = KNOWN_PLUGINS.get(want, (None, None))[1]
+                todo = [ep for ep in self._pending
+                        if str(getattr(ep, "name", "")).upper() == want or (dist and _dist_of(ep)[0] == dist)]
+                self._pending = [ep for ep in self._pending if all(ep is not t for t in todo)]
+            for ep in todo:
                 self._load_entry_point(ep)
 
     def _invalidate(self) -> None:
@@ -223,7 +244,9 @@ class _DeviceRegistry:
             if self._origins[name].entry_point == origin.entry_point:
                 return False
         try:
-            plugin = ep.load()
+            # with a time limit, except while some module is being imported: a thread importing it would wait
+            # for this one (a plugin found while ember itself is importing)
+            plugin = ep.load() if _importing() else call_with_timeout(ep.load, f"import of {origin.label}")
         except (Exception, SystemExit) as e:
             self._record_load_failure(origin, "import", e)
             return False
@@ -271,6 +294,7 @@ class _DeviceRegistry:
         with self._lock:
             self._ensure_loaded()
             self._pm.unregister(name=name)
+            self._hook_results.pop(name, None)
             self._order.remove(name)
             del self._origins[name]
             self._invalidate()
@@ -283,36 +307,73 @@ class _DeviceRegistry:
 
     # ----- collecting specs -----
 
-    def _collect(self) -> dict[str, DeviceSpec]:
+    def _collect(self, want: str | None = None) -> dict[str, DeviceSpec]:
+        """Every spec (``want=None``), or enough of them to know device ``want``: the plugins that may provide it
+        first, every plugin only when they do not."""
         with self._lock:
-            self._ensure_loaded()
+            self._ensure_loaded(want)
+            specs = self._collect_loaded()
+            if want is not None and want not in specs and self._pending:
+                self._ensure_loaded()
+                specs = self._collect_loaded()
+            return specs
+
+    def _collect_loaded(self) -> dict[str, DeviceSpec]:
+        with self._lock:
             if self._specs is not None:
                 return self._specs
             impls = {impl.plugin_name: impl for impl in self._pm.hook.ember_devices.get_hookimpls()}
             specs: dict[str, DeviceSpec] = {}
             spec_origins: dict[str, PluginOrigin] = {}
             failures: list[PluginFailure] = []
+            self._ambiguous = {}
             for plugin_name in self._order:
                 if plugin_name not in impls:  # unregistered behind our back through plugin_manager
                     continue
                 origin = self._origins[plugin_name]
                 try:
-                    result = impls[plugin_name].function()
-                    if not isinstance(result, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in result):
-                        raise TypeError(f"ember_devices() must return a list of DeviceSpec, got {result!r}")
+                    result = self._devices_of(plugin_name, impls[plugin_name].function, origin)
                 except Exception as e:
                     failures.append(PluginFailure(origin, "ember_devices", e))
                     continue
                 for spec in result:
                     if spec.name in specs:
-                        taken_by = spec_origins[spec.name].label
-                        failures.append(PluginFailure(origin, "conflict", ValueError(
-                            f"device {spec.name} is already provided by {taken_by}; this one is ignored")))
-                        continue
+                        keep_new = self._resolve_duplicate(spec.name, spec_origins[spec.name], origin, failures)
+                        if not keep_new:
+                            continue
                     specs[spec.name] = spec
                     spec_origins[spec.name] = origin
             self._specs, self._spec_origins, self._hook_failures = specs, spec_origins, failures
             return specs
+
+    def _devices_of(self, plugin_name: str, hook: Any, origin: PluginOrigin) -> list[DeviceSpec]:
+        """A plugin's ``ember_devices()`` result, called once (with a time limit) and remembered."""
+        if plugin_name not in self._hook_results:
+            try:
+                result = hook() if origin.builtin else call_with_timeout(hook, f"ember_devices() of {origin.label}")
+                if not isinstance(result, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in result):
+                    raise TypeError(f"ember_devices() must return a list of DeviceSpec, got {result!r}")
+                self._hook_results[plugin_name] = list(result)
+            except Exception as e:  # noqa: BLE001  (recorded as the plugin's failure)
+                self._hook_results[plugin_name] = e
+        result = self._hook_results[plugin_name]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _resolve_duplicate(self, name: str, first: PluginOrigin, second: PluginOrigin,
+                           failures: list[PluginFailure]) -> bool:
+        """Two plugins declare device ``name``: whether ``second`` replaces ``first``. Within one distribution the
+        first stays; across distributions the one named by ``EMBER_PLUGIN_<NAME>`` wins, and without a choice
+        the device is ambiguous (an error naming both when it is used)."""
+        chosen = os.environ.get(f"EMBER_PLUGIN_{name}", "").strip()
+        if first.dist != second.dist and not first.builtin and chosen not in (first.dist, second.dist):
+            self._ambiguous.setdefault(name, [first]).append(second)
+            return False
+        keep, drop = (second, first) if chosen and chosen == second.dist else (first, second)
+        failures.append(PluginFailure(drop, "conflict", ValueError(
+            f"device {name} is already provided by {keep.label}; this one is ignored")))
+        return keep is second
 
     def specs(self) -> dict[str, DeviceSpec]:
         """Every device spec installed, by name, including incompatible and unusable ones."""
@@ -327,7 +388,7 @@ class _DeviceRegistry:
     def origin(self, name: str) -> PluginOrigin:
         """The plugin that provides device ``name`` (``origin("CPU").label == "ember-cpu==0.1.0"``)."""
         base = self._base(name)
-        specs = self._collect()
+        specs = self._collect(base)
         if base not in specs:
             raise DeviceNotFoundError(self._not_found_message(base))
         return self._spec_origins[base]
@@ -387,8 +448,11 @@ class _DeviceRegistry:
         if spec.name not in self._probe_cache:
             reason: str | None
             try:
-                result = spec.probe() if spec.probe is not None else None
+                probe = spec.probe
+                result = None if probe is None else call_with_timeout(probe, f"the probe of device {spec.name}")
                 reason = None if result is None else (str(result) or "the probe reported it unusable")
+            except PluginTimeout as e:
+                reason = str(e)
             except Exception as e:
                 reason = f"probe raised {type(e).__name__}: {e}"
             self._probe_cache[spec.name] = reason
@@ -397,8 +461,15 @@ class _DeviceRegistry:
     def _check(self, base: str) -> DeviceSpec:
         """Return the spec of a usable device ``base``, or raise the error that says why it is not usable."""
         with self._lock:
-            specs = self._collect()
+            specs = self._collect(base)
             spec = specs.get(base)
+            if base in self._ambiguous:
+                labels = " and ".join(o.label for o in self._ambiguous[base])
+                dists = [o.dist for o in self._ambiguous[base] if o.dist]
+                raise DevicePluginError(
+                    f'device "{base}" is declared by more than one distribution: {labels}. Choose one with '
+                    f"EMBER_PLUGIN_{base}=<distribution> (e.g. EMBER_PLUGIN_{base}={dists[0] if dists else '...'}), "
+                    "or uninstall the other.")
             if spec is None:
                 failure = self._failure_for(base)
                 if failure is not None:
@@ -525,8 +596,13 @@ class _DeviceRegistry:
                 continue
             reason = self.probe(spec.name)
             if reason is None:
-                chosen = spec.name
-                break
+                try:
+                    self[spec.name]  # a factory that fails here makes the next device the default
+                except DevicePluginError as e:
+                    reason = str(e)
+                else:
+                    chosen = spec.name
+                    break
             skipped.append(f"{spec.name} ({self._spec_origins[spec.name].label}): {reason}")
         broken = [str(f) for f in self.failures() if f.stage != "conflict"]
         if chosen is None:

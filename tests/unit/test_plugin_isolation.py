@@ -1,0 +1,202 @@
+"""A plugin that hangs (in its import, its ember_devices() hook or its probe), crashes, fails to build its device
+or declares another distribution's device name cannot hang or hijack ember."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from typing import Any
+
+import pytest
+
+import ember
+from ember.device import DevicePluginError, DeviceSpec, hookimpl
+from ember.device.registry import _DeviceRegistry
+
+CORE_DIR = pathlib.Path(ember.__file__).resolve().parent.parent
+FACTORY = f"{__name__}:FakeDevice"
+BROKEN_FACTORY = f"{__name__}:BrokenDevice"
+_release = threading.Event()  # set at the end of the module: lets the hanging threads of these tests finish
+
+
+class FakeDevice:
+    def __init__(self, name: str):
+        self.device = name
+
+
+class BrokenDevice:
+    def __init__(self, name: str):
+        raise OSError(f"driver refused to open {name}")
+
+
+class FakeDist:
+    def __init__(self, name: str):
+        self.name, self.version, self.metadata = name, "1.0", {"Name": name}
+
+
+class FakeEntryPoint:
+    def __init__(self, name: str, loader: Any, dist: str):
+        self.name, self.value, self.dist, self._loader = name, f"{dist}.plugin", FakeDist(dist), loader
+        self.loaded = False
+
+    def load(self) -> Any:
+        self.loaded = True
+        return self._loader()
+
+
+def plugin(*specs: DeviceSpec, hook_sleeps: bool = False) -> Any:
+    class Plugin:
+        @hookimpl
+        def ember_devices(self) -> list[DeviceSpec]:
+            if hook_sleeps:
+                _release.wait(60)
+            return list(specs)
+    return Plugin()
+
+
+def hanging_import() -> Any:
+    _release.wait(60)
+    return plugin(DeviceSpec("SLOW", FACTORY))
+
+
+@pytest.fixture(autouse=True)
+def _short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_PLUGIN_TIMEOUT", "0.5")
+    monkeypatch.delenv("DEV", raising=False)
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def test_hanging_probe_is_cut_off():
+    def probe() -> str | None:
+        _release.wait(60)
+        return None
+    specs = (DeviceSpec("HANG", FACTORY, priority=50, probe=probe), DeviceSpec("GOOD", FACTORY, priority=10))
+    reg = _DeviceRegistry(entry_points=[FakeEntryPoint("hang", lambda: plugin(*specs), "ember-hang")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default, took = _timed(lambda: reg.DEFAULT)
+    assert default == "GOOD" and took < 5, (default, took)
+    assert "did not return within 0.5 s" in reg.probe("HANG")
+
+
+def test_hanging_import_and_hook_are_cut_off():
+    slow_import = FakeEntryPoint("slow", hanging_import, "ember-slow")
+    slow_hook = FakeEntryPoint("slowhook", lambda: plugin(DeviceSpec("SH", FACTORY), hook_sleeps=True), "ember-sh")
+    good = FakeEntryPoint("good", lambda: plugin(DeviceSpec("GOOD", FACTORY)), "ember-good")
+    reg = _DeviceRegistry(entry_points=[slow_import, slow_hook, good])
+    specs, took = _timed(reg.specs)
+    assert "GOOD" in specs and "SLOW" not in specs and "SH" not in specs and took < 5
+    stages = {f.origin.dist: (f.stage, type(f.error).__name__) for f in reg.failures()}
+    assert stages == {"ember-slow": ("import", "PluginTimeout"), "ember-sh": ("ember_devices", "PluginTimeout")}
+    with pytest.raises(DevicePluginError, match="did not return within"):
+        reg["SLOW"]
+
+
+def test_asking_for_one_device_loads_only_its_plugins(monkeypatch: pytest.MonkeyPatch):
+    slow = FakeEntryPoint("slow", hanging_import, "ember-slow")
+    cpu = FakeEntryPoint("fake", lambda: plugin(DeviceSpec("FAKE", FACTORY)), "ember-fake")
+    reg = _DeviceRegistry(entry_points=[slow, cpu])
+    monkeypatch.setenv("DEV", "FAKE")
+    (default, took) = _timed(lambda: reg.DEFAULT)
+    assert default == "FAKE" and reg["FAKE"].device == "FAKE" and took < 0.4
+    assert cpu.loaded and not slow.loaded
+
+
+def test_failing_factory_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch):
+    ep = FakeEntryPoint("two", lambda: plugin(DeviceSpec("BAD", BROKEN_FACTORY, priority=50),
+                                              DeviceSpec("OK", FACTORY, priority=10)), "ember-two")
+    reg = _DeviceRegistry(entry_points=[ep])
+    with pytest.warns(UserWarning, match="BAD .*driver refused to open BAD"):
+        assert reg.DEFAULT == "OK"
+    monkeypatch.setenv("DEV", "BAD")  # an explicit choice never falls back
+    reg = _DeviceRegistry(entry_points=[ep])
+    assert reg.DEFAULT == "BAD"
+    with pytest.raises(DevicePluginError, match="driver refused"):
+        reg["BAD"]
+
+
+def test_another_distribution_cannot_take_over_a_device_name():
+    mine = FakeEntryPoint("fake", lambda: plugin(DeviceSpec("FAKE", FACTORY)), "ember-fake")
+    theirs = FakeEntryPoint("evil", lambda: plugin(DeviceSpec("FAKE", FACTORY, priority=99)), "evil-fake")
+    reg = _DeviceRegistry(entry_points=[theirs, mine])
+    assert "FAKE" in reg.specs()  # every plugin loaded (default selection does this)
+    with pytest.raises(DevicePluginError, match="evil-fake==1.0 and ember-fake==1.0"):
+        reg["FAKE"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert reg.DEFAULT == "PYTHON"  # not the hijacked name, whichever comes first
+    # asking for the device by name loads the plugins with that entry-point name only: here ember-fake's
+    theirs.loaded = mine.loaded = False
+    reg = _DeviceRegistry(entry_points=[theirs, mine])
+    assert reg["FAKE"].device == "FAKE" and reg.origin("FAKE").dist == "ember-fake" and not theirs.loaded
+
+
+def _installed_plugin(tmp_path: pathlib.Path, body: str) -> dict[str, str]:
+    """An installed distribution ``ember-hangx`` (dist-info + module) on PYTHONPATH; the environment to use it."""
+    dist_info = tmp_path / "ember_hangx-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: ember-hangx\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[ember.devices]\nhangx = ember_hangx_plugin\n")
+    (tmp_path / "ember_hangx_plugin.py").write_text(textwrap.dedent(body))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CORE_DIR)]),
+           "EMBER_PLUGIN_TIMEOUT": "1", "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("DEV", None)
+    return env
+
+
+def _run(env: dict[str, str], code: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    return proc, time.perf_counter() - start
+
+
+COMPUTE = "from ember import Tensor; print('RESULT', (Tensor([1.0, 2.0]) * 2).tolist())"
+
+
+def test_installed_plugin_hanging_at_import(tmp_path: pathlib.Path):
+    env = _installed_plugin(tmp_path, "import time\ntime.sleep(3600)\n")
+    base, _ = _run({**env, "DEV": "PYTHON"}, "import ember")
+    assert base.returncode == 0, base.stderr
+    for extra in ({"DEV": "PYTHON"}, {}):  # an explicit device, then default selection (waits one timeout)
+        proc, took = _run({**env, **extra}, COMPUTE)
+        assert proc.returncode == 0 and "RESULT [2.0, 4.0]" in proc.stdout, proc.stderr
+        assert took < 60, took
+
+
+def test_doctor_survives_hanging_and_crashing_probes(tmp_path: pathlib.Path):
+    env = _installed_plugin(tmp_path, """
+        import os, signal, time
+        from ember.device import DeviceSpec, hookimpl
+
+        def hang():
+            time.sleep(3600)
+
+        def crash():
+            if os.environ.get("HANGX_CRASH"):
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        @hookimpl
+        def ember_devices():
+            return [DeviceSpec("HANGX", "ember_hangx_plugin:X", priority=1000, probe=hang),
+                    DeviceSpec("CRASHX", "ember_hangx_plugin:X", priority=999, probe=crash)]
+    """)
+    proc, took = _run(env, "from ember.doctor import main; raise SystemExit(main([]))")
+    assert took < 60, took
+    assert "HANGX" in proc.stdout and "did not return within 1 s" in proc.stdout, proc.stdout + proc.stderr
+    crashed, took = _run({**env, "HANGX_CRASH": "1"}, "from ember.doctor import main; raise SystemExit(main([]))")
+    assert crashed.returncode == 1 and took < 60
+    assert "crashed the checking process (SIGSEGV)" in crashed.stdout, crashed.stdout + crashed.stderr
+
+
+def teardown_module() -> None:
+    _release.set()
