@@ -77,6 +77,13 @@ class CUDAAllocator(LRUAllocator):
             self._staging = [_Staging(self.driver, STAGING_CHUNK) for _ in range(2)]
         return self._staging
 
+    def release_staging(self) -> None:
+        """Give the pinned staging chunks back (they are made again on the next host copy)."""
+        chunks, self._staging = self._staging, []
+        for chunk in chunks:
+            chunk.wait()
+            check(self.driver.cuMemFreeHost(chunk.addr), "cuMemFreeHost")
+
     def _alloc(self, nbytes: int, options: Any) -> CUDABuffer:
         self.device.activate()
         try:

@@ -81,3 +81,19 @@ class CUDADevice(Compiled):
         """Wait until every copy and kernel queued on this GPU has finished."""
         self.activate()
         check(self.driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def finalize(self) -> None:
+        """At exit: free cached buffers and pinned staging, unload modules, destroy the stream and release the
+        primary context. Each step is tried on its own (the driver may already be partly shut down)."""
+        driver = self.driver
+        steps = [self.activate, self.allocator.free_cache, self.allocator.release_staging,
+                 *(lambda m=m: driver.cuModuleUnload(m) for m in self._modules.values()),
+                 lambda: driver.cuStreamDestroy(self.stream),
+                 lambda: driver.cuDevicePrimaryCtxRelease(self.info.handle)]
+        self._modules.clear()
+        for step in steps:
+            try:
+                step()
+            except Exception:  # noqa: BLE001, S112 - best effort at interpreter exit
+                continue
+        _current.context = None

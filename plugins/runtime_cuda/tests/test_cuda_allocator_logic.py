@@ -52,6 +52,10 @@ class HostMemoryDriver:
         self.pinned.append(buf)
         return (0, ctypes.addressof(buf))
 
+    def cuMemFreeHost(self, addr):
+        self.pinned = [b for b in self.pinned if ctypes.addressof(b) != addr]
+        return (0,)
+
     def cuEventCreate(self, flags):
         return (0, object())
 
@@ -136,3 +140,14 @@ def test_device_to_device_transfer_on_one_gpu(alloc):
     alloc.copyout(memoryview(out), dst)
     np.testing.assert_array_equal(out[:24], np.arange(24))
     assert (out[24:] == 0xEE).all()  # only nbytes were copied
+
+
+def test_staging_is_released_and_made_again(alloc):
+    buf = alloc.alloc(20)
+    alloc.copyin(buf, memoryview(np.arange(20, dtype=np.uint8)))
+    assert len(alloc.driver.pinned) == 2
+    alloc.release_staging()
+    assert alloc.driver.pinned == []
+    out = np.zeros(20, np.uint8)
+    alloc.copyout(memoryview(out), buf)  # new chunks on the next copy
+    np.testing.assert_array_equal(out, np.arange(20))
