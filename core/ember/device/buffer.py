@@ -43,7 +43,12 @@ class Buffer:
     def allocate(self) -> Buffer:
         """Take device memory now (idempotent)."""
         if self._buf is None:
-            self._buf = self.allocator.alloc(self.nbytes, self.options)  # the allocator keeps GlobalCounters.mem_used
+            try:
+                self._buf = self.allocator.alloc(self.nbytes, self.options)  # it keeps GlobalCounters.mem_used
+            except MemoryError as e:  # say what did not fit, and where (the allocator's error is often bare)
+                detail = f": {e}" if str(e) else ""
+                raise MemoryError(f"cannot allocate {self.nbytes} bytes ({self.nbytes / 2 ** 30:.2f} GiB) on "
+                                  f"{self.device} for {self.size} elements of {self.dtype}{detail}") from e
         return self
 
     def __del__(self) -> None:

@@ -221,6 +221,7 @@ _GGUF_SCALARS: dict[int, tuple[str, str]] = {  # value type -> (struct format, n
 }
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_MAX_DIMS = 4
+_GGUF_MAX_NESTING = 16  # arrays of arrays: real files nest one or two levels
 
 
 class _GGUFReader:
@@ -248,8 +249,11 @@ class _GGUFReader:
         except UnicodeDecodeError as e:
             raise GGUFError(f"{self.src.name}: {what} is not valid UTF-8 ({e})") from e
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         """The next metadata value of GGUF value type ``vtype`` (arrays become lists)."""
+        if depth > _GGUF_MAX_NESTING:
+            raise GGUFError(f"{self.src.name}: {what} nests arrays more than {_GGUF_MAX_NESTING} deep "
+                            "(corrupt file)")
         if vtype in _GGUF_SCALARS:
             return self.scalar(_GGUF_SCALARS[vtype][0], what)
         if vtype == _GGUF_STRING:
@@ -260,7 +264,10 @@ class _GGUFReader:
                 fmt = _GGUF_SCALARS[itype][0]
                 raw = self.take(count * struct.calcsize(fmt), what)
                 return np.frombuffer(raw, dtype=np.dtype(fmt)).tolist()
-            return [self.value(itype, what) for _ in range(count)]
+            if itype == _GGUF_ARRAY and count * 12 > self.src.size - self.pos:  # each needs its type and count
+                raise GGUFError(f"{self.src.name}: {what} claims {count} arrays, more than the file can hold "
+                                "(truncated or corrupt file)")
+            return [self.value(itype, what, depth + 1) for _ in range(count)]
         raise GGUFError(f"{self.src.name}: {what} has unknown value type {vtype}")
 
 

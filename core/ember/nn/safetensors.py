@@ -111,6 +111,9 @@ def _safe_header(src: _Source) -> tuple[int, dict[str, Any], list[_SafeEntry]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SafetensorsError(f"{where}: the {n}-byte header is not valid JSON ({e}): not a safetensors "
                                "file, or a corrupt one") from e
+    except RecursionError:  # a safetensors header nests three levels; thousands are an attack or garbage
+        raise SafetensorsError(f"{where}: the {n}-byte header nests JSON arrays or objects too deeply to read: "
+                               "not a safetensors file, or a corrupt one") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}: the header must be a JSON object, got {type(header).__name__}")
     meta = header.get("__metadata__")
