@@ -47,7 +47,8 @@ def nvrtc_version() -> tuple[int, int]:
     """NVRTC's (major, minor) version; ``RuntimeError`` when libnvrtc cannot be loaded."""
     nvrtc = import_nvrtc()
     try:
-        return tuple(check(nvrtc.nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+        major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+        return int(major), int(minor)
     except RuntimeError:
         raise
     except Exception as e:  # cuda.pathfinder raises its own error when libnvrtc.so is missing

@@ -85,8 +85,9 @@ class CUDADevice(Compiled):
     def finalize(self) -> None:
         """At exit: free cached buffers and pinned staging, unload modules, destroy the stream and release the
         primary context. Each step is tried on its own (the driver may already be partly shut down)."""
-        driver = self.driver
-        steps = [self.activate, self.allocator.free_cache, self.allocator.release_staging,
+        driver, allocator = self.driver, self.allocator
+        assert isinstance(allocator, CUDAAllocator)
+        steps = [self.activate, allocator.free_cache, allocator.release_staging,
                  *(lambda m=m: driver.cuModuleUnload(m) for m in self._modules.values()),
                  lambda: driver.cuStreamDestroy(self.stream),
                  lambda: driver.cuDevicePrimaryCtxRelease(self.info.handle)]

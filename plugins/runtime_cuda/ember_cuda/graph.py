@@ -46,7 +46,7 @@ class CUDAGraph:
             self.args.append(KernelArgs([b.ptr for b in bufs], vals))
             self.params.append(None if 0 in tuple(global_size) else
                                self._node_params(prg, global_size, call[4] if len(call) == 5 else None, self.args[-1]))
-        self.device = self.programs[0].device if self.programs else None
+        self.device: Any = self.programs[0].device if self.programs else None
         self.graph = self.exec = None
         if any(p is not None for p in self.params):
             self._instantiate()
