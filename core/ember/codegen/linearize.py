@@ -30,13 +30,17 @@ def linearize(sink: UOp) -> list[UOp]:
     """The linear program for a lowered kernel (see docs/contracts.md for its guarantees)."""
     nodes = toposort([sink])
     rsets = _range_sets(nodes)
+    after_reduce: set[UOp] = set()
+    for n in nodes:
+        if n.op is Ops.REDUCE or any(x in after_reduce for x in n.src):
+            after_reduce.add(n)
     program: list[UOp] = []
     program.extend(n for n in nodes if n.op is Ops.DEFINE_GLOBAL)
     # variables in launch order (``vals``): sorted by name, as the engine passes them
     program.extend(sorted((n for n in nodes if n.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]))
     for n in nodes:
         if n.op is Ops.REDUCE:
-            nodes.append(UOp.const(n.dtype, reduce_identity(n.arg, n.dtype)))  # type: ignore[arg-type]
+            nodes.append(UOp.const(n.dtype, reduce_identity(n.arg, n.dtype)))
     for n in dict.fromkeys(nodes):
         if n.op is Ops.CONST:
             program.append(n)
@@ -94,7 +98,11 @@ def linearize(sink: UOp) -> list[UOp]:
                 sub[red] = acc
                 scopes[-1].add(red)
             return sub[n]
-        new_src = tuple(emit(s) for s in n.src)
+        # operands holding a reduction first: what is computed after a loop from its result (a fused epilogue's
+        # loads) then follows the loop instead of staying live across it, and stays in one regular group with
+        # its copies (a register tile's epilogue the compiler can vectorize)
+        done = {i: emit(s) for i, s in sorted(enumerate(n.src), key=lambda p: p[1] not in after_reduce)}
+        new_src = tuple(done[i] for i in range(len(n.src)))
         new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
         program.append(new)
         sub[n] = new

@@ -110,6 +110,10 @@ class CStyleRenderer(Renderer):
             return f"(1/{a[0]})"
         if op is Ops.MAX:
             if dt.kind == "f":
+                # against a constant that is not nan (relu's 0) one compare says it all, and it vectorizes:
+                # a nan x fails x <= c, so it is kept; equal values give c, as the general form does
+                if u.src[1].op is Ops.CONST and not math.isnan(float(u.src[1].arg)):  # type: ignore[arg-type]
+                    return f"(!({a[0]} <= {a[1]}) ? {a[0]} : {a[1]})"
                 return f"(({a[0]} > {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
             return f"(({a[0]} > {a[1]}) ? {a[0]} : {a[1]})"
         if op in (Ops.IDIV, Ops.MOD) or (op is Ops.FDIV and dt.kind in "iub"):
@@ -198,12 +202,12 @@ class CStyleRenderer(Renderer):
             op = u.op
             if op is Ops.DEFINE_GLOBAL:
                 r[u] = f"data{u.arg[0]}"
-                params.append((r[u], u.dtype))  # type: ignore[arg-type]
+                params.append((r[u], u.pointer_dtype))
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
-                params.append((r[u], u.dtype))  # type: ignore[arg-type]
+                params.append((r[u], u.value_dtype))
             elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, u.dtype)  # type: ignore[arg-type]
+                r[u] = self.render_const(u.arg, u.value_dtype)
             elif op is Ops.RANGE:
                 kind = u.arg[1]
                 var = f"{'gidx' if kind == 'global' else 'ridx'}{u.arg[0]}"
@@ -224,20 +228,20 @@ class CStyleRenderer(Renderer):
             elif op is Ops.DEFINE_ACC:
                 self.open_accs.append(u)
                 r[u] = fresh("acc")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[u.src[0]]};")  # type: ignore[arg-type]
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {r[u.src[0]]};")
             elif op is Ops.ASSIGN:
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
             elif op is Ops.LOAD:
                 buf, idx = r[u.src[0]], r[u.src[1]]
-                val = self.render_load_value(buf, idx, u.dtype)  # type: ignore[arg-type]
+                val = self.render_load_value(buf, idx, u.value_dtype)
                 if len(u.src) > 2:
-                    val = f"({r[u.src[2]]} ? {val} : {self.render_const(0, u.dtype)})"  # type: ignore[arg-type]
+                    val = f"({r[u.src[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
                 r[u] = fresh("val")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {val};")  # type: ignore[arg-type]
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
-                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].dtype.base)};"  # type: ignore[union-attr]
+                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 srcs = [r[s] for s in u.src]
@@ -253,7 +257,7 @@ class CStyleRenderer(Renderer):
                         # value recomputed in a later kernel equals the stored one (argmax, max's gradient)
                         expr = f"ember_bf16_round({expr})"
                 r[u] = fresh("alu")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")  # type: ignore[arg-type]
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {expr};")
             elif op is Ops.SINK:
                 pass
             else:  # an op only some dialects have (hardware ids, local memory, barriers, matrix instructions)
