@@ -142,14 +142,14 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
     is_assign = target.op is Ops.ASSIGN
     out_shape = shape_of(target)
     out_size = target_bufs[target].arg[2] if is_assign else prod(out_shape)
-    out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.dtype), (), (0, out_size))  # type: ignore[arg-type]
+    out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.value_dtype), (), (0, out_size))
     if is_assign:
         globals_[target_bufs[target]] = out_g  # the value may read the buffer it overwrites (same element)
         reads.update(target.src[2:])  # an earlier assign into the same buffer runs first
 
     def define_global(buf: UOp) -> UOp:
         if buf not in globals_:
-            globals_[buf] = UOp(Ops.DEFINE_GLOBAL, PtrDType(buf.dtype), (), (len(params), buf.arg[2]))  # type: ignore[arg-type]
+            globals_[buf] = UOp(Ops.DEFINE_GLOBAL, PtrDType(buf.value_dtype), (), (len(params), buf.arg[2]))
             params.append(buf)
         return globals_[buf]
 
@@ -224,14 +224,14 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
             src = t.src[0]
             sb = base_of(src)
             src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
-            out = new_buffer(device_of(t), size, t.dtype)  # type: ignore[arg-type]
+            out = new_buffer(device_of(t), size, t.value_dtype)
             target_bufs[t] = out
             if size:
                 reads = {n for n in (src, sb) if (n in target_bufs and n is not t) or n.op is Ops.BUFFER}
                 items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), size), (buffers[out], buffers[src_buf])),
                               reads))
             continue
-        out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.dtype)  # type: ignore[arg-type]
+        out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.value_dtype)
         target_bufs[t] = out
         if size == 0:
             continue

@@ -122,7 +122,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     @property
     def dtype(self) -> DType:
-        return self.lazydata.dtype  # type: ignore[return-value]
+        return self.lazydata.value_dtype
 
     @property
     def device(self) -> str:

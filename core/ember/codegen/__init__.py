@@ -99,5 +99,5 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     # launch sizes: the innermost global loop is dimension 0
     sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
-    return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,  # type: ignore[arg-type]
+    return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
                        tuple(opts))

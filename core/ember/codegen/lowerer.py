@@ -96,8 +96,8 @@ def _add_const(x: UOp, c: int) -> UOp:
     if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
         x, c = x.src[0], c + x.src[1].arg
     elif x.op is Ops.CONST:
-        return UOp.const(x.dtype, x.arg + c)  # type: ignore[arg-type]
-    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.dtype, c))) if c else x  # type: ignore[arg-type]
+        return UOp.const(x.value_dtype, x.arg + c)
+    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.value_dtype, c))) if c else x
 
 
 def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
@@ -175,14 +175,14 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             sub = tuple(reversed(parts))
         inner_gate = simplify(gate.logical_and(valid))
         if inner_gate.op is Ops.CONST and not inner_gate.arg:
-            out = UOp.const(u.dtype, 0)  # type: ignore[arg-type]
+            out = UOp.const(u.value_dtype, 0)
         else:
             val = _lower(ctx, u.src[0], sub, inner_gate)
-            out = val if (valid.op is Ops.CONST and valid.arg) else valid.where(val, UOp.const(val.dtype, 0))  # type: ignore[arg-type]
+            out = val if (valid.op is Ops.CONST and valid.arg) else valid.where(val, UOp.const(val.value_dtype, 0))
     elif u.op is Ops.LOAD:
         buf = u.src[0]
         srcs = (buf, idxs[0]) if (gate.op is Ops.CONST and gate.arg) else (buf, idxs[0], gate)
-        out = UOp(Ops.LOAD, buf.dtype.base, srcs)  # type: ignore[union-attr]
+        out = UOp(Ops.LOAD, buf.pointer_dtype.base, srcs)
     elif u.op is Ops.REDUCE_AXIS:
         op, axes = u.arg
         src_shape = ast_shape(u.src[0], ctx.shapes)
@@ -201,7 +201,7 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
                 new_idxs[ax] = i
             vals.append(_lower(ctx, u.src[0], tuple(new_idxs), gate))
         if any(s == 0 for s in src_shape):
-            out = UOp.const(u.dtype, reduce_identity(op, u.dtype))  # type: ignore[arg-type]
+            out = UOp.const(u.value_dtype, reduce_identity(op, u.value_dtype))
         elif not ranges:
             out = functools.reduce(lambda a, b: UOp(op, a.dtype, (a, b)), vals)
         else:

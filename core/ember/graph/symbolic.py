@@ -36,7 +36,7 @@ def term_coeff(t: UOp) -> tuple[UOp | None, int]:
     return t, 1
 
 
-def _sum(terms: list[UOp], dtype) -> UOp:  # type: ignore[no-untyped-def]
+def _sum(terms: list[UOp], dtype) -> UOp:
     if not terms:
         return UOp.const(dtype, 0)
     out = terms[0]
@@ -45,7 +45,7 @@ def _sum(terms: list[UOp], dtype) -> UOp:  # type: ignore[no-untyped-def]
     return out
 
 
-def _mk(var: UOp | None, coeff: int, dtype) -> UOp:  # type: ignore[no-untyped-def]
+def _mk(var: UOp | None, coeff: int, dtype) -> UOp:
     if var is None:
         return UOp.const(dtype, coeff)
     return var if coeff == 1 else UOp(Ops.MUL, dtype, (var, UOp.const(dtype, coeff)))

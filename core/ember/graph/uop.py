@@ -228,11 +228,25 @@ class UOp(metaclass=UOpMeta):
         out_dtype = dtypes.bool if op in GroupOp.Comparison else (others[-1].dtype if op is Ops.WHERE else self.dtype)
         return UOp(op, out_dtype, (self, *others))
 
+    @property
+    def value_dtype(self) -> DType:
+        """``dtype`` of a node that is a value (everything but pointers, STORE, ENDRANGE, SINK ...)."""
+        if not isinstance(self.dtype, DType):
+            raise TypeError(f"{self.op} is not a value (its dtype is {self.dtype})")
+        return self.dtype
+
+    @property
+    def pointer_dtype(self) -> PtrDType:
+        """``dtype`` of a buffer parameter (``DEFINE_GLOBAL``): a :class:`PtrDType`."""
+        if not isinstance(self.dtype, PtrDType):
+            raise TypeError(f"{self.op} is not a pointer (its dtype is {self.dtype})")
+        return self.dtype
+
     def cast(self, dtype: DType) -> UOp:
         return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
 
     def _other(self, x: UOp | int | float | bool) -> UOp:
-        return x if isinstance(x, UOp) else UOp.const(self.dtype, x)  # type: ignore[arg-type]
+        return x if isinstance(x, UOp) else UOp.const(self.value_dtype, x)
 
     def __add__(self, x: UOp | int) -> UOp:
         return self.alu(Ops.ADD, self._other(x))
