@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 class TensorBase:
     """The part of ``Tensor`` the mixins build on (see the module docstring); every mixin derives from it."""
 
-    __slots__ = ()
+    if not TYPE_CHECKING:
+        # no instance dictionary at run time; hidden from the type checker, which would otherwise refuse the
+        # mixins' assignments to Tensor's own slots (``lazydata``, ``grad``)
+        __slots__ = ()
 
     if TYPE_CHECKING:
         # --- state ---------------------------------------------------------------------------
@@ -75,6 +78,8 @@ class TensorBase:
         def zeros(*shape: Any, **kwargs: Any) -> Tensor: ...
         @staticmethod
         def ones(*shape: Any, **kwargs: Any) -> Tensor: ...
+        @staticmethod
+        def empty(*shape: Any, dtype: DType | str | None = ..., device: str | None = ..., **kwargs: Any) -> Tensor: ...
 
         # --- helpers of sibling mixins ---------------------------------------------------------
         def _unary(self, name: str, fwd: Callable[[Tensor], Tensor], grad: Callable[[Tensor, Tensor, Tensor], Tensor],
