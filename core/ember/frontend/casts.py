@@ -5,6 +5,7 @@ query ``is_floating_point`` and ``to_``, which moves a tensor to another device 
 """
 from __future__ import annotations
 
+import builtins
 from typing import TYPE_CHECKING
 
 from ember.dtype import dtypes
@@ -60,7 +61,7 @@ class CastMixin(TensorBase):
         """Cast to bool (nonzero is true)."""
         return self.cast(dtypes.bool)
 
-    def is_floating_point(self) -> bool:
+    def is_floating_point(self) -> builtins.bool:  # builtins: the method bool() above shadows the type here
         """Whether the dtype is a float type (float16, bfloat16, float32, float64)."""
         return self.dtype.kind == "f"
 
