@@ -74,6 +74,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
+        if requires_grad:  # build it, then refuse a gradient for integers and bools, as torch does
+            Tensor.__init__(self, data, device, dtype)
+            if self.dtype.kind != "f":
+                raise RuntimeError(f"Only Tensors of floating point dtype can require gradients, got {self.dtype}")
+            self.requires_grad = True
+            return
         dev = _device(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
@@ -298,6 +304,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return self.assign(self / y)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and self.dtype.kind != "f":
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients, got {self.dtype}")
         self.requires_grad = requires_grad
         return self
 
@@ -369,7 +377,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         if dt.kind in "iu" and isinstance(fill_value, (int, float, np.number)) and math.isfinite(fill_value):
             info = np.iinfo(to_np_dtype(dt))
-            if not info.min <= fill_value <= info.max:  # torch refuses to wrap a constant (300 -> int8 would be 44)
+            low = -info.max if dt.kind == "u" else info.min  # torch lets a negative wrap into an unsigned type
+            if not low <= fill_value <= info.max:  # torch refuses to wrap a constant (300 -> int8 would be 44)
                 raise RuntimeError(f"value cannot be converted to type {info.dtype.name} without overflow: "
                                    f"{fill_value}")
         dev = _device(device)

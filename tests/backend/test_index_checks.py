@@ -95,11 +95,13 @@ def test_integer_division_by_constant_zero_raises_now(device: str):
     assert checks.pending() == 0
 
 
-@pytest.mark.parametrize("value, dtype", [(300, "int8"), (-129, "int8"), (256, "uint8"), (2 ** 31, "int32")])
+@pytest.mark.parametrize("value, dtype", [(300, "int8"), (-129, "int8"), (256, "uint8"), (-256, "uint8"),
+                                          (2 ** 31, "int32")])
 def test_full_with_an_out_of_range_constant_raises(value: int, dtype: str):
     same_error(lambda: Tensor.full((2,), value, dtype=getattr(dtypes, dtype)),
                lambda: torch.full((2,), value, dtype=getattr(torch, dtype)))
     assert Tensor.full((2,), 127, dtype=dtypes.int8).numpy().tolist() == [127, 127]
+    assert Tensor.full((2,), -1, dtype=dtypes.uint8).numpy().tolist() == [255, 255]  # torch wraps this one
 
 
 def test_checks_can_be_turned_off(device: str):
