@@ -272,10 +272,9 @@ class CPURenderer(CStyleRenderer):
         self._thread_accs: list[tuple[str, Ops | None, DType]] = []
         return super().render(name, uops)
 
-    def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> tuple[list[str], list[str]] | None:
-        """OpenMP ``reduction`` clauses for ``accs`` (and the declarations they need), or None when one has
-        no OpenMP combiner. A float max keeps a nan, as the scalar loop would."""
-        lines: list[str] = []
+    def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
+        """OpenMP ``reduction`` clauses for ``accs``, or None when one has no OpenMP combiner. A float max uses
+        a declared reduction (emitted at function scope) that keeps a nan, as the scalar loop would."""
         clauses: list[str] = []
         for name, op, dt in accs:
             if op is Ops.ADD:
@@ -293,7 +292,7 @@ class CPURenderer(CStyleRenderer):
                 clauses.append(f"reduction(max:{name})")
             else:
                 return None
-        return lines, clauses
+        return clauses
 
     def _thread_loop(self, loop: str) -> list[str]:
         """A THREAD loop: its parts of a full reduction run on different cores, each into a private copy of the
@@ -301,10 +300,10 @@ class CPURenderer(CStyleRenderer):
         found = self._reduction_clauses(self.loop_accs)
         if found is None:
             raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {self.loop_accs}")
-        lines, clauses = found
+        clauses = found
         # the reduction loop inside works on each thread's private copies: it may still vectorize them
         self._thread_accs = self.loop_accs
-        return [*lines, f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
+        return [f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
@@ -322,5 +321,5 @@ class CPURenderer(CStyleRenderer):
             # let the compiler reorder this float sum or max into vector lanes (as BLAS and numpy do)
             found = self._reduction_clauses(accs)
             if found is not None:
-                return [*found[0], f"#pragma omp simd {' '.join(found[1])}", loop]
+                return [f"#pragma omp simd {' '.join(found)}", loop]
         return [loop]
