@@ -346,3 +346,16 @@ def test_symbolic_views_print_in_full():
         return View.create((4,), (1,), u)
 
     assert repr(deep(5)) != repr(deep(6))
+
+
+def test_reshape_and_permute_of_symbolic_views(device):
+    a = np.arange(24, dtype=np.float32)
+    x = Tensor(a, device=device).realize()
+    v = Variable("i", 0, 16)
+    for val in (0, 5, 16):
+        i = v.bind(val)
+        np.testing.assert_array_equal(x.shrink(((i, i + 8),)).reshape(2, 4).permute(1, 0).numpy(),
+                                      a[val:val + 8].reshape(2, 4).T)
+        padded = Tensor(a[:4], device=device).reshape(2, 2).pad(((0, 0), (i, 16 - i))).reshape(2, 9, 2)
+        np.testing.assert_array_equal(padded.numpy(), np.pad(a[:4].reshape(2, 2), ((0, 0), (val, 16 - val)))
+                                      .reshape(2, 9, 2))
