@@ -27,6 +27,7 @@ from ember.dtype import (
     truncate,
 )
 from ember.engine.realize import run_schedule
+from ember.frontend import retain
 from ember.frontend.activations import ActivationMixin
 from ember.frontend.arithmetic import ArithmeticMixin
 from ember.frontend.attention import AttentionMixin
@@ -329,8 +330,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             super().__init__(False)
 
     # --- autograd ------------------------------------------------------------------------
-    def backward(self, gradient: Tensor | None = None) -> Tensor:
-        """Accumulate d(self)/d(leaf) into ``.grad`` of every leaf that requires grad."""
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool = False) -> Tensor:
+        """Accumulate d(self)/d(leaf) into ``.grad`` of every leaf that requires grad.
+
+        As in torch, a second backward through a node that needed saved values raises unless the first
+        passed ``retain_graph=True`` (:mod:`ember.frontend.retain`)."""
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
@@ -340,10 +344,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                                f"of {self.shape}")
         if self._ctx is None and not self.requires_grad:
             raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+        retain.check_reusable(self)
         leaves = {id(t): t for t in _tape_leaves(self)}
         for tid, g in run_backward(self, gradient).items():
             leaf = leaves[tid]
             leaf.grad = g if leaf.grad is None else leaf.grad + g
+        if not retain_graph:
+            retain.release(self)
         return self
 
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
