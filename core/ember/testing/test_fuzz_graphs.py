@@ -12,7 +12,7 @@ from ember import Device
 from ember.testing import fuzz
 
 #: graphs realized together: one schedule and one batched compile per chunk
-CHUNK = 25
+CHUNK = 40
 GRAD_SEED_BASE = 1_000_000
 
 
