@@ -66,9 +66,9 @@ def supported_archs() -> tuple[int, ...]:
 def cuda_include_dirs() -> tuple[str, ...]:
     """Folders holding ``cuda_fp16.h`` and ``cuda_bf16.h`` (NVRTC has no default include path).
 
-    Looked up through ``cuda.pathfinder`` (a CUDA toolkit, or the ``nvidia-cuda-runtime`` wheel),
-    then ``CUDA_PATH``/``CUDA_HOME`` and ``/usr/local/cuda``. Empty when none has them: kernels
-    without 16-bit floats still compile.
+    Looked up through ``cuda.pathfinder`` (the ``nvidia-cuda-runtime`` wheel the plugin depends on, or
+    a CUDA toolkit), then ``CUDA_PATH``/``CUDA_HOME`` and ``/usr/local/cuda``. Empty when none has
+    them: kernels without 16-bit floats still compile, the others fail naming the missing header.
     """
     found: list[str] = []
     try:
