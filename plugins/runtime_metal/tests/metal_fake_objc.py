@@ -5,16 +5,21 @@ with fake objects, logs every call with its decoded arguments, and enforces the 
 API that a wrong call sequence would break (an encoder is used only before ``endEncoding``, a command
 buffer is committed once after its encoder ended, a buffer offset lies inside the buffer, an object
 is not used after its last ``release``). Buffers are real host memory, so copies can be checked.
-It runs no kernel: nothing here says Metal would compute the right answer.
+It runs no kernel, unless ``run_kernels=True``: then a dispatch runs the kernel's MSL on the host CPU
+(metal_host_run), which checks ember's side of a launch end to end but still says nothing about Metal.
 """
 from __future__ import annotations
 
 import ctypes
+import pathlib
 import re
+import struct
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from ember_metal.objc import ObjC
+from metal_host_run import build_host_library, run_host_kernel
 
 
 class FakeMetalError(AssertionError):
@@ -47,13 +52,17 @@ class FakeObjC(ObjC):
     command buffer end in the error status."""
 
     def __init__(self, has_device: bool = True, math_mode: bool = True, compile_error_marker: str = "#error",
-                 fail_command_buffers: bool = False, families: tuple[int, ...] = (1004, 1007, 2002)):
+                 fail_command_buffers: bool = False, families: tuple[int, ...] = (1004, 1007, 2002),
+                 run_kernels: bool = False):
         self.objects: dict[int, FakeObject] = {}
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
         self.has_device, self.math_mode = has_device, math_mode
         self.compile_error_marker = compile_error_marker
         self.fail_command_buffers = fail_command_buffers
         self.families = families
+        self.run_kernels = run_kernels
+        self._host_libraries: dict[str, Any] = {}
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._next = 0x1000
         self._classes: dict[str, int] = {}
         self._device: int | None = None
@@ -184,12 +193,12 @@ class FakeObjC(ObjC):
         renamed = {sym for name_, sym in re.findall(r"#define (\w+) (\w+)", o.data["source"]) if name_ in defined}
         if fname not in (renamed or defined):
             return None
-        return self.new("MTLFunction", name=fname)
+        return self.new("MTLFunction", name=fname, source=o.data["source"])
 
     def _newComputePipelineStateWithFunction_error(self, ref: int, o: FakeObject, function: ctypes.c_void_p,
                                                    error: Any) -> int:
         fn = self.get(function.value, "newComputePipelineStateWithFunction:")
-        return self.new("MTLComputePipelineState", function=fn.data["name"])
+        return self.new("MTLComputePipelineState", function=fn.data["name"], source=fn.data["source"])
 
     def _maxTotalThreadsPerThreadgroup(self, ref: int, o: FakeObject) -> int:
         return 1024
@@ -220,6 +229,7 @@ class FakeObjC(ObjC):
     def _setComputePipelineState(self, ref: int, o: FakeObject, pipeline: ctypes.c_void_p) -> None:
         self._encoder(o, "setComputePipelineState:")
         o.data["pipeline"] = self.get(pipeline.value, "setComputePipelineState:").data["function"]
+        o.data["pipeline_ref"] = pipeline.value
 
     def _setBuffer_offset_atIndex(self, ref: int, o: FakeObject, buf: ctypes.c_void_p, offset: ctypes.c_ulong,
                                   index: ctypes.c_ulong) -> None:
@@ -246,6 +256,8 @@ class FakeObjC(ObjC):
             raise FakeMetalError("threadgroup larger than maxTotalThreadsPerThreadgroup")
         o.data.setdefault("dispatches", []).append(
             (o.data["pipeline"], dict(o.data["bound"]), _value(grid), _value(group)))
+        if self.run_kernels:
+            self._run_on_host(o, _value(grid), _value(group))
 
     def _endEncoding(self, ref: int, o: FakeObject) -> None:
         self._encoder(o, "endEncoding")
@@ -274,6 +286,32 @@ class FakeObjC(ObjC):
 
     def _GPUEndTime(self, ref: int, o: FakeObject) -> float:
         return 100.25
+
+    def _run_on_host(self, encoder: FakeObject, grid: tuple[int, ...], group: tuple[int, ...]) -> None:
+        """Run the dispatched kernel now, on the host CPU (see metal_host_run), on the bound buffers' memory.
+
+        Running at encoding time instead of after commit gives the same results: one in-order queue, and
+        every copy waits for the committed work first."""
+        pipeline = self.objects[encoder.data["pipeline_ref"]]
+        source = pipeline.data["source"]
+        lib = self._host_libraries.get(source)
+        if lib is None:
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory()
+            folder = pathlib.Path(self._tmp.name) / str(len(self._host_libraries))
+            folder.mkdir()
+            lib = self._host_libraries[source] = build_host_library(source, folder)
+        addresses, vals = [], []
+        for index, binding in sorted(encoder.data["bound"].items()):
+            if binding[0] == "bytes":
+                raw = binding[1]
+                vals = list(struct.unpack(f"<{len(raw) // 8}q", raw))
+                continue
+            while len(addresses) < index:
+                addresses.append(0)
+            buf, offset = binding
+            addresses.append(ctypes.addressof(self.objects[buf].data["memory"]) + offset)
+        run_host_kernel(lib, pipeline.data["function"], addresses, vals, grid, group)
 
     # --- helpers for tests ---------------------------------------------------------------------------------
     def dispatches(self) -> list[tuple[str, dict[int, Any], tuple[int, ...], tuple[int, ...]]]:

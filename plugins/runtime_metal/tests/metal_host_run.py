@@ -25,62 +25,84 @@ _PARAM = re.compile(r"(?:const )?device (\w+)\* data(\d+) \[\[buffer\(\d+\)\]\]|
                     r"uint3 (gid|lid|group) \[\[\w+\]\]")
 
 
-def _wrapper(name: str, src: str) -> str:
-    """``extern "C" run_NAME(bufs, vals, grid, group)``: every thread of the launch, one after another."""
-    head = re.search(rf"kernel void {name}\((.*?)\) {{", src)
-    assert head is not None, f"no kernel {name}"
+def _wrapper(symbol: str, params: str) -> str:
+    """``extern "C" run_SYMBOL(bufs, vals, grid, local)``: every thread of the launch, one after another.
+    ``params`` is the text of the kernel's parameter list."""
     args: list[str] = []
-    for m in _PARAM.finditer(head.group(1)):
+    for m in _PARAM.finditer(params):
         if m.group(1):
             args.append(f"({m.group(1)}*)bufs[{m.group(2)}]")
         elif m.group(3):
             args.append(m.group(3))
         else:
             args.append("vals")
-    return f"""extern "C" void run_{name}(void** bufs, const long* vals, const uint* grid, const uint* local) {{
+    return f"""extern "C" void run_{symbol}(void** bufs, const long* vals, const uint* grid, const uint* local) {{
   for (uint z = 0; z < grid[2]; z++) for (uint y = 0; y < grid[1]; y++) for (uint x = 0; x < grid[0]; x++) {{
     uint3 gid = {{x, y, z}};
     uint3 lid = {{x % local[0], y % local[1], z % local[2]}};
     uint3 group = {{x / local[0], y / local[1], z / local[2]}};
     (void)gid; (void)lid; (void)group;
-    {name}({", ".join(args)});
+    {symbol}({", ".join(args)});
   }}
 }}
 """
 
 
-class HostKernels:
-    """Compile several MSL sources (each with one kernel) into one shared library and run them."""
+def library_kernels(source: str) -> list[tuple[str, str]]:
+    """(symbol, parameter text) of every kernel in an MSL library source, also one the batch compiler joined
+    (each kernel renamed by ``#define NAME SYMBOL`` ... ``#undef NAME``)."""
+    found: list[tuple[str, str]] = []
+    renames = list(re.finditer(r"^#define (\w+) (ember_b\d+_\w+)$", source, re.M))
+    if not renames:
+        return [(m.group(1), m.group(2)) for m in re.finditer(r"kernel void (\w+)\((.*?)\) {", source)]
+    for m in renames:
+        name, symbol = m.group(1), m.group(2)
+        head = re.compile(rf"kernel void {name}\((.*?)\) {{").search(source, m.end())
+        assert head is not None, f"no kernel {name} after its #define"
+        found.append((symbol, head.group(1)))
+    return found
 
-    def __init__(self, sources: dict[str, str], workdir: str | None = None):
-        clang = find_clang()
-        if clang is None:
-            raise RuntimeError("no clang on PATH")
-        clangxx = clang.replace("clang", "clang++") if "clang++" not in clang else clang
-        self.names = list(sources)
-        parts = []
+
+def build_host_library(text: str, folder: pathlib.Path) -> ctypes.CDLL:
+    """Compile MSL ``text`` plus a ``run_SYMBOL`` wrapper per kernel into a shared library for this CPU."""
+    clang = find_clang()
+    if clang is None:
+        raise RuntimeError("no clang on PATH")
+    clangxx = clang.replace("clang", "clang++") if "clang++" not in clang else clang
+    if "threadgroup_barrier" in text:
+        raise ValueError("kernels with barriers cannot run on the host: their threads run one after another")
+    cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
+    cpp.write_text(text + "\n" + "".join(_wrapper(sym, params) for sym, params in library_kernels(text)))
+    proc = subprocess.run([clangxx, "-std=c++17", "-O0", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
+                           "-Wno-unknown-attributes", "-I", str(HOST_SHIM), "-o", str(lib), str(cpp)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"host build failed:\n{proc.stderr[:6000]}")
+    return ctypes.CDLL(str(lib))
+
+
+def run_host_kernel(lib: ctypes.CDLL, symbol: str, addresses: Sequence[int], vals: Sequence[int],
+                    grid: Sequence[int], local: Sequence[int] = (1, 1, 1)) -> None:
+    """Run kernel ``symbol`` of ``lib`` with buffer i at host address ``addresses[i]``."""
+    ptrs = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+    values = (ctypes.c_long * max(len(vals), 1))(*vals)
+    getattr(lib, f"run_{symbol}")(ptrs, values, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*local))
+
+
+class HostKernels:
+    """Compile several MSL sources (each with one kernel, named as in ``sources``) into one shared library."""
+
+    def __init__(self, sources: dict[str, str]):
         for name, src in sources.items():
             if "threadgroup_barrier" in src:
                 raise ValueError(f"kernel {name} has barriers: its threads cannot run one after another")
-            parts.append(src + _wrapper(name, src))
-        self._tmp = tempfile.TemporaryDirectory() if workdir is None else None
-        folder = pathlib.Path(workdir or self._tmp.name)  # type: ignore[union-attr]
-        cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
-        cpp.write_text("\n".join(parts))
-        proc = subprocess.run([clangxx, "-std=c++17", "-O0", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
-                               "-Wno-unknown-attributes", "-I", str(HOST_SHIM), "-o", str(lib), str(cpp)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise AssertionError(f"host build failed:\n{proc.stderr[:6000]}")
-        self.lib = ctypes.CDLL(str(lib))
+        self._tmp = tempfile.TemporaryDirectory()
+        self.lib = build_host_library("\n".join(sources.values()), pathlib.Path(self._tmp.name))
 
     def run(self, name: str, bufs: Sequence[np.ndarray], grid: Sequence[int], local: Sequence[int] = (1, 1, 1),
             vals: Sequence[int] = ()) -> None:
         """Run kernel ``name`` over ``grid`` threads on the numpy arrays ``bufs`` (buffer i = ``bufs[i]``)."""
-        ptrs = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs])
-        values = (ctypes.c_long * max(len(vals), 1))(*vals)
-        fn = getattr(self.lib, f"run_{name}")
-        fn(ptrs, values, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*local))
+        run_host_kernel(self.lib, name, [b.ctypes.data for b in bufs], vals, grid, local)
 
 
 def run_on_python(uops: list[UOp], arrays: Sequence[np.ndarray], grid: Sequence[int],
