@@ -107,6 +107,9 @@ def nvrtc_compile(src: str, target: str, options: tuple[str, ...] = (), name: st
         status = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
         log = _program_log(nvrtc, prog)
         if int(status) != 0:
+            if "could not open source file" in log and ("cuda_fp16.h" in log or "cuda_bf16.h" in log):
+                log += ("\n(NVRTC found no CUDA headers for float16/bfloat16: "
+                        'pip install "nvidia-cuda-runtime==13.0.*", or set CUDA_PATH to a CUDA toolkit)')
             raise CompileError(src, log or repr(status), f"NVRTC {'.'.join(map(str, nvrtc_version()))} "
                                                          f"could not compile for {target}")
         ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX")

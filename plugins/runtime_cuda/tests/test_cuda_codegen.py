@@ -124,6 +124,12 @@ def test_compile_error_shows_source_and_nvrtc_log():
     assert "2 |   data0[threadIdx.x] = undefined_thing * 2.0f;" in msg and 'identifier "undefined_thing"' in msg
 
 
+def test_missing_cuda_headers_are_named_with_the_fix(monkeypatch):
+    monkeypatch.setattr(cuda_compiler, "cuda_include_dirs", lambda: ())
+    with pytest.raises(CompileError, match='cuda_fp16.h(.|\n)*pip install "nvidia-cuda-runtime==13.0.\\*"'):
+        nvrtc_compile(kernel_src(x(dtypes.float16) + 1), "sm_80")
+
+
 def test_batch_builds_colliding_kernels_once(monkeypatch):
     builds: list[str] = []
     real_build = CUDACompiler.build
