@@ -76,3 +76,23 @@ def test_int_to_float_cast_of_negative_fraction_is_positive_zero(device: str):
         want = 1 / torch.tensor([-0.5, -0.0, 2.7, -3.2]).to(getattr(torch, it)).to(getattr(torch, ft))
         np.testing.assert_array_equal(got, want.numpy())
         assert np.isposinf(got[0]) and got.dtype == np.dtype(ft)
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_int_to_float_cast_keeps_zero_positive_with_each_c_compiler(cc: str, tmp_path):
+    """The CPU device built by gcc and by clang (whichever CI picks by default) gives +0.0 for (float)(int)-0.5."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from ember import Device
+    if shutil.which(cc) is None or "CPU" not in Device.available():
+        pytest.skip(f"needs {cc} and the CPU device")
+    code = ("from ember import Tensor, dtypes\n"
+            "x = Tensor([-0.5, -0.25, 0.75])\n"
+            "print((1 / x.cast(dtypes.int32).cast(dtypes.float32)).tolist())\n")
+    env = {**os.environ, "CC": cc, "DEV": "CPU", "EMBER_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[inf, inf, inf]"
