@@ -84,3 +84,12 @@ class MetalDevice(Compiled):
                 self.objc.release(command_buffer)
         if error is not None:
             raise error
+
+    def finalize(self) -> None:
+        """Release the libraries, the command queue and the device (at interpreter exit, after synchronize)."""
+        for library in self._libraries.values():
+            self.objc.release(library)
+        self._libraries.clear()
+        self.objc.release(self.queue)
+        # MTLCreateSystemDefaultDevice returns an owned reference
+        self.objc.release(self.mtl_device)

@@ -31,7 +31,10 @@ def probe() -> str | None:
     if not device:
         return "no Metal device: MTLCreateSystemDefaultDevice() returned nil (no Metal-capable GPU, or a VM " \
                "without GPU access)"
-    return objc.unusable_gpu(device)
+    try:
+        return objc.unusable_gpu(device)
+    finally:
+        objc.release(device)  # MTLCreateSystemDefaultDevice returns an owned reference
 
 
 @hookimpl
@@ -50,5 +53,9 @@ def ember_report_header() -> list[str]:
     from ember_metal.objc import system_objc
 
     objc = system_objc()
-    with objc.pool():
-        return [f"METAL: {objc.string(objc.send(objc.default_device(), 'name'))}"]
+    device = objc.default_device()
+    try:
+        with objc.pool():
+            return [f"METAL: {objc.string(objc.send(device, 'name'))}"]
+    finally:
+        objc.release(device)

@@ -34,6 +34,7 @@ def test_probe_on_a_mac_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(ember_metal.objc, "system_objc", lambda: FakeObjC())
         plugin.probe.cache_clear()
         assert plugin.probe() is None
+        assert plugin.ember_report_header() == ["METAL: Fake Apple GPU"]
     finally:
         plugin.probe.cache_clear()
 

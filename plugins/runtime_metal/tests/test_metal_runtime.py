@@ -252,3 +252,12 @@ def test_the_fake_enforces_the_api(fake: FakeObjC) -> None:
             fake.send(enc, "endEncoding")
     with pytest.raises(FakeMetalError, match="released"):
         fake.send(cb, "commit")
+
+
+def test_finalize_releases_what_the_device_owns(fake: FakeObjC, dev: MetalDevice) -> None:
+    prg = dev.runtime("add", dev.compiler.compile_cached(dev.renderer.render("add", add_kernel())))
+    bufs = [dev.allocator.alloc(4 * N) for _ in range(3)]
+    prg(*bufs, global_size=(N, 1, 1))
+    dev.synchronize()
+    dev.finalize()
+    assert not fake.live("MTLCommandQueue") and not fake.live("MTLLibrary") and not fake.live("MTLDevice")
