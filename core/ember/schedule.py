@@ -132,14 +132,16 @@ def _stored_view(n: UOp, buf: UOp) -> ShapeTracker:
     return ShapeTracker.from_shape((buf.arg[2],)).reshape(shape_of(n))
 
 
-def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp], set[UOp]]:
-    """The kernel AST for ``target``, the BUFFER nodes it uses (output first) and what it reads (targets of
-    this schedule, and BUFFER nodes read directly: their contents before this schedule)."""
+def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dict[str, int]], list[UOp], set[UOp]]:
+    """The kernel AST for ``target`` with the values of its variables, the BUFFER nodes it uses (output first)
+    and what it reads (targets of this schedule, and BUFFER nodes read directly: their contents before this
+    schedule)."""
     params: list[UOp] = [target_bufs[target]]
     globals_: dict[UOp, UOp] = {}
     memo: dict[UOp, UOp] = {}
     reads: set[UOp] = set()
     is_assign = target.op is Ops.ASSIGN
+    symbolic = is_assign and assign_view(target).symbolic  # a view with variables: values are stripped below
     out_shape = shape_of(target)
     out_size = target_bufs[target].arg[2] if is_assign else prod(out_shape)
     out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.value_dtype), (), (0, out_size))
@@ -163,11 +165,14 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
             reads.add(n)
             buf = target_bufs[n]
             g = define_global(buf)
-            out = UOp(Ops.VIEW, n.dtype, (UOp(Ops.LOAD, n.dtype, (g,)),), _stored_view(n, buf))
+            st = _stored_view(n, buf)
+            symbolic = symbolic or st.symbolic
+            out = UOp(Ops.VIEW, n.dtype, (UOp(Ops.LOAD, n.dtype, (g,)),), st)
         elif n.op is Ops.BUFFER:
             reads.add(n)
             out = UOp(Ops.LOAD, n.dtype, (define_global(n),))
         elif n.op is Ops.VIEW:
+            symbolic = symbolic or n.arg.symbolic
             inner = memo[n.src[0]]
             if inner.op is Ops.VIEW:
                 out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), inner.arg + n.arg)
@@ -186,7 +191,8 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[UOp, list[UOp]
     value = memo[root]
     store_view = assign_view(target) if is_assign else ShapeTracker.from_shape(out_shape)
     store = UOp(Ops.STORE, None, (out_g, value), store_view)
-    return UOp(Ops.SINK, None, (store,)), params, reads
+    sink = UOp(Ops.SINK, None, (store,))
+    return (unbind_ast(sink) if symbolic else (sink, {})), params, reads
 
 
 def unbind_ast(ast: UOp) -> tuple[UOp, dict[str, int]]:
@@ -235,8 +241,7 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
         target_bufs[t] = out
         if size == 0:
             continue
-        ast, params, reads = _build_ast(t, target_bufs)
-        ast, var_vals = unbind_ast(ast)
+        (ast, var_vals), params, reads = _build_ast(t, target_bufs)
         items.append((t, ScheduleItem(ast, tuple(buffers[p] for p in params), tuple(sorted(var_vals.items()))), reads))
     if any(t.op is Ops.ASSIGN for t, _, _ in items):
         items = _order_writes_after_reads(items)

@@ -270,7 +270,7 @@ class ShapeTracker:
     def flip(self, axes: tuple[int, ...]) -> ShapeTracker:
         return self._replace_last(self.views[-1].flip(tuple(axes)))
 
-    @property
+    @functools.cached_property
     def symbolic(self) -> bool:
         """Whether any view depends on a variable."""
         return any(v.symbolic for v in self.views)
