@@ -64,6 +64,16 @@ def uint(value: int) -> ctypes.c_ulong:
     return ctypes.c_ulong(value)
 
 
+_BYREF = type(ctypes.byref(ctypes.c_int()))
+
+
+def arg_type(arg: Any) -> Any:
+    """The C type of a message argument: its ctypes type, or a pointer type for ``ctypes.byref(x)``."""
+    if isinstance(arg, _BYREF):
+        return ctypes.POINTER(type(arg._obj))  # type: ignore[attr-defined]
+    return type(arg)
+
+
 class ObjC:
     """The Objective-C calls the METAL device makes. Subclasses implement :meth:`send`, :meth:`cls`,
     :meth:`selector` and :meth:`default_device`; the rest is built on them."""
@@ -175,7 +185,7 @@ class SystemObjC(ObjC):
         sel = self.selector(selector)
         # objc_msgSend is called through a prototype per signature: it has no type of its own (arm64 and
         # x86-64 pass the arguments exactly as for a C function of that prototype; no struct is returned)
-        signature = (restype, *(type(a) for a in args))
+        signature = (restype, *(arg_type(a) for a in args))
         fn = self._functions.get(signature)
         if fn is None:
             proto = ctypes.CFUNCTYPE(restype, ctypes.c_void_p, ctypes.c_void_p, *signature[1:])

@@ -7,6 +7,7 @@ answer on Apple hardware.
 """
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import numpy as np
@@ -261,3 +262,32 @@ def test_finalize_releases_what_the_device_owns(fake: FakeObjC, dev: MetalDevice
     dev.synchronize()
     dev.finalize()
     assert not fake.live("MTLCommandQueue") and not fake.live("MTLLibrary") and not fake.live("MTLDevice")
+
+
+def test_system_layer_marshals_arguments_like_objc_msgsend() -> None:
+    """SystemObjC's call path with a C callback standing in for objc_msgSend (no libobjc here): object and
+    integer arguments, an MTLSize by value, an NSError** out-pointer written by the callee, and the results."""
+    from ember_metal.objc import MTLSize, SystemObjC, obj, size3, uint
+
+    layer = SystemObjC.__new__(SystemObjC)  # the frameworks cannot load here: only the calling convention
+    layer._selectors, layer._functions = {"dispatch": 0x51, "build": 0x52}, {}
+    seen: list[tuple] = []
+
+    dispatch_proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, MTLSize, MTLSize, ctypes.c_ulong)
+    dispatch = dispatch_proto(lambda rcv, sel, grid, group, n: seen.append(
+        (rcv, sel, (grid.width, grid.height, grid.depth), (group.width, group.height, group.depth), n)))
+    layer._msgsend = ctypes.cast(dispatch, ctypes.c_void_p).value
+    assert layer.send(0x1234, "dispatch", size3((7, 3)), size3((4, 1, 1)), uint(9), restype=None) is None
+    assert seen == [(0x1234, 0x51, (7, 3, 1), (4, 1, 1), 9)]
+
+    def build(rcv, sel, source, error):
+        error[0] = 0xE440  # the callee reports an NSError through the out-pointer
+        return None
+
+    build_proto = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.POINTER(ctypes.c_void_p))
+    callback = build_proto(build)
+    layer._msgsend = ctypes.cast(callback, ctypes.c_void_p).value
+    error = ctypes.c_void_p(None)
+    assert layer.send(0x1234, "build", obj(0x99), ctypes.byref(error)) is None
+    assert error.value == 0xE440
