@@ -74,6 +74,15 @@ def arg_type(arg: Any) -> Any:
     return type(arg)
 
 
+def msgsend_prototype(restype: Any, args: tuple[Any, ...]) -> Any:
+    """The C prototype ``objc_msgSend`` is called through for a message with these arguments.
+
+    objc_msgSend has no type of its own: arm64 and x86-64 pass the arguments exactly as for a C function of
+    the receiver, the selector and the message's arguments (no message here returns a struct).
+    """
+    return ctypes.CFUNCTYPE(restype, ctypes.c_void_p, ctypes.c_void_p, *(arg_type(a) for a in args))
+
+
 class ObjC:
     """The Objective-C calls the METAL device makes. Subclasses implement :meth:`send`, :meth:`cls`,
     :meth:`selector` and :meth:`default_device`; the rest is built on them."""
@@ -183,13 +192,10 @@ class SystemObjC(ObjC):
 
     def send(self, receiver: int | None, selector: str, *args: Any, restype: Any = ctypes.c_void_p) -> Any:
         sel = self.selector(selector)
-        # objc_msgSend is called through a prototype per signature: it has no type of its own (arm64 and
-        # x86-64 pass the arguments exactly as for a C function of that prototype; no struct is returned)
         signature = (restype, *(arg_type(a) for a in args))
         fn = self._functions.get(signature)
         if fn is None:
-            proto = ctypes.CFUNCTYPE(restype, ctypes.c_void_p, ctypes.c_void_p, *signature[1:])
-            fn = self._functions[signature] = proto(self._msgsend)
+            fn = self._functions[signature] = msgsend_prototype(restype, args)(self._msgsend)
         return fn(receiver, sel, *args)
 
 

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember_metal.objc import ObjC
+from ember_metal.objc import ObjC, msgsend_prototype
 from metal_host_run import build_host_library, run_host_kernel
 
 
@@ -108,6 +108,8 @@ class FakeObjC(ObjC):
         return self._device
 
     def send(self, receiver: int | None, selector: str, *args: Any, restype: Any = ctypes.c_void_p) -> Any:
+        # the system layer would build this C prototype for the call: it must exist for every call made
+        msgsend_prototype(restype, args)
         o = self.get(receiver, selector)
         self.log.append((o.kind, selector, tuple(_value(a) for a in args)))
         handler = getattr(self, "_" + re.sub(r"\W", "_", selector).rstrip("_"), None)
