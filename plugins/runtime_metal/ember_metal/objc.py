@@ -161,7 +161,10 @@ class SystemObjC(ObjC):
             raise ObjCError(f"libobjc ({objc_path or 'not found'}) or Metal.framework ({metal_path or 'not found'}) "
                             "is missing")
         self.libobjc = ctypes.CDLL(objc_path)
-        self.metal = ctypes.CDLL(metal_path)  # also loads Foundation (NSString, NSAutoreleasePool)
+        self.metal = ctypes.CDLL(metal_path)
+        foundation_path = ctypes.util.find_library("Foundation")  # NSString, NSAutoreleasePool (Metal links it too)
+        if foundation_path is not None:
+            self.foundation = ctypes.CDLL(foundation_path)
         self.libobjc.objc_getClass.restype = ctypes.c_void_p
         self.libobjc.objc_getClass.argtypes = [ctypes.c_char_p]
         self.libobjc.sel_registerName.restype = ctypes.c_void_p
