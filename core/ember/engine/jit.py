@@ -236,11 +236,11 @@ class CapturedJit:
     def __post_init__(self) -> None:
         #: ids of the buffers the recorded kernels write (besides the inputs')
         self.written = {id(ei.bufs[0]) for ei in self.exec_items if ei.bufs} - {id(b) for b in self.input_buffers}
+        #: kernels (not copies) per replay
+        self.kernel_count = sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
+        self._ops = sum(ei.prg.estimated_ops for ei in self.exec_items)
+        self._mem = sum(ei.prg.estimated_mem for ei in self.exec_items)
         self._build_runs()
-
-    @property
-    def kernel_count(self) -> int:
-        return sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
 
     def distinct_buffers(self) -> int:
         """How many distinct buffers the recorded kernels use (after planning)."""
@@ -304,8 +304,8 @@ class CapturedJit:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
             total += et or 0.0
         GlobalCounters.kernel_count += self.kernel_count
-        GlobalCounters.global_ops += sum(ei.prg.estimated_ops for ei in self.runs)
-        GlobalCounters.global_mem += sum(ei.prg.estimated_mem for ei in self.runs)
+        GlobalCounters.global_ops += self._ops
+        GlobalCounters.global_mem += self._mem
         if DEBUG >= 2:
             print(f"jit replay: {self.kernel_count} kernels in {len(self.runs)} launches, "
                   f"{(time.perf_counter() - st) * 1e3:.3f} ms")
