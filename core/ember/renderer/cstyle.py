@@ -50,6 +50,11 @@ class CStyleRenderer(Renderer):
         """The lines that end the loop opened for RANGE ``u`` (at its ENDRANGE)."""
         return ["}"]
 
+    def render_loop_results(self, accs: list[str], dts: list[DType]) -> tuple[list[str], list[str]]:
+        """Lines after a loop whose accumulators are ``accs``, and the names later code reads their results by
+        (default: none, the accumulators themselves)."""
+        return [], accs
+
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         """Reading one element; bfloat16 is stored as 16-bit patterns and widened to float."""
         if dt == dtypes.bfloat16:
@@ -187,6 +192,8 @@ class CStyleRenderer(Renderer):
             if u.op is Ops.RANGE:
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
+        # the accumulators declared for each loop, named again when the loop ends (see render_loop_results)
+        range_accs: dict[UOp, list[UOp]] = {}
         # which reduction updates each accumulator (a dialect may vectorize sum loops)
         self.acc_ops = {u.src[0]: u.src[1].op for u in uops if u.op is Ops.ASSIGN}
         self.open_accs: list[UOp] = []
@@ -217,6 +224,7 @@ class CStyleRenderer(Renderer):
                 if kind == "global":
                     first_global = False
                 self.loop_accs = [(r[a], self.acc_ops.get(a), a.dtype) for a in self.open_accs]
+                range_accs[u] = self.open_accs
                 self.open_accs = []
                 for s in self.render_range_open(u, var, r[u.src[0]], r[u.src[1]], parallel):
                     line(s)
@@ -225,6 +233,11 @@ class CStyleRenderer(Renderer):
                 depth -= 1
                 for s in self.render_range_close(u.src[0]):
                     line(s)
+                if accs := range_accs.pop(u.src[0], []):
+                    lines, names = self.render_loop_results([r[a] for a in accs], [a.dtype for a in accs])
+                    for s in lines:
+                        line(s)
+                    r.update(zip(accs, names))
             elif op is Ops.DEFINE_ACC:
                 self.open_accs.append(u)
                 r[u] = fresh("acc")

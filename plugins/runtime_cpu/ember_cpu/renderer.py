@@ -98,21 +98,13 @@ static inline float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32
 _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
-#: gcc's -O2 vectorizer cost model ("very cheap") leaves a register tile scalar as soon as the loop body or what
-#: follows the loop does more than multiply-add (a fused relu, a bias, an SGD update): 20-40x slower. Such
-#: kernels ask gcc for its full cost model (clang vectorizes them without it).
-TILE_ATTR = """#ifndef EMBER_FUSED_TILE
-#if defined(__GNUC__) && !defined(__clang__)
-#define EMBER_FUSED_TILE __attribute__((optimize("vect-cost-model=dynamic")))
-#else
-#define EMBER_FUSED_TILE
-#endif
-#endif
-"""
-
-
 def _fused_tile(uops: list[UOp]) -> bool:
-    """A register tile (several accumulators) with float work besides one multiply-add per accumulator update."""
+    """A register tile (several accumulators) with float work besides one multiply-add per accumulator update.
+
+    gcc (12) vectorizes a tile's accumulators only when the loop's results go straight to a group of stores:
+    with anything computed from them after the loop (a fused relu mask, a bias, an SGD update) the whole tile
+    stays scalar, 20-40x slower. Such tiles store their accumulators to an array right after the loop (see
+    :meth:`CPURenderer.render_loop_results`), which is that group of stores."""
     updates = sum(1 for u in uops if u.op is Ops.ASSIGN)
     if updates < 2:
         return False
@@ -229,9 +221,7 @@ class CPURenderer(CStyleRenderer):
                 head.append(f"  const {t} {pname} = ({t})vals[{nvar}];")
                 nvar += 1
         head += list(getattr(self, "_declared", {}).values())
-        attr = "EMBER_FUSED_TILE " if _fused_tile(uops) else ""
-        return "\n".join([self.preamble + TILE_ATTR, f"{attr}void {name}(void** bufs, const long long* vals) {{", *head,
-                          *body, "}", ""])
+        return "\n".join([self.preamble, f"void {name}(void** bufs, const long long* vals) {{", *head, *body, "}", ""])
 
     def math_fn(self, op: Ops, dt: DType) -> Callable[..., str]:
         if op in (Ops.EXP, Ops.EXP2) and dt != dtypes.float64:
@@ -270,6 +260,7 @@ class CPURenderer(CStyleRenderer):
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
         self._declared: dict[str, str] = {}
         self._thread_accs: list[tuple[str, Ops | None, DType]] = []
+        self._fused, self._tiles = _fused_tile(uops), 0
         return super().render(name, uops)
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
@@ -304,6 +295,18 @@ class CPURenderer(CStyleRenderer):
         # the reduction loop inside works on each thread's private copies: it may still vectorize them
         self._thread_accs = self.loop_accs
         return [f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
+
+    def render_loop_results(self, accs: list[str], dts: list[DType]) -> tuple[list[str], list[str]]:
+        """In a fused register tile, the accumulators of a loop are stored to an array the code after it reads
+        (the compiler barrier keeps the stores, so the compiler sees one contiguous group of them)."""
+        if not self._fused or len(accs) < 2 or len(set(dts)) != 1:
+            return [], accs
+        self._tiles += 1
+        tile = f"tile{self._tiles - 1}"
+        lines = [f"{self.render_dtype(dts[0])} {tile}[{len(accs)}];"]
+        lines += [f"{tile}[{i}] = {a};" for i, a in enumerate(accs)]
+        lines.append(f'__asm__ volatile("" : : "r"({tile}) : "memory");')
+        return lines, [f"{tile}[{i}]" for i in range(len(accs))]
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
