@@ -167,28 +167,36 @@ def plan_memory(items: Sequence[ExecItem], pinned: set[int]) -> list[ExecItem]:
 
     A buffer may be shared when its id is not in ``pinned`` (inputs, outputs, anything alive outside
     the captured sequence) and its first use writes it (output 0 of a kernel or copy). Its lifetime runs
-    from that item to the last item using it; a later buffer of the same device and size whose lifetime
-    starts after that takes over its memory.
+    from that item to the last item using it; a later buffer on the same device whose lifetime starts
+    after that takes over its memory: the smallest free one that is large enough when only kernels use
+    the later buffer (a kernel touches the elements it was built for), one of the same size when a copy
+    does (copies move whole buffers).
     """
     first: dict[int, tuple[int, int]] = {}
     last: dict[int, int] = {}
+    copied: set[int] = set()  # buffers a copy (not a kernel) touches
     for i, ei in enumerate(items):
         for k, b in enumerate(ei.bufs):
             first.setdefault(id(b), (i, k))
             last[id(b)] = i
-    free: dict[tuple[str, int], list[Buffer]] = {}
+            if not isinstance(ei.prg, CompiledRunner):
+                copied.add(id(b))
+    free: dict[str, list[Buffer]] = {}
     assigned: dict[int, Buffer] = {}
     ends: dict[int, list[int]] = {}
     for i, ei in enumerate(items):
         for k, b in enumerate(ei.bufs):
             if id(b) in assigned or id(b) in pinned or first[id(b)] != (i, 0) or k != 0:
                 continue
-            pool = free.get((b.device, b.nbytes))
-            assigned[id(b)] = pool.pop() if pool else b
+            pool = free.setdefault(b.device, [])
+            fits = [s for s in pool if s.nbytes == b.nbytes or (s.nbytes > b.nbytes and id(b) not in copied)]
+            slot = min(fits, key=lambda s: s.nbytes) if fits else b
+            if fits:
+                pool.remove(slot)
+            assigned[id(b)] = slot
             ends.setdefault(last[id(b)], []).append(id(b))
         for bid in ends.pop(i, []):
-            slot = assigned[bid]
-            free.setdefault((slot.device, slot.nbytes), []).append(slot)
+            free[assigned[bid].device].append(assigned[bid])
     return [ExecItem(ei.prg, [assigned.get(id(b), b) for b in ei.bufs], list(ei.metadata), dict(ei.var_vals))
             for ei in items]
 
