@@ -40,7 +40,8 @@ def sample(dt: DType) -> np.ndarray:
     edges = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, np.inf, -np.inf, np.nan, 1e-3, 65504.0, 100.25, -7.75, 3e9, -3e9]
     vals = np.concatenate([edges, RNG.uniform(-20, 20, N) * RNG.choice([1e-3, 1.0, 1e2], N)])[:N]
     vals = RNG.permutation(vals)
-    return f32_to_bf16(vals.astype(np.float32)) if dt == dtypes.bfloat16 else vals.astype(to_np_dtype(dt))
+    with np.errstate(over="ignore"):  # 3e9 and 65504 are float16's edge cases on purpose
+        return f32_to_bf16(vals.astype(np.float32)) if dt == dtypes.bfloat16 else vals.astype(to_np_dtype(dt))
 
 
 def values(a: np.ndarray, dt: DType) -> np.ndarray:
@@ -108,7 +109,27 @@ def test_the_comparison_catches_a_planted_cast_bug(clang: str) -> None:
         compare(kernels, name, programs[name])
 
 
-def test_threadgroup_programs_cannot_run_on_the_host() -> None:
-    src = MetalRenderer().render("g", threadgroup_sum_program(dtypes.float32))
-    with pytest.raises(ValueError, match="barriers"):
-        HostKernels({"g": src})
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_threadgroup_memory_and_barrier_kernel_runs(clang: str, dt: DType) -> None:
+    """The work-group sum (threadgroup array, barrier, thread 0 adds its group's 16 values) run with real
+    threads per threadgroup gives each group's sum, accumulated in order in the dtype as ember does."""
+    src = MetalRenderer().render("group_sum", threadgroup_sum_program(dt))
+    kernels = HostKernels({"group_sum": src})
+    inp = sample(dt)
+    out = np.zeros(4, storage(dt))
+    kernels.run("group_sum", [out, inp], grid=(64, 1, 1), local=(16, 1, 1))
+    want = np.zeros(4, storage(dt))
+    with np.errstate(all="ignore"):  # the edge cases overflow and add inf to -inf on purpose
+        expected_group_sums(inp, want, dt)
+    np.testing.assert_array_equal(values(out, dt), values(want, dt))
+
+
+def expected_group_sums(inp: np.ndarray, want: np.ndarray, dt: DType) -> None:
+    """Each group's 16 values added in order in ``dt`` (bfloat16: float32 rounded after every add)."""
+    for g in range(4):
+        acc = np.array(0, to_np_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
+        for v in values(inp[16 * g:16 * g + 16], dt):
+            acc = (acc + v).astype(acc.dtype)
+            if dt == dtypes.bfloat16:
+                acc = values(f32_to_bf16(np.array([acc], np.float32)), dt)[0]
+        want[g] = f32_to_bf16(np.array([acc], np.float32))[0] if dt == dtypes.bfloat16 else acc
