@@ -29,7 +29,7 @@ class CStyleRenderer(Renderer):
     #: float32 math function names; float64 drops the ``f`` suffix
     math_fns: dict[Ops, str] = {Ops.SQRT: "sqrtf", Ops.EXP: "expf", Ops.LOG: "logf", Ops.EXP2: "exp2f",
                                 Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf",
-                                Ops.MOD: "fmodf"}  # MOD of floats is C fmod (exact at any quotient)
+                                Ops.MOD: "ember_fmodf"}  # MOD of floats is C fmod (exact at any quotient)
     preamble: str = ""
 
     # --- hooks ---------------------------------------------------------------------------------
@@ -304,5 +304,19 @@ static inline float ember_bf16_from_u64(unsigned long long m, int neg) {
   int s = (m >> 24) ? 40 - __builtin_clzll(m) : 0;
   unsigned long long q = (m >> s) | (unsigned long long)((m & ((1ull << s) - 1ull)) != 0ull);
   float f = ldexpf((float)q, s); return ember_bf16_round(neg ? -f : f); }
+#endif
+#ifndef EMBER_FMOD
+#define EMBER_FMOD
+/* C's fmodf, exact, without the C library's bit-by-bit loop when |a / b| < 2**29: trunc(q) * b is then exact
+   in double, and a quotient that rounded up to an integer leaves r with the wrong sign (one |b| corrects it) */
+static inline float ember_fmodf(float a, float b) {
+  double q = (double)a / (double)b;
+  if (!(fabs(q) < 536870912.0)) return fmodf(a, b);
+  double t = trunc(q);
+  if (t == 0.0) return a;  /* |a| < |b|, also for an infinite b (where t * b would be nan) */
+  double r = (double)a - t * (double)b;
+  if (r != 0.0 && ((r < 0.0) != (a < 0.0))) r += (a < 0.0) ? -fabs((double)b) : fabs((double)b);
+  return copysignf((float)r, a); }
+static inline double ember_fmod(double a, double b) { return fmod(a, b); }
 #endif
 """
