@@ -67,7 +67,7 @@ def _canonical_sum(x: UOp) -> UOp | None:
     new_terms = [_mk(v, coeffs[v], x.dtype) for v in order if v is not None and coeffs[v] != 0]
     const = coeffs.get(None, 0)
     if const != 0:
-        new_terms.append(UOp.const(x.dtype, const))
+        new_terms.append(UOp.const(x.value_dtype, const))
     out = _sum(new_terms, x.dtype)
     return None if out is x else out
 
@@ -114,13 +114,13 @@ def _fold_by_bounds(x: UOp) -> UOp | None:
         return None
     lo, hi = x.vmin, x.vmax
     if lo == hi and not (isinstance(lo, float) and math.isinf(lo)):
-        return UOp.const(x.dtype, lo)
+        return UOp.const(x.value_dtype, lo)
     return None
 
 
 def _const_fold(x: UOp) -> UOp | None:
     if x.op in GroupOp.ALU and x.src and all(s.op is Ops.CONST for s in x.src) and x.dtype is not None:
-        return UOp.const(x.dtype, exec_alu(x.op, x.dtype, tuple(s.arg for s in x.src)))
+        return UOp.const(x.value_dtype, exec_alu(x.op, x.value_dtype, tuple(s.arg for s in x.src)))
     return None
 
 
@@ -141,7 +141,7 @@ def _lt_sum(x: UOp, c: UOp) -> UOp | None:
     if any(v is not None and v.vmin < 0 for v, _ in parts):
         return None
     scaled = _sum([_mk(v, k // g, x.dtype) for v, k in parts], x.dtype)
-    return UOp(Ops.CMPLT, dtypes.bool, (scaled, UOp.const(x.dtype, -(-c.arg // g))))
+    return UOp(Ops.CMPLT, dtypes.bool, (scaled, UOp.const(x.value_dtype, -(-c.arg // g))))
 
 
 _I = "iu"

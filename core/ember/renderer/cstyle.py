@@ -44,7 +44,7 @@ class CStyleRenderer(Renderer):
         return "\n".join([self.preamble, f"{self.kernel_prefix}void {name}({args}) {{", *body, "}", ""])
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
-        return [f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
+        return [f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
 
     def render_range_close(self, u: UOp) -> list[str]:
         """The lines that end the loop opened for RANGE ``u`` (at its ENDRANGE)."""
@@ -117,7 +117,7 @@ class CStyleRenderer(Renderer):
             if dt.kind == "f":
                 # against a constant that is not nan (relu's 0) one compare says it all, and it vectorizes:
                 # a nan x fails x <= c, so it is kept; equal values give c, as the general form does
-                if u.src[1].op is Ops.CONST and not math.isnan(float(u.src[1].arg)):  # type: ignore[arg-type]
+                if u.src[1].op is Ops.CONST and not math.isnan(float(u.src[1].arg)):
                     return f"(!({a[0]} <= {a[1]}) ? {a[0]} : {a[1]})"
                 return f"(({a[0]} > {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
             return f"(({a[0]} > {a[1]}) ? {a[0]} : {a[1]})"
