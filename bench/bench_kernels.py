@@ -3,6 +3,7 @@
 - float32 matmul 1024^2 in all four layouts (a@b, a@b.T, a.T@b, a.T@b.T) vs numpy (OpenBLAS)
 - sum of 64 MB of float32 vs numpy; max and mean along each axis of 4096^2 vs numpy
 - conv2d (batch 32, 64->64 channels, 3x3, 56x56) forward + backward vs torch on 2 threads
+- the kernels of a 784-512-512-10 MLP training step (batch 256, SGD): average GFLOPS, goal 50
 - CL (when usable): 512^2 matmul with the heuristic's opts vs no opts
 
 Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
@@ -118,6 +119,41 @@ def bench_conv(repeat: int) -> None:
     report("conv2d 32x64x56x56 3x3 fwd+bwd", ember_s, torch_s, 0.5, "torch")
 
 
+def bench_mlp(repeat: int) -> None:
+    """A 784-512-512-10 MLP SGD step (batch 256): the average GFLOPS of its kernels (DEBUG=2's totals)."""
+    from ember import Tensor
+    from ember.engine.realize import lower_schedule
+    from ember.helpers import GlobalCounters
+
+    rng = np.random.default_rng(4)
+
+    def param(*shape: int) -> Tensor:
+        values = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        return Tensor(values, device="CPU", requires_grad=True).realize()
+    params = [param(512, 784), param(512), param(512, 512), param(512), param(10, 512), param(10)]
+    x = Tensor(rng.standard_normal((256, 784)).astype(np.float32), device="CPU").realize()
+    y = Tensor(rng.integers(0, 10, 256), device="CPU").realize()
+
+    def step() -> float:
+        w1, b1, w2, b2, w3, b3 = params
+        h = (x @ w1.T + b1).relu()
+        h = (h @ w2.T + b2).relu()
+        (h @ w3.T + b3).sparse_categorical_crossentropy(y).backward()
+        new = [p - p.grad * 0.01 for p in params]
+        items = lower_schedule(new[0].schedule(*new[1:]))  # compiled before the counters start
+        GlobalCounters.global_ops, GlobalCounters.time_sum_s = 0, 0.0
+        for ei in items:
+            ei.run(wait=True)
+        for p in params:
+            p.grad = None
+        return GlobalCounters.global_ops / GlobalCounters.time_sum_s / 1e9
+    best = max(step() for _ in range(repeat + 1))
+    ok = best >= 50
+    ROWS.append(("MLP step kernels (GFLOPS)", 0.0, 0.0, best / 50, "ok" if ok else "MISS (goal 50 GFLOPS)"))
+    print(f"{'MLP 784-512-512-10 step kernels':34s} {best:6.1f} GFLOPS average (goal >= 50) {'ok' if ok else 'MISS'}",
+          flush=True)
+
+
 def bench_cl(repeat: int, n: int = 512) -> None:
     from ember import Tensor
     from ember.codegen import get_program
@@ -151,10 +187,10 @@ def bench_cl(repeat: int, n: int = 512) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="matmul,reduce,conv,cl", help="comma-separated cases")
+    parser.add_argument("--only", default="matmul,reduce,mlp,conv,cl", help="comma-separated cases")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    cases = {"matmul": bench_matmul, "reduce": bench_reduce, "conv": bench_conv, "cl": bench_cl}
+    cases = {"matmul": bench_matmul, "reduce": bench_reduce, "conv": bench_conv, "mlp": bench_mlp, "cl": bench_cl}
     print(f"cores: {os.cpu_count()}")
     for name in args.only.split(","):
         cases[name](args.repeat)
