@@ -2,8 +2,9 @@
 
 Public API::
 
-    from ember import Tensor, dtypes, Device, Context, GlobalCounters, getenv
+    from ember import Tensor, dtypes, Device, Context, GlobalCounters, getenv, nn
 """
+from ember import nn  # ``from ember import Tensor, nn`` as in tinygrad
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes
 from ember.helpers import DEBUG, Context, GlobalCounters, getenv
@@ -12,5 +13,5 @@ from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (ti
 
 __version__ = "0.1.0"
 
-__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "no_grad",
+__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "nn", "no_grad",
            "__version__"]

@@ -2,15 +2,20 @@
 
 Every differentiable primitive a Tensor method builds records a :class:`GradFn`: its parent
 tensors and a function from the output gradient to the parents' gradients. ``backward`` and
-``gradient`` walk that tape in reverse topological order and accumulate. Rules are written
-with Tensor operations, so gradients are lazy graphs like everything else and fuse with the
+``gradient`` walk that tape in reverse topological order and accumulate.
+
+As in tinygrad, ``requires_grad`` is three-valued: True (train it), False (never differentiate
+through it) and None, the default, "not decided": ops on such tensors are recorded, so
+``gradient()`` works for plain tensors and ``backward()`` fills them when nothing was marked True.
+
+Rules are written with Tensor operations, so gradients are lazy graphs like everything else and fuse with the
 optimizer step when realized together.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from ember.graph.uop import Ops, toposort
 
@@ -52,30 +57,53 @@ ALU_RULES: dict[Ops, Rule] = {
 }
 
 
+def tracked(t: Any) -> bool:
+    """Whether gradients flow into ``t``: ``requires_grad`` True or None (tinygrad's "not decided").
+
+    False stops them."""
+    return t.requires_grad is not False
+
+
 def toposort_tape(root: Any) -> list[Any]:
     """Tensors reachable from ``root`` through recorded GradFns, parents first."""
     def parents(t: Any) -> list[Any]:
-        return [] if t._ctx is None else [p for p in t._ctx.parents if p._ctx is not None or p.requires_grad]
+        return [] if t._ctx is None else [p for p in t._ctx.parents if tracked(p)]
 
     return toposort([root], sources=parents)
 
 
-def run_backward(root: Any, seed: Any, targets: Iterable[Any] | None = None) -> dict[int, Any]:
-    """Propagate ``seed`` from ``root``; returns gradients by id for leaves (or ``targets``)."""
-    want = None if targets is None else {id(t) for t in targets}
+def backward_targets(order: Sequence[Any]) -> list[Any]:
+    """The leaves ``backward()`` fills: float leaves with ``requires_grad=True``, or, when the graph has none
+    (nothing was decided, as in tinygrad's docs), every float leaf whose ``requires_grad`` is None."""
+    leaves = [t for t in order if t._ctx is None and t.dtype.kind == "f"]
+    return [t for t in leaves if t.requires_grad] or [t for t in leaves if t.requires_grad is None]
+
+
+def run_backward(root: Any, seed: Any, targets: Sequence[Any]) -> dict[int, Any]:
+    """Propagate ``seed`` from ``root``; returns the gradient of each reached target, by id.
+
+    Only tensors on a path from ``root`` to a target are differentiated, so tensors that merely
+    could take a gradient (constants, data) cost nothing.
+    """
+    order = toposort_tape(root)
+    want = {id(t) for t in targets}
+    needed: set[int] = set()
+    for t in order:  # parents first: a tensor is needed when it is a target or one of its parents is needed
+        if id(t) in want or (t._ctx is not None and any(id(p) in needed for p in t._ctx.parents)):
+            needed.add(id(t))
     grads: dict[int, Any] = {id(root): seed}
     out: dict[int, Any] = {}
-    for t in reversed(toposort_tape(root)):
+    for t in reversed(order):
         g = grads.pop(id(t), None)
-        if g is None:
+        if g is None or id(t) not in needed:
             continue
-        if (want is not None and id(t) in want) or (want is None and t._ctx is None and t.requires_grad):
-            out[id(t)] = g if id(t) not in out else out[id(t)] + g
+        if id(t) in want:
+            out[id(t)] = g
         if t._ctx is None:
             continue
         pgrads = t._ctx.rule(g, t, t._ctx.parents)
         for p, pg in zip(t._ctx.parents, pgrads):
-            if pg is None or not (p.requires_grad or p._ctx is not None):
+            if pg is None or id(p) not in needed:
                 continue
             if pg.shape != p.shape:
                 raise RuntimeError(f"gradient rule {t._ctx.name} gave shape {pg.shape} for an input of shape {p.shape}")

@@ -42,6 +42,16 @@ class DType:
     def scalar(self) -> DType:
         return self
 
+    @property
+    def min(self) -> Any:
+        """Smallest value of this dtype (``-inf`` for floats, ``False`` for bool), as ``dtypes.min``."""
+        return dtypes.min(self)
+
+    @property
+    def max(self) -> Any:
+        """Largest value of this dtype (``inf`` for floats, ``True`` for bool), as ``dtypes.max``."""
+        return dtypes.max(self)
+
 
 @dataclass(frozen=True, eq=True)
 class PtrDType:
@@ -83,8 +93,9 @@ class dtypes:
     int, uint, long, ulong = int32, uint32, int64, uint64
     half, float, double = float16, float32, float64
 
+    # tinygrad's defaults: Python floats become float32 and Python ints int32 (torch would use int64)
     default_float: DType = float32
-    default_int: DType = int64
+    default_int: DType = int32
 
     @staticmethod
     def is_float(dt: DType) -> bool:
@@ -120,7 +131,9 @@ class dtypes:
         if isinstance(x, (bool, np.bool_)):
             return dtypes.bool
         if isinstance(x, (int, np.integer)):
-            return dtypes.default_int
+            # an int too large for the default int type gets int64 rather than wrapping silently
+            lo, hi = dtypes.min(dtypes.default_int), dtypes.max(dtypes.default_int)
+            return dtypes.default_int if lo <= int(x) <= hi else dtypes.int64
         return dtypes.default_float
 
     @staticmethod

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ember.autograd import ALU_RULES, GradFn, Rule, run_backward
+from ember.autograd import ALU_RULES, GradFn, Rule, backward_targets, run_backward, toposort_tape
 from ember.device.registry import Device
 from ember.dtype import (
     DType,
@@ -48,7 +48,7 @@ from ember.frontend.reduce import ReduceMixin
 from ember.frontend.resample import ResampleMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
-from ember.frontend.util import Scalar, Shape, broadcast_shape, make_const
+from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
 from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.graph.shapetracker import ShapeTracker
 from ember.graph.symbolic import Variable, sadd, sint_of, ssub, sym_le
@@ -242,6 +242,24 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             return self
         return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))._record((self,), lambda g, o, p: (g,), "contiguous")
 
+    def contiguous_backward(self) -> Tensor:
+        """The same values; in the backward pass the incoming gradient is made contiguous (as in tinygrad)."""
+        return Tensor(self.lazydata)._record((self,), lambda g, o, p: (g.contiguous(),), "contiguous_backward")
+
+    def replace(self, x: Tensor) -> Tensor:
+        """Give this tensor ``x``'s data, dtype and device (same shape), dropping its history; returns self.
+
+        Unlike :meth:`assign` nothing is cast or written in place: self simply becomes a new leaf
+        holding ``x``'s value (tinygrad's ``replace``).
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f"replace() takes a Tensor, got {type(x).__name__}")
+        if x.shape != self.shape:
+            raise RuntimeError(f"replace: the new value's shape {x.shape} does not match the tensor's shape "
+                               f"{self.shape}")
+        self.lazydata, self._ctx = x.lazydata, None
+        return self
+
     def detach(self) -> Tensor:
         """The same values with no gradient history."""
         return Tensor(self.lazydata, requires_grad=False)
@@ -331,34 +349,42 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     # --- autograd ------------------------------------------------------------------------
     def backward(self, gradient: Tensor | None = None, retain_graph: bool = False) -> Tensor:
-        """Accumulate d(self)/d(leaf) into ``.grad`` of every leaf that requires grad.
+        """Accumulate d(self)/d(leaf) into ``.grad`` of the float leaves of self's graph.
 
-        As in torch, a second backward through a node that needed saved values raises unless the first
-        passed ``retain_graph=True`` (:mod:`ember.frontend.retain`)."""
-        if gradient is None:
-            if self.numel() != 1:
-                raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
-        elif gradient.shape != self.shape:
-            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {gradient.shape} and output has a shape "
-                               f"of {self.shape}")
-        if self._ctx is None and not self.requires_grad:
+        Those are the leaves with ``requires_grad=True``; when no leaf is marked (tinygrad's default
+        ``None``), every leaf not marked False. An optimizer marks its parameters True, so a
+        training step fills only theirs. As in torch, a second backward through a node that needed
+        saved values raises unless the first passed ``retain_graph=True`` (:mod:`ember.frontend.retain`).
+        """
+        gradient = self._seed_gradient(gradient)
+        leaves = backward_targets(toposort_tape(self))
+        if not leaves:
             raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
         retain.check_reusable(self)
-        leaves = {id(t): t for t in _tape_leaves(self)}
-        for tid, g in run_backward(self, gradient).items():
-            leaf = leaves[tid]
-            leaf.grad = g if leaf.grad is None else leaf.grad + g
+        got = run_backward(self, gradient, leaves)
+        for leaf in leaves:
+            if id(leaf) in got:
+                g = got[id(leaf)]
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
         if not retain_graph:
             retain.release(self)
         return self
 
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
-        """d(self)/d(target) for each target, without touching ``.grad``."""
-        if gradient is None:
-            if self.numel() != 1:
-                raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
+        """d(self)/d(target) for each target, without touching ``.grad``.
+
+        Any float tensor used to compute self can be a target, whether or not it was created with
+        ``requires_grad=True`` (as in tinygrad); one created with ``requires_grad=False`` cannot.
+        """
+        gradient = self._seed_gradient(gradient)
+        for i, t in enumerate(targets):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"gradient(): target {i} is a {type(t).__name__}, not a Tensor")
+            if t.dtype.kind != "f":
+                raise RuntimeError(f"only float Tensors have a gradient; target {i} is {t.dtype}")
+            if t.requires_grad is False:
+                raise RuntimeError(f"One of the differentiated Tensors (index {i}) does not require grad: it was "
+                                   f"created with requires_grad=False")
         got = run_backward(self, gradient, targets)
         missing = [i for i, t in enumerate(targets) if id(t) not in got]
         if missing:
@@ -366,15 +392,23 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                                f"in the graph")
         return [got[id(t)] for t in targets]
 
+    def _seed_gradient(self, gradient: Tensor | None) -> Tensor:
+        """The gradient of self to start from: ones for a one-element tensor, else the given one (same shape)."""
+        if self.dtype.kind != "f":
+            raise RuntimeError(f"only float Tensors have a gradient; this one is {self.dtype}")
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            return Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
+        if gradient.shape != self.shape:
+            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {gradient.shape} and output has a shape "
+                               f"of {self.shape}")
+        return gradient
+
     # --- creation -----------------------------------------------------------------------
     @staticmethod
     def _shape_arg(shape: Sequence[Any]) -> Shape:
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        out = tuple(int(s) for s in shape)
-        if any(s < 0 for s in out):
-            raise RuntimeError(f"negative dimension in shape {out}")
-        return out
+        return shape_arg(shape)
 
     @staticmethod
     def full(shape: Shape | int, fill_value: Scalar, dtype: DType | str | None = None, device: str | None = None,
@@ -433,24 +467,37 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return out._record((self,), lambda g, o, p: (backward(g),), "view")
 
     def _record(self, parents: tuple[Tensor, ...], rule: Rule, name: str = "") -> Tensor:
-        """Remember how self was made when a parent needs a gradient (and grad mode is on)."""
-        if not Tensor.no_grad and any(p.requires_grad or p._ctx is not None for p in parents):
+        """Remember how self was made when a parent may need a gradient (and grad mode is on).
+
+        self's ``requires_grad`` follows tinygrad: True if a parent's is, else None if a parent's is
+        None, else False (all parents excluded, so self is too).
+        """
+        if Tensor.no_grad:
+            return self
+        flags = [p.requires_grad for p in parents]
+        if any(f is not False for f in flags):
             self._ctx = GradFn(parents, rule, name)
+            self.requires_grad = True if any(flags) else None
+        else:
+            self.requires_grad = False
         return self
 
     def reshape(self, *shape: Any) -> Tensor:
         """Same elements, new shape (one dimension may be -1)."""
         shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-        shp = [int(s) if s is not None else self.shape[i] for i, s in enumerate(shp)]
+        shp = [size_arg(s, "reshape size") if s is not None else self.shape[i] for i, s in enumerate(shp)]
         if shp.count(-1) > 1:
-            raise RuntimeError("only one dimension can be inferred")
+            raise ArgumentError(f"only one dimension can be inferred, got shape {tuple(shp)}")
+        bad = [(i, s) for i, s in enumerate(shp) if s < -1]
+        if bad:
+            raise ArgumentError(f"invalid shape dimension {bad[0][1]} at index {bad[0][0]} of shape {tuple(shp)}")
         if -1 in shp:
             known = prod(s for s in shp if s != -1)
             if known == 0 or self.numel() % known:
-                raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {self.numel()}")
+                raise ArgumentError(f"shape '{list(shp)}' is invalid for input of size {self.numel()}")
             shp[shp.index(-1)] = self.numel() // known
-        if any(s < 0 for s in shp) or prod(shp) != self.numel():
-            raise RuntimeError(f"shape '{list(shp)}' is invalid for input of size {self.numel()}")
+        if prod(shp) != self.numel():
+            raise ArgumentError(f"shape '{list(shp)}' is invalid for input of size {self.numel()}")
         new = tuple(shp)
         old = self.shape
         return self if new == old else self._view(lambda st: st.reshape(new), lambda g: g.reshape(old))
@@ -463,7 +510,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
         o = tuple(self._axis(a) for a in o)
         if sorted(o) != list(range(self.ndim)):
-            raise RuntimeError(f"permute order {o} is not a permutation of the {self.ndim} dims of {self.shape}")
+            raise ArgumentError(f"permute order {o} is not a permutation of the {self.ndim} dims of {self.shape}")
         inv = tuple(sorted(range(len(o)), key=o.__getitem__))
         return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o), lambda g: g.permute(inv))
 
@@ -471,14 +518,18 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size)."""
         shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if len(shp) < self.ndim:
-            raise RuntimeError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
-                               f"dimensions of the tensor ({self.ndim})")
-        x = self.reshape((1,) * (len(shp) - self.ndim) + self.shape) if len(shp) > self.ndim else self
+            raise ArgumentError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
+                                f"dimensions of the tensor ({self.ndim})")
+        lead = len(shp) - self.ndim
+        if any(size_arg(n, "expand size") < (0 if i < lead else -1) for i, n in enumerate(shp)):
+            raise ArgumentError(f"expand: invalid size in {tuple(shp)} (sizes must be >= 0, or -1 to keep an "
+                                f"existing dimension) for a tensor of shape {self.shape}")
+        x = self.reshape((1,) * lead + self.shape) if lead else self
         new = tuple(s if n == -1 else n for s, n in zip(x.shape, shp))
         for s, n in zip(x.shape, new):
             if s != n and s != 1:
-                raise RuntimeError(f"expand: the expanded size {n} must match the existing size {s} of shape "
-                                   f"{self.shape} (target {tuple(shp)})")
+                raise ArgumentError(f"expand: the expanded size {n} must match the existing size {s} of shape "
+                                    f"{self.shape} (target {tuple(shp)})")
         axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, new)) if s != n)
         return x if new == x.shape else x._view(lambda st: st.expand(new), lambda g: g.sum(axes, keepdim=True))
 
@@ -494,17 +545,22 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
             flat = list(padding)
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
-                raise RuntimeError(f"padding {tuple(flat)} does not fit a tensor of {self.ndim} dims")
+                raise ArgumentError(f"padding {tuple(flat)} does not fit a tensor of {self.ndim} dims: it needs an "
+                                    f"even number of entries, at most {2 * self.ndim}")
             pairs = [(0, 0)] * (self.ndim - len(flat) // 2) + [(flat[i], flat[i + 1]) for i in
                                                                 range(len(flat) - 2, -1, -2)]
         else:
-            if len(padding) != self.ndim:
-                raise RuntimeError(f"padding has {len(padding)} entries for a tensor of {self.ndim} dims")
-            pairs = [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
+            if len(padding) != self.ndim or any(p is not None and len(p) != 2 for p in padding):
+                raise ArgumentError(f"padding {tuple(padding)} needs one (before, after) pair or None per dim of a "
+                                    f"tensor of {self.ndim} dims")
+            pairs = [(0, 0) if p is None else (size_arg(p[0], "padding"), size_arg(p[1], "padding")) for p in padding]
         if all(b == 0 and a == 0 for b, a in pairs):
             return self
         x = self
         if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
+            for (b, a), s in zip(pairs, x.shape):
+                if s + min(b, 0) + min(a, 0) < 0:
+                    raise ArgumentError(f"padding {tuple(pairs)} crops more than the size of shape {x.shape}")
             x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
             pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
         arg = tuple(pairs)
@@ -522,7 +578,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         a = tuple((0, s) if r is None else (int(r[0]), int(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
             if not 0 <= lo <= hi <= s:
-                raise RuntimeError(f"shrink {a} is out of bounds for shape {self.shape}")
+                raise ArgumentError(f"shrink {a} is out of bounds for shape {self.shape}")
         back = tuple((lo, s - hi) for (lo, hi), s in zip(a, self.shape))
         return self if all(r == (0, s) for r, s in zip(a, self.shape)) else \
             self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
@@ -532,7 +588,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         a = tuple((0, s) if r is None else (sint_of(r[0]), sint_of(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
             if not (sym_le(0, lo) and sym_le(lo, hi) and sym_le(hi, s)):
-                raise RuntimeError(f"shrink {a} can be out of bounds for shape {self.shape} (for some value of its "
+                raise ArgumentError(f"shrink {a} can be out of bounds for shape {self.shape} (for some value of its "
                                     f"variables)")
         back = tuple((lo, ssub(s, hi)) for (lo, hi), s in zip(a, self.shape))
         return self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
@@ -541,11 +597,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """pad by amounts that use bound Variables, per dim ``((before, after), ...)``; amounts must be
         non-negative and each padded size a known int."""
         if len(padding) != self.ndim or any(p is not None and len(p) != 2 for p in padding):
-            raise RuntimeError(f"a symbolic padding needs one (before, after) pair or None per dim of a tensor of "
+            raise ArgumentError(f"a symbolic padding needs one (before, after) pair or None per dim of a tensor of "
                                 f"{self.ndim} dims")
         arg = tuple((0, 0) if p is None else (sint_of(p[0]), sint_of(p[1])) for p in padding)
         if any(not (sym_le(0, b) and sym_le(0, a)) for b, a in arg):
-            raise RuntimeError(f"padding {arg} can be negative (for some value of its variables)")
+            raise ArgumentError(f"padding {arg} can be negative (for some value of its variables)")
         inner = tuple((b, sadd(b, s)) for (b, _), s in zip(arg, self.shape))
         out = self._view(lambda st: st.pad(arg), lambda g: g._shrink_symbolic(inner))
         if value == 0:
@@ -558,6 +614,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """Reverse the order of elements along ``axis``."""
         ax = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else tuple(axis)
         axes = tuple(self._axis(a) for a in ax)
+        for a in axes:
+            if axes.count(a) > 1:
+                raise ArgumentError(f"dim {a} appears multiple times in the list of dims {ax}")
         return self._view(lambda st: st.flip(axes), lambda g: g.flip(axes)) if axes else self
 
     def __getitem__(self, indices: Any) -> Tensor:
@@ -653,7 +712,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if not isinstance(y, (int, float, bool, np.generic)):
                 raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
             dt = result_type_scalar(x.dtype, y)
-            y = Tensor(make_const(y, dt, x.device))
+            y = Tensor(make_const(y, dt, x.device), requires_grad=False)  # a Python number never needs a gradient
         if reverse:
             x, y = y, x
         x, y = x.cast(dt), y.cast(dt)
@@ -742,11 +801,6 @@ def _device(device: str | None) -> str:
     Device[dev]
     return dev
 
-
-def _tape_leaves(root: Tensor) -> list[Tensor]:
-    from ember.autograd import toposort_tape
-
-    return [t for t in toposort_tape(root) if t._ctx is None]
 
 _assign_ids = itertools.count()
 

@@ -170,6 +170,20 @@ def compare_with_torch(device: str, fn: Callable, tfn: Callable, arrays: Sequenc
     return out
 
 
+def tg_index(ref: Any) -> Any:
+    """torch's int64 index result (argmax, sort, topk, cummax, nonzero, one_hot ...) in tinygrad's dtype, the
+    default int (int32), which ember follows."""
+    return ref.to(TORCH_DTYPES[dtypes.default_int]) if ref.dtype == torch.int64 else ref
+
+
+def tg_acc(ref: Any, src: Any) -> Any:
+    """torch's sum/prod/cumsum of an input of torch dtype ``src`` in the dtype tinygrad (and ember) give it:
+    bool and signed ints narrower than 64 bits accumulate in int32, unsigned ones in uint32 (torch: int64)."""
+    if ref.dtype != torch.int64 or src == torch.int64:
+        return ref
+    return ref.to(torch.uint32 if src in (torch.uint8, torch.uint16, torch.uint32) else torch.int32)
+
+
 def assert_like(ours: Tensor, theirs: Any, exact: bool = False, atol: float = 1e-6, rtol: float = 1e-3) -> None:
     """``ours`` has the shape, dtype and values of the torch tensor ``theirs``.
 

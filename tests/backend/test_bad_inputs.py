@@ -135,7 +135,10 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[], Any]]] = {
     # --- autograd ---
     "backward of non-scalar": (lambda d: _e(_V, d, requires_grad=True).mul(2).backward(),
                                lambda: _t(_V, requires_grad=True).mul(2).backward()),
-    "backward without grad": (lambda d: _e(_V, d).sum().backward(), lambda: _t(_V).sum().backward()),
+    # a plain tensor's requires_grad is None, "not decided", and backward() differentiates it (as in tinygrad);
+    # requires_grad=False is torch's plain tensor
+    "backward without grad": (lambda d: _e(_V, d, requires_grad=False).sum().backward(),
+                              lambda: _t(_V).sum().backward()),
     "backward gradient shape": (lambda d: _e(_V, d, requires_grad=True).mul(2).backward(_e(_A, d)),
                                 lambda: _t(_V, requires_grad=True).mul(2).backward(_t(_A))),
     # --- layers and losses ---

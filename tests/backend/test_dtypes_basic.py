@@ -74,8 +74,10 @@ def test_reduce_every_dtype(device, check, dt):
     x = Tensor(a, device=device, dtype=dt)
     check(x.max(1), a.max(1), dtype=dt)
     check(x.min(), a.min(), dtype=dt)
-    if dt.kind in "biu":  # like torch, every bool and integer dtype sums to int64
-        check(x.sum(0), a.sum(0, dtype=np.int64), dtype=dtypes.int64)
+    if dt.kind in "biu":  # like tinygrad: bool and narrow ints sum to int32, unsigned ones to uint32, 64-bit kept
+        acc = {"b": dtypes.int32, "i": dtypes.int32, "u": dtypes.uint32}[dt.kind] if dt.itemsize < 8 else dt
+        check(x.sum(0), a.sum(0, dtype=np.int64).astype(np_of(acc)), dtype=acc)
+        check(x.mean(), np.array(a.astype(np.float64).mean(), np.float32), dtype=dtypes.float32, rtol=1e-6)
     else:
         check(x.sum(0), a.sum(0), dtype=dt, **tol(dt))
         check(x.mean(), a.astype(np.float64).mean().astype(np_of(dt)), dtype=dt, **tol(dt))
@@ -217,6 +219,8 @@ def test_tensor_tensor_promotion_matches_torch(device, dt1):
 def test_tensor_scalar_promotion_matches_torch(device, dt, scalar):
     torch = pytest.importorskip("torch")
     want = torch.result_type(torch.zeros(2, dtype=torch_dtype(dt)), scalar)
+    if dt == dtypes.bool and isinstance(scalar, int) and not isinstance(scalar, bool):
+        want = torch.int32  # bool tensor + Python int: the default int, int32 as in tinygrad (torch: int64)
     x = Tensor.zeros(2, dtype=dt, device=device)
     assert torch_dtype((x + scalar).dtype) == want
     assert torch_dtype((scalar * x).dtype) == want

@@ -11,6 +11,13 @@ from ember import Device, Tensor
 from ember.device.compiler import CompileError
 from ember.device.registry import ENTRY_POINT_GROUP, KNOWN_PLUGINS, _DeviceRegistry
 
+try:
+    import torch
+    F = torch.nn.functional
+except ImportError:  # the tests that compare with torch skip themselves
+    torch = F = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
 
 def mentions_shape(message: str, shape: tuple[int, ...]) -> bool:
     """True when ``message`` names ``shape`` as (2, 3), [2, 3] or 2x3."""
@@ -238,3 +245,128 @@ def test_compile_error_through_the_cache_is_not_cached():
         with pytest.raises(CompileError, match="undefined_name_xyz"):
             compiler.compile_cached(broken)
     assert broken not in compiler.memory_cache
+
+
+# --------------------------------------------------------------------------------------------
+# argument errors: torch's exception type for the same call, and tinygrad's
+# --------------------------------------------------------------------------------------------
+# name: (ember call, torch call, a value the message must name). torch raises RuntimeError for these and
+# tinygrad ValueError: ember raises ArgumentError, which is both.
+BAD_ARGUMENTS = {
+    "zeros_negative": (lambda d: Tensor.zeros(2, -1, device=d), lambda: torch.zeros(2, -1), "-1"),
+    "full_negative": (lambda d: Tensor.full((-2,), 1.0, device=d), lambda: torch.full((-2,), 1.0), "-2"),
+    "empty_negative": (lambda d: Tensor.empty(3, -4, device=d), lambda: torch.empty(3, -4), "-4"),
+    "rand_negative": (lambda d: Tensor.rand(-2, device=d), lambda: torch.rand(-2), "-2"),
+    "randn_negative": (lambda d: Tensor.randn(3, -5, device=d), lambda: torch.randn(3, -5), "-5"),
+    "randint_negative": (lambda d: Tensor.randint(-3, high=5, device=d), lambda: torch.randint(0, 5, (-3,)), "-3"),
+    "eye_negative": (lambda d: Tensor.eye(-2, device=d), lambda: torch.eye(-2), "-2"),
+    "reshape_size": (lambda d: Tensor.zeros(2, 3, device=d).reshape(4, 2), lambda: torch.zeros(2, 3).reshape(4, 2),
+                     "6"),
+    "reshape_two_inferred": (lambda d: Tensor.zeros(2, 3, device=d).reshape(-1, -1),
+                             lambda: torch.zeros(2, 3).reshape(-1, -1), "(-1, -1)"),
+    "reshape_negative": (lambda d: Tensor.zeros(2, 3, device=d).reshape(-2, -3),
+                         lambda: torch.zeros(2, 3).reshape(-2, -3), "-2"),
+    "repeat_fewer_dims": (lambda d: Tensor.zeros(2, 3, device=d).repeat(2), lambda: torch.zeros(2, 3).repeat(2),
+                          "(2,)"),
+    "repeat_negative": (lambda d: Tensor.zeros(2, 3, device=d).repeat(2, -1), lambda: torch.zeros(2, 3).repeat(2, -1),
+                        "-3"),
+    "pad_odd": (lambda d: Tensor.zeros(2, 3, device=d).pad((1,)), lambda: F.pad(torch.zeros(2, 3), (1,)), "(1,)"),
+    "pad_too_long": (lambda d: Tensor.zeros(2, 3, device=d).pad((1,) * 6), lambda: F.pad(torch.zeros(2, 3), (1,) * 6),
+                     "2 dims"),
+    "pad_crops_too_much": (lambda d: Tensor.zeros(2, 3, device=d).pad((-2, -2)),
+                           lambda: F.pad(torch.zeros(2, 3), (-2, -2)), "(2, 3)"),
+    "pad_reflect_too_big": (lambda d: Tensor.zeros(1, 2, 3, device=d).pad((3, 3), mode="reflect"),
+                            lambda: F.pad(torch.zeros(1, 2, 3), (3, 3), mode="reflect"), "(3, 3)"),
+    "pad_circular_wraps": (lambda d: Tensor.zeros(1, 2, 3, device=d).pad((4, 0), mode="circular"),
+                           lambda: F.pad(torch.zeros(1, 2, 3), (4, 0), mode="circular"), "(4, 0)"),
+    "expand_negative": (lambda d: Tensor.zeros(1, 3, device=d).expand(-2, 3),
+                        lambda: torch.zeros(1, 3).expand(-2, 3), "(-2, 3)"),
+    "expand_mismatch": (lambda d: Tensor.zeros(2, 3, device=d).expand(4, 3), lambda: torch.zeros(2, 3).expand(4, 3),
+                        "4"),
+    "flip_repeated_dim": (lambda d: Tensor.zeros(2, 3, device=d).flip((0, 0)), lambda: torch.zeros(2, 3).flip((0, 0)),
+                          "dim 0"),
+    "flip_same_dim_twice": (lambda d: Tensor.zeros(2, 3, device=d).flip((1, -1)),
+                            lambda: torch.zeros(2, 3).flip((1, -1)), "dim 1"),
+    "permute_repeated_dim": (lambda d: Tensor.zeros(2, 3, device=d).permute(0, 0),
+                             lambda: torch.zeros(2, 3).permute(0, 0), "(0, 0)"),
+    "stack_nothing": (lambda d: Tensor.stack([]), lambda: torch.stack([]), "non-empty"),
+    "interpolate_negative": (lambda d: Tensor.zeros(1, 1, 4, device=d).interpolate((-1,)),
+                             lambda: F.interpolate(torch.zeros(1, 1, 4), size=(-1,)), "-1"),
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", BAD_ARGUMENTS)
+def test_bad_arguments_raise_torch_and_tinygrad_types(device, name):
+    ours, theirs, named = BAD_ARGUMENTS[name]
+    with pytest.raises(Exception) as want:
+        theirs()
+    with pytest.raises(ValueError) as got:  # tinygrad's type
+        ours(device).numpy() if name == "stack_nothing" else ours(device)
+    assert isinstance(got.value, type(want.value)), f"torch raises {type(want.value).__name__}: {want.value}"
+    assert named in str(got.value), str(got.value)
+
+
+@needs_torch
+def test_cat_of_nothing_is_a_value_error_like_torch():
+    with pytest.raises(ValueError):
+        torch.cat([])
+    with pytest.raises(ValueError, match="non-empty"):
+        Tensor.cat([])
+
+
+@needs_torch
+@pytest.mark.parametrize("call", [
+    lambda m: m.zeros(2.5), lambda m: m.zeros(2, 3).reshape(2.0, 3), lambda m: m.ones((2, 1.5)),
+], ids=["zeros", "reshape", "ones"])
+def test_float_sizes_are_type_errors(device, call):
+    with pytest.raises(TypeError):
+        call(torch)
+    ember = type("EmberCalls", (), {"zeros": staticmethod(lambda *s: Tensor.zeros(*s, device=device)),
+                                    "ones": staticmethod(lambda *s: Tensor.ones(*s, device=device))})
+    with pytest.raises(TypeError, match="int"):
+        call(ember)
+
+
+# axis out of range raises IndexError, also on a 0-d tensor (where -1 and 0 are the valid axes)
+AXIS_CALLS = {
+    "sum": (lambda t: t.sum(1), lambda t: t.sum(1)),
+    "max": (lambda t: t.max(-2), lambda t: t.amax(-2)),
+    "mean": (lambda t: t.mean(2), lambda t: t.mean(2)),
+    "argmax": (lambda t: t.argmax(2), lambda t: t.argmax(2)),
+    "softmax": (lambda t: t.softmax(1), lambda t: t.softmax(1)),
+    "cumsum": (lambda t: t.cumsum(1), lambda t: t.cumsum(1)),
+    "cumprod": (lambda t: t.cumprod(-2), lambda t: t.cumprod(-2)),
+    "cummax": (lambda t: t.cummax(3), lambda t: t.cummax(3)),
+    "logcumsumexp": (lambda t: t.logcumsumexp(1), lambda t: t.logcumsumexp(1)),
+    "flip": (lambda t: t.flip(1), lambda t: t.flip(1)),
+    "transpose": (lambda t: t.transpose(0, 1), lambda t: t.transpose(0, 1)),
+    "unsqueeze": (lambda t: t.unsqueeze(2), lambda t: t.unsqueeze(2)),
+    "squeeze": (lambda t: t.squeeze(1), lambda t: t.squeeze(1)),
+    "sort": (lambda t: t.sort(1), lambda t: t.sort(1)),
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", AXIS_CALLS)
+@pytest.mark.parametrize("shape", [(), (3,)], ids=["0d", "1d"])
+def test_axis_out_of_range_is_an_index_error(device, name, shape):
+    ours, theirs = AXIS_CALLS[name]
+    with pytest.raises(IndexError):
+        theirs(torch.zeros(shape))
+    with pytest.raises(IndexError, match="range"):
+        ours(Tensor.zeros(*shape, device=device))
+
+
+@needs_torch
+def test_float_indices_are_index_errors(device):
+    # torch rejects a float index tensor; ember (like tinygrad and numpy) also rejects a list of floats
+    with pytest.raises(IndexError):
+        torch.arange(5.0)[torch.tensor([0.5, 1.0])]
+    t = Tensor(np.arange(5, dtype=np.float32), device=device)
+    for idx in ([0.5, 1.0], [1.0], [[0.0, 2.0]], np.array([1.5])):
+        with pytest.raises(IndexError, match="float"):
+            t[idx]
+    with pytest.raises(IndexError):
+        t[1.0]
+    np.testing.assert_array_equal(t[[1, 3]].numpy(), [1.0, 3.0])  # integer lists still work

@@ -31,8 +31,9 @@ def randf(*shape: int, lo: float = -2.0, hi: float = 2.0) -> np.ndarray:
 # construction
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, dtype", [(3, dtypes.int64), (-2.5, dtypes.float32), (True, dtypes.bool),
-                                          (0, dtypes.int64), (1e30, dtypes.float32)])
+# Python ints become the default int (int32, as in tinygrad; torch would give int64), or int64 past its range
+@pytest.mark.parametrize("value, dtype", [(3, dtypes.int32), (-2.5, dtypes.float32), (True, dtypes.bool),
+                                          (0, dtypes.int32), (1e30, dtypes.float32), (2**40, dtypes.int64)])
 def test_python_scalar(device, check, value, dtype):
     t = Tensor(value, device=device)
     assert t.shape == () and t.dtype == dtype and t.device == device
@@ -42,12 +43,13 @@ def test_python_scalar(device, check, value, dtype):
 
 
 @pytest.mark.parametrize("data, dtype", [
-    ([[1, 2, 3], [4, 5, 6]], dtypes.int64),
+    ([[1, 2, 3], [4, 5, 6]], dtypes.int32),
+    ([[1, 2**31], [3, -4]], dtypes.int64),
     ([[1.0, 2], [3, 4.5]], dtypes.float32),
     ([True, False, True], dtypes.bool),
     ([1, 2.5, True], dtypes.float32),
-    ([[[1], [2]], [[3], [4]]], dtypes.int64),
-    ((1, 2, 3), dtypes.int64),
+    ([[[1], [2]], [[3], [4]]], dtypes.int32),
+    ((1, 2, 3), dtypes.int32),
     ([], dtypes.float32),
     ([[], []], dtypes.float32),
 ])
@@ -111,7 +113,7 @@ def test_bytes(device, check):
 def test_zeros_ones_full(device, check, shape):
     check(Tensor.zeros(*shape, device=device), np.zeros(shape, np.float32))
     check(Tensor.ones(shape, device=device), np.ones(shape, np.float32))
-    check(Tensor.full(shape, 7, device=device), np.full(shape, 7, np.int64))
+    check(Tensor.full(shape, 7, device=device), np.full(shape, 7, np.int32))
     check(Tensor.full(shape, 2.5, device=device), np.full(shape, 2.5, np.float32))
     check(Tensor.full(shape, True, device=device), np.full(shape, True))
     check(Tensor.zeros(*shape, device=device, dtype=dtypes.int8), np.zeros(shape, np.int8))
@@ -128,13 +130,13 @@ def test_like_constructors(device, check):
 
 
 @pytest.mark.parametrize("args, kwargs, expected", [
-    ((5,), {}, np.arange(5)),
-    ((2, 9, 3), {}, np.arange(2, 9, 3)),
-    ((5, 0, -2), {}, np.arange(5, 0, -2)),
+    ((5,), {}, np.arange(5, dtype=np.int32)),  # the default int, as in tinygrad
+    ((2, 9, 3), {}, np.arange(2, 9, 3, dtype=np.int32)),
+    ((5, 0, -2), {}, np.arange(5, 0, -2, dtype=np.int32)),
     ((0.5, 2.0, 0.5), {}, np.arange(0.5, 2.0, 0.5, dtype=np.float32)),
     ((4,), {"dtype": dtypes.float32}, np.arange(4, dtype=np.float32)),
-    ((3, 3), {}, np.arange(3, 3)),
-    ((0,), {}, np.arange(0)),
+    ((3, 3), {}, np.arange(3, 3, dtype=np.int32)),
+    ((0,), {}, np.arange(0, dtype=np.int32)),
 ])
 def test_arange(device, check, args, kwargs, expected):
     check(Tensor.arange(*args, device=device, **kwargs), expected)
@@ -341,10 +343,10 @@ def test_where_broadcast_and_dtypes(device, check):
     t = Tensor(c, device=device)
     check(t.where(Tensor(a, device=device), 7), np.where(c, a, 7).astype(np.int32))
     check(t.where(Tensor(a, device=device), 0.5), np.where(c, a, 0.5).astype(np.float32))
-    check(t.where(2, 3), np.where(c, 2, 3).astype(np.int64))
+    check(t.where(2, 3), np.where(c, 2, 3).astype(np.int32))
     # a non-bool condition counts as true where nonzero
     f = np.array([0.0, 2.0, -1.0], np.float32)
-    check(Tensor(f, device=device).where(1, 0), np.array([0, 1, 1], np.int64))
+    check(Tensor(f, device=device).where(1, 0), np.array([0, 1, 1], np.int32))
     check(Tensor(True, device=device).where(Tensor(np.zeros((0, 3), np.float32), device=device), 1.0),
           np.zeros((0, 3), np.float32))
     check(Tensor(False, device=device).where(1.0, 2.0), np.array(2.0, np.float32))
@@ -502,7 +504,7 @@ def test_pow_edge_cases(device, check):
     (lambda d: Tensor([7, 2], device=d) / 2, dtypes.float32),
     (lambda d: Tensor([1, 2], device=d, dtype=dtypes.int32) + 5, dtypes.int32),
     (lambda d: Tensor([1, 2], device=d, dtype=dtypes.uint8) * 3, dtypes.uint8),
-    (lambda d: Tensor([True, False], device=d) + 2, dtypes.int64),
+    (lambda d: Tensor([True, False], device=d) + 2, dtypes.int32),
     (lambda d: Tensor([True, False], device=d) + 2.5, dtypes.float32),
     (lambda d: Tensor([1.0, 2.0], device=d, dtype=dtypes.float16) + 2.5, dtypes.float16),
     (lambda d: Tensor([1.0, 2.0], device=d, dtype=dtypes.float16) + Tensor([1.0, 2.0], device=d), dtypes.float32),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
 from ember.dtype import DType, least_upper_dtype, to_dtype
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
@@ -31,6 +29,7 @@ class ConvMixin(TensorBase):
         ``weight`` is ``(out_channels, in_channels // groups, *kernel)``; the input is ``(batch, in_channels,
         *spatial)`` or unbatched ``(in_channels, *spatial)``. ``padding`` is an int, one int per spatial dim,
         ``2 * dims`` ints in torch's flat order ``(left, right, top, bottom, ...)``, or ``"same"``/``"valid"``.
+        A negative padding crops the input on that side, as in tinygrad (torch rejects it).
         """
         n = weight.ndim - 2
         if n < 1:
@@ -40,9 +39,6 @@ class ConvMixin(TensorBase):
                                 int_tuple(dilation, n, "dilation"))
         else:
             pads = resolve_pads(padding, n)
-            flat_form = not isinstance(padding, (int, np.integer)) and len(padding) == 2 * n
-            if any(p < 0 for pair in pads for p in pair) and not flat_form:  # the flat form may crop, as in tinygrad
-                raise RuntimeError(f"negative padding is not supported: got {padding}")
         return _conv(self, weight, bias, groups, stride, dilation, pads, dtype)
 
     def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,

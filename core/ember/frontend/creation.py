@@ -21,7 +21,7 @@ from ember.device.registry import Device
 from ember.dtype import DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
 from ember.frontend.base import TensorBase
-from ember.frontend.util import Scalar, make_const
+from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
 from ember.graph.uop import Ops
 from ember.helpers import prod
 
@@ -34,13 +34,8 @@ _THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
 
 def _shape_of_args(shape: Sequence[Any]) -> tuple[int, ...]:
-    """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` all mean the shape (2, 3)."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    out = tuple(int(s) for s in shape)
-    if any(s < 0 for s in out):
-        raise RuntimeError(f"Trying to create tensor with negative dimension: {out}")
-    return out
+    """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` all mean the shape (2, 3) (negative sizes raise)."""
+    return shape_arg(shape)
 
 
 class CreationMixin(TensorBase):
@@ -88,7 +83,8 @@ class CreationMixin(TensorBase):
     def arange(cls, start: Scalar, stop: Scalar | None = None, step: Scalar = 1, **kwargs: Any) -> Tensor:
         """Values from ``start`` to ``stop`` (exclusive) by ``step``, like ``torch.arange``.
 
-        The dtype is the default float when any argument is a float, else int64. For an integer dtype
+        The dtype is the default float when any argument is a float, else the default int (int32, as in
+        tinygrad). For an integer dtype
         the arguments are truncated to integers first, as torch does.
         """
         if stop is None:
@@ -143,7 +139,7 @@ class CreationMixin(TensorBase):
         """The identity matrix with ``n`` rows and ``m`` (default ``n``) columns."""
         m = n if m is None else m
         if n < 0 or m < 0:
-            raise RuntimeError(f"n and m must be greater or equal to 0, got {n} and {m}")
+            raise ArgumentError(f"n and m must be greater or equal to 0, got {n} and {m}")
         kwargs.setdefault("dtype", dtypes.default_float)
         requires_grad = kwargs.pop("requires_grad", None)
         if n == 0 or m == 0:

@@ -23,7 +23,7 @@ class LossMixin(TensorBase):
     __slots__ = ()
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
-        """An int64 tensor with a trailing dim of ``num_classes`` holding 1 at each index (-1: max + 1)."""
+        """A tensor (the default int) with a trailing dim of ``num_classes`` holding 1 at each index (-1: max + 1)."""
         if self.dtype.kind not in "iu":
             raise RuntimeError(f"one_hot is only applicable to index tensors, got dtype {self.dtype}")
         if num_classes == -1:
@@ -35,7 +35,7 @@ class LossMixin(TensorBase):
         checks.index_in_range(self, num_classes, self.ndim, message="one_hot: class value {index} is out of range "
                               "for num_classes={size} (new dimension {dim})")
         classes = type(self).arange(num_classes, device=self.device)
-        return (self.unsqueeze(-1) == classes).cast(dtypes.int64)
+        return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
 
     def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
         """Binary cross-entropy of probabilities ``self`` against targets ``Y`` (logs clamped at -100, like torch)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
 from ember.frontend.base import TensorBase
+from ember.frontend.util import ArgumentError
 from ember.helpers import prod
 
 if TYPE_CHECKING:
@@ -126,12 +127,12 @@ class MovementMixin(TensorBase):
         """Tile the tensor ``repeats[i]`` times along each dimension (extra leading repeats add dimensions)."""
         reps = tuple(int(r) for r in _argfix((repeats, *args)))
         if len(reps) < self.ndim:
-            raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions "
-                               "of tensor")
+            raise ArgumentError(f"Number of dimensions of repeat dims can not be smaller than number of dimensions "
+                                f"of tensor: got repeats {reps} for shape {self.shape}")
         base = (1,) * (len(reps) - self.ndim) + self.shape
         if any(r < 0 for r in reps):
             bad = [r * s for r, s in zip(reps, base)]
-            raise RuntimeError(f"Trying to create tensor with negative dimension {min(bad)}: {bad}")
+            raise ArgumentError(f"Trying to create tensor with negative dimension {min(bad)}: {bad}")
         if all(r == 1 for r in reps):
             return self.reshape(base)
         split = tuple(x for s in base for x in (1, s))
@@ -180,12 +181,12 @@ class MovementMixin(TensorBase):
         if padding and all(isinstance(p, int) for p in padding):
             flat = [int(p) for p in padding]
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
-                raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dims; "
-                                   f"got {len(flat)} entries for a tensor of {self.ndim} dims")
+                raise ArgumentError(f"Padding length must be divisible by 2 and at most twice the number of dims; "
+                                    f"got {len(flat)} entries for a tensor of {self.ndim} dims")
             tail = [(flat[i], flat[i + 1]) for i in range(len(flat) - 2, -1, -2)]
             return [(0, 0)] * (self.ndim - len(tail)) + tail
         if len(padding) != self.ndim:
-            raise RuntimeError(f"padding has {len(padding)} entries for a tensor of {self.ndim} dims")
+            raise ArgumentError(f"padding has {len(padding)} entries for a tensor of {self.ndim} dims")
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
 
     def _pad_mode(self, padding: Sequence[Any], mode: str) -> Tensor:
@@ -208,18 +209,19 @@ class MovementMixin(TensorBase):
             n = x.shape[d]
             if mode == "reflect":
                 if before >= n or after >= n:
-                    raise RuntimeError(f"Argument #4: Padding size should be less than the corresponding input "
-                                       f"dimension, but got: padding ({before}, {after}) at dimension {d} of input "
-                                       f"{list(x.shape)}")
+                    raise ArgumentError(f"Argument #4: Padding size should be less than the corresponding input "
+                                        f"dimension, but got: padding ({before}, {after}) at dimension {d} of input "
+                                        f"{list(x.shape)}")
                 pieces = [_along(x, d, 1, before + 1).flip(d), x, _along(x, d, n - 1 - after, n - 1).flip(d)]
             elif mode == "replicate":
                 if n == 0:
-                    raise RuntimeError(f"replicate padding needs a non-empty dimension {d} of input {list(x.shape)}")
+                    raise ArgumentError(f"replicate padding needs a non-empty dimension {d} of input {list(x.shape)}")
                 pieces = [_along(x, d, 0, 1).expand(tuple(before if i == d else -1 for i in range(x.ndim))), x,
                           _along(x, d, n - 1, n).expand(tuple(after if i == d else -1 for i in range(x.ndim)))]
             else:
                 if before > n or after > n:
-                    raise RuntimeError("Padding value causes wrapping around more than once.")
+                    raise ArgumentError(f"Padding value causes wrapping around more than once: padding ({before}, "
+                                        f"{after}) at dimension {d} of input {list(x.shape)}")
                 pieces = [_along(x, d, n - before, n), x, _along(x, d, 0, after)]
             x = type(self).cat(*(p for p in pieces if p.shape[d] > 0), dim=d)
         return x
@@ -246,7 +248,7 @@ class MovementMixin(TensorBase):
         """
         tensors = _tensor_list(self, args)
         if not tensors:
-            raise ValueError("cat(): expected a non-empty list of Tensors")
+            raise ArgumentError("cat(): expected a non-empty list of Tensors")
         for i, t in enumerate(tensors):
             if t.ndim == 0:
                 raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
@@ -289,7 +291,7 @@ class MovementMixin(TensorBase):
         """Join self and ``args`` (all the same shape) along a new dimension ``dim``."""
         tensors = _tensor_list(self, args)
         if not tensors:
-            raise ValueError("stack(): expected a non-empty list of Tensors")
+            raise ArgumentError("stack expects a non-empty list of Tensors")
         first = tensors[0]
         for i, t in enumerate(tensors[1:], start=1):
             if t.shape != first.shape:
@@ -301,9 +303,9 @@ class MovementMixin(TensorBase):
     def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         """Views of consecutive pieces along ``dim``: of ``sizes`` elements each (the last may be
         shorter), or of the listed sizes, which must add up to the dimension."""
-        d = self._axis(dim)
         if self.ndim == 0:
             raise RuntimeError("split expects at least a 1-dimensional tensor")
+        d = self._axis(dim)
         n = self.shape[d]
         if isinstance(sizes, int):
             if sizes < 0:
@@ -333,9 +335,9 @@ class MovementMixin(TensorBase):
         """At most ``chunks`` views of equal size along ``dim`` (the last may be smaller; fewer may come back)."""
         if chunks <= 0:
             raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-        d = self._axis(dim)
         if self.ndim == 0:
             raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+        d = self._axis(dim)
         n = self.shape[d]
         if n == 0:
             return list(self.split([0] * chunks, d))

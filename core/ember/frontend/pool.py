@@ -69,7 +69,7 @@ class PoolMixin(TensorBase):
                    return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Max pooling over the last ``len(kernel_size)`` dims (2 for an int), padding with ``-inf``.
 
-        ``return_indices=True`` also returns the int64 position of each max in the flattened spatial input
+        ``return_indices=True`` also returns the position (the default int) of each max in the flattened spatial input
         (the first one in window order when several are equal), like torch.
         """
         k, s_, d_, pads, outs = _pool_args(self, kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d",
@@ -84,7 +84,7 @@ class PoolMixin(TensorBase):
         if not return_indices:
             return windows.max(axes)
         best = windows.max(axes, keepdim=True)
-        big = dtypes.max(dtypes.int64)
+        big = dtypes.max(dtypes.default_int)
         flat = type(self).arange(prod(spatial), device=self.device).reshape(spatial)
         idx = flat.pad(ext, value=big)._pool(k, s_, d_)
         first = (windows == best).where(idx, big).min(axes)
@@ -156,7 +156,7 @@ class PoolMixin(TensorBase):
         spatial = self.shape[-n:]
         if 0 in outs:
             empty = self.shrink(tuple((0, s) for s in self.shape[:-n]) + tuple((0, o) for o in outs))
-            return (empty, empty.cast(dtypes.int64)) if return_indices else empty
+            return (empty, empty.cast(dtypes.default_int)) if return_indices else empty
         if all(i % o == 0 for i, o in zip(spatial, outs)):
             k = tuple(i // o for i, o in zip(spatial, outs))
             return self.max_pool2d(k, k, return_indices=return_indices)
@@ -181,7 +181,7 @@ class PoolMixin(TensorBase):
         cand = mask_t.where(x, lo_val)
         axes = tuple(range(-n, 0))
         best = cand.max(axes, keepdim=True)
-        big = dtypes.max(dtypes.int64)
+        big = dtypes.max(dtypes.default_int)
         flat = type(self).arange(prod(spatial), device=self.device).reshape(spatial)
         first = (cand == best).where(mask_t, False).where(flat, big).min(axes)
         return best.reshape(best.shape[:-n]), first
@@ -209,7 +209,7 @@ class PoolMixin(TensorBase):
             raise RuntimeError(f"Expected shape of indices to be same as that of the input tensor ({list(self.shape)}) "
                                f"but got indices tensor with shape: {got}")
         if indices.dtype.kind not in "iu":
-            raise RuntimeError(f"elements in indices should be type int64 but got: {indices.dtype.name}")
+            raise RuntimeError(f"elements in indices should be an integer type but got: {indices.dtype.name}")
         s_ = k if stride is None else int_tuple(stride, n, "stride")
         d_ = int_tuple(dilation, n, "dilation")
         pads = resolve_pads(padding, n)

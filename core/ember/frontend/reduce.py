@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
-from ember.dtype import DType, dtypes, to_dtype
+from ember.dtype import DType, dtypes, promote_types, to_dtype
 from ember.frontend.base import TensorBase
 from ember.graph.uop import Ops
 from ember.helpers import prod
@@ -38,8 +38,11 @@ Axis = int | Sequence[int] | None
 
 
 def _acc_dtype(dt: DType) -> DType:
-    """The dtype torch gives sum/cumsum/prod of ``dt``: every bool and integer dtype becomes int64."""
-    return dtypes.int64 if dt.kind in "biu" else dt
+    """The dtype tinygrad gives sum/cumsum/prod of ``dt``: bool and narrow ints widen to the default int (int32),
+    unsigned ones to at least uint32; wider types and floats keep their dtype."""
+    if dt.kind == "u":
+        return promote_types(dt, dtypes.uint32)
+    return promote_types(dt, dtypes.default_int) if dt.kind in "bi" else dt
 
 
 class ReduceMixin(TensorBase):
@@ -96,7 +99,9 @@ class ReduceMixin(TensorBase):
 
     # --- reductions ------------------------------------------------------------------------
     def sum(self, axis: Axis = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        """Sum over ``axis`` (all axes when None). Bool and integer inputs sum as int64, like torch.
+        """Sum over ``axis`` (all axes when None).
+
+        Bool and integer inputs sum as int32 (uint32 if unsigned) or wider, like tinygrad.
 
         float16/bfloat16 accumulate in float32 and return their own dtype.
         """
@@ -106,7 +111,7 @@ class ReduceMixin(TensorBase):
         return self.cast(acc_dt)._reduce(Ops.ADD, axes, keepdim).cast(out_dt)
 
     def prod(self, axis: Axis = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        """Product over ``axis``. Bool and integer inputs multiply as int64, like torch.
+        """Product over ``axis``. Bool and integer inputs multiply in the dtype :meth:`sum` uses.
 
         The gradient is exact with zeros in the input: with one zero only that element gets
         the product of the others; with two or more every gradient is zero.
@@ -132,13 +137,15 @@ class ReduceMixin(TensorBase):
         return self._inverse()._max_any(axis, keepdim)._inverse()
 
     def mean(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
-        """Arithmetic mean over ``axis`` (nan for an empty reduction, like torch)."""
-        if self.dtype.kind != "f":
-            raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point "
-                               f"or complex dtype. Got: {self.dtype.name}")
+        """Arithmetic mean over ``axis`` (nan for an empty reduction, like torch).
+
+        Bool and integer inputs give the default float, like tinygrad (``(pred == y).mean()`` is an accuracy).
+        """
         axes = self._reduce_axes(axis)
         n = prod(self.shape[a] for a in axes)
         s = self.sum(axes, keepdim)
+        if s.dtype.kind != "f":
+            s = s.cast(dtypes.default_float)
         return s.div(n) if n else s * math.nan
 
     def var(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
@@ -177,14 +184,14 @@ class ReduceMixin(TensorBase):
         return out.cast(dtypes.uint8) if self.dtype == dtypes.uint8 else out
 
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """Index (int64) of the maximum along ``axis`` (of the flattened tensor when None).
+        """Index (the default int, int32) of the maximum along ``axis`` (of the flattened tensor when None).
 
         The first index wins on ties, and a nan counts as the maximum, like torch.
         """
         return self._arg_reduce(axis, keepdim, "argmax")
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """Index (int64) of the minimum along ``axis``; first index on ties, nan counts as the minimum."""
+        """Index (the default int) of the minimum along ``axis``; first index on ties, nan counts as the minimum."""
         if self.dtype == dtypes.bool:
             raise RuntimeError("argmin(): does not support bool input")
         return self.detach()._inverse()._arg_reduce(axis, keepdim, "argmin")
@@ -200,7 +207,7 @@ class ReduceMixin(TensorBase):
             return out.reshape((1,) * x.ndim) if keepdim else out
         d = x._axis(axis)
         if x.ndim == 0:
-            return type(self).zeros((), dtype=dtypes.int64, device=self.device)
+            return type(self).zeros((), dtype=dtypes.default_int, device=self.device)
         n = x.shape[d]
         if n == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
@@ -240,24 +247,26 @@ class ReduceMixin(TensorBase):
 
     # --- cumulative scans ---------------------------------------------------------------------
     def cumsum(self, axis: int = 0) -> Tensor:
-        """Running sum along ``axis``. Bool and integer inputs give int64, like torch."""
+        """Running sum along ``axis``. Bool and integer inputs give the dtype :meth:`sum` uses."""
         out_dt = _acc_dtype(self.dtype)
         acc_dt = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
         return self.cast(acc_dt)._scan(axis, "sum").cast(out_dt)
 
     def cumprod(self, axis: int) -> Tensor:
-        """Running product along ``axis``. Bool and integer inputs give int64; the gradient handles zeros."""
+        """Running product along ``axis``.
+
+        Bool and integer inputs give the dtype :meth:`sum` uses; the gradient handles zeros."""
         return self.cast(_acc_dtype(self.dtype))._scan(axis, "prod")
 
     def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
-        """``(values, indices)``: the running maximum along ``axis`` and where it was found (int64).
+        """``(values, indices)``: the running maximum along ``axis`` and where it was found (the default int).
 
         Like torch, ties point at the latest equal element and a nan, once seen, stays the
         value (its index follows the latest nan).
         """
-        if self.ndim == 0:
-            return self, type(self).zeros((), dtype=dtypes.int64, device=self.device)
         d = self._axis(axis)
+        if self.ndim == 0:
+            return self, type(self).zeros((), dtype=dtypes.default_int, device=self.device)
         x = self.cast(dtypes.uint8) if self.dtype == dtypes.bool else self
         values = x._scan(d, "max")
         n = x.shape[d]
@@ -281,9 +290,9 @@ class ReduceMixin(TensorBase):
 
     def _scan(self, axis: int, op: str) -> Tensor:
         """Inclusive scan along ``axis`` with ``op`` in sum / prod / max / logsumexp (dtype kept)."""
+        d = self._axis(axis)
         if self.ndim == 0:
             return self
-        d = self._axis(axis)
         if self.shape[d] == 0:
             return self
         last = self.ndim - 1

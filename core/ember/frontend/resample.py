@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ember.frontend.base import TensorBase
+from ember.frontend.util import ArgumentError
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -38,7 +39,7 @@ class ResampleMixin(TensorBase):
         else:
             sizes = tuple(int(s) for s in size)
         if not 0 < len(sizes) <= self.ndim or any(s <= 0 for s in sizes):
-            raise ValueError(f"interpolate: invalid size {size} for an input of shape {self.shape}")
+            raise ArgumentError(f"interpolate: invalid size {size} for an input of shape {self.shape}")
         n = len(sizes)
         x = self
         for j, o in enumerate(sizes):

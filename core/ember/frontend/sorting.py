@@ -10,7 +10,7 @@ That is three kernels for any shape and fine for moderate ``n`` (thousands of el
 Order follows torch: nan counts as larger than every number (last when ascending, first when
 descending), ``-0.0`` and ``0.0`` are equal, and equal elements keep their original order in
 both directions. The values carry gradients (each input element receives the gradient of the
-output position it was moved to); the indices are int64.
+output position it was moved to); the indices are the default int (int32), as in tinygrad.
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ class SortingMixin(TensorBase):
         """
         d = self._axis(dim)
         if self.ndim == 0:
-            return self, type(self).zeros((), dtype=dtypes.int64, device=self.device)
+            return self, type(self).zeros((), dtype=dtypes.default_int, device=self.device)
         return self._sorted_along(d, self.shape[d], descending)
 
     def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
-        """The int64 indices that sort self along ``dim`` (stable; nan as in :meth:`sort`)."""
+        """The indices (the default int) that sort self along ``dim`` (stable; nan as in :meth:`sort`)."""
         return self.sort(dim, descending)[1]
 
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
@@ -58,23 +58,23 @@ class SortingMixin(TensorBase):
         if not 0 <= k <= n:
             raise RuntimeError(f"selected index k out of range (k={k}, size of dim {d} is {n})")
         if self.ndim == 0:
-            return self, type(self).zeros((), dtype=dtypes.int64, device=self.device)
+            return self, type(self).zeros((), dtype=dtypes.default_int, device=self.device)
         return self._sorted_along(d, k, largest)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _sorted_along(self, d: int, k: int, descending: bool) -> tuple[Tensor, Tensor]:
-        """The first ``k`` values and int64 indices of self sorted along dim ``d`` (``d`` valid, ndim >= 1)."""
+        """The first ``k`` values and (default int) indices of self sorted along dim ``d`` (valid, ndim >= 1)."""
         last = self.ndim - 1
         x = self.transpose(d, last) if d != last else self  # the sorted dim is last: (..., n)
         n = x.shape[-1]
         if k == 0 or x.numel() == 0:
             vals = x.shrink(tuple((0, s) for s in x.shape[:-1]) + ((0, k),))  # keeps the gradient link
-            idx = type(self).zeros(*vals.shape, dtype=dtypes.int64, device=self.device)
+            idx = type(self).zeros(*vals.shape, dtype=dtypes.default_int, device=self.device)
         else:
             rank = _ranks(x.detach(), descending)                                  # (..., n) int32
             slot = self._positions(k).reshape(k, 1)
             onehot = rank.unsqueeze(-2) == slot                                    # (..., k, n): rank[i] == r
-            idx = onehot.where(self._positions(n).cast(dtypes.int64), 0).sum(-1, dtype=dtypes.int64)
+            idx = onehot.where(self._positions(n).cast(dtypes.default_int), 0).sum(-1, dtype=dtypes.default_int)
             vals = _pick_exact(onehot, x)
         if d != last:
             vals, idx = vals.transpose(d, last), idx.transpose(d, last)

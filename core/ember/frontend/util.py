@@ -19,6 +19,31 @@ _TORCH_NAMES = {"bool": "Bool", "char": "Char", "uchar": "Byte", "short": "Short
                 "float": "Float", "double": "Double"}
 
 
+class ArgumentError(RuntimeError, ValueError):
+    """A bad size, shape, padding or repeat argument to a Tensor method.
+
+    It is both the RuntimeError torch raises for such a call and the ValueError tinygrad raises, so
+    code written for either catches it.
+    """
+
+
+def size_arg(s: object, what: str = "size") -> int:
+    """One size as an int: a float (even 2.0, as in torch) or a non-number is a TypeError naming it."""
+    if isinstance(s, (int, np.integer)):
+        return int(s)
+    raise TypeError(f"{what} must be an int, got {type(s).__name__} {s!r}")
+
+
+def shape_arg(shape: Sequence[object], what: str = "shape") -> Shape:
+    """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as the shape (2, 3); a negative size is an ArgumentError."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = tuple(size_arg(s, f"{what} entry") for s in shape)
+    if any(s < 0 for s in out):
+        raise ArgumentError(f"Trying to create tensor with negative dimension {min(out)}: {out}")
+    return out
+
+
 def broadcast_shape(*shapes: Shape) -> Shape:
     """numpy/torch broadcasting; a mismatch raises RuntimeError naming the shapes."""
     ndim = max((len(s) for s in shapes), default=0)

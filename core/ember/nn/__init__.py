@@ -8,6 +8,8 @@ PyTorch's ``reset_parameters``.
 
 Parameters are created with ``requires_grad=None``: an optimizer given them turns that into
 ``True``; buffers such as BatchNorm's running statistics are ``requires_grad=False``.
+
+As in tinygrad, ``from ember import nn`` also gives ``nn.optim`` and ``nn.state``.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 from ember.dtype import DType, dtypes, to_np_dtype
 from ember.frontend import checks
 from ember.helpers import prod
+from ember.nn import optim, state
 from ember.nn.state import get_parameters, get_state_dict, load_state_dict
 from ember.tensor import Tensor
 
@@ -161,6 +164,19 @@ class ConvTranspose2d(Conv2d):
         """Apply the transposed convolution to ``x`` of shape ``(N, C_in, H, W)``."""
         return x.conv_transpose2d(self.weight, self.bias, groups=self.groups, stride=self.stride,
                                   dilation=self.dilation, padding=self.padding, output_padding=self.output_padding)
+
+
+class ConvTranspose1d(ConvTranspose2d):
+    """A transposed 1-D convolution over ``(N, C_in, L)``; weight ``(in_channels, out_channels // groups, k)``.
+
+    Weight and bias are uniform in ``±1/sqrt(out_channels // groups * kernel_size)``, like torch.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int], stride: int = 1,
+                 padding: int | tuple[int] = 0, output_padding: int | tuple[int] = 0, dilation: int = 1,
+                 groups: int = 1, bias: bool = True):
+        ks = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+        super().__init__(in_channels, out_channels, ks, stride, padding, output_padding, dilation, groups, bias)
 
 
 class BatchNorm:
@@ -338,6 +354,6 @@ class LSTMCell:
         return new_h.contiguous(), new_c.contiguous()
 
 
-__all__ = ["BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "ConvTranspose2d", "Embedding",
-           "GroupNorm", "InstanceNorm", "LSTMCell", "LayerNorm", "LayerNorm2d", "Linear", "RMSNorm", "get_parameters",
-           "get_state_dict", "load_state_dict"]
+__all__ = ["BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "ConvTranspose1d",
+           "ConvTranspose2d", "Embedding", "GroupNorm", "InstanceNorm", "LSTMCell", "LayerNorm", "LayerNorm2d",
+           "Linear", "RMSNorm", "get_parameters", "get_state_dict", "load_state_dict", "optim", "state"]

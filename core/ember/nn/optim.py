@@ -7,7 +7,7 @@ update compiles to a few fused kernels. Hyperparameters that change during train
 learning rate, Adam's betas, SGD's momentum) live in 1-element tensors, so a schedule changes
 their values without changing the kernels.
 
-Update rules follow ``torch.optim`` (SGD, Adam, AdamW) and the LAMB paper; the schedules
+Update rules follow ``torch.optim`` (SGD, Adam, AdamW), the LAMB paper and tinygrad's LARS; the schedules
 follow ``torch.optim.lr_scheduler`` names and values.
 """
 from __future__ import annotations
@@ -277,6 +277,89 @@ class AdamW(LAMB):
         super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True)
 
 
+class LARS(Optimizer):
+    """Layer-wise adaptive rate scaling (tinygrad's rule; torch has no LARS): SGD whose step for each
+    parameter is scaled by the trust ratio ``r = tcoef * |p| / (|grad| + weight_decay * |p|)`` (1 when
+    either norm is 0, or when ``tcoef`` is 0).
+
+    ``g = grad + weight_decay * p``; ``classic`` momentum scales before accumulating
+    (``g = r * lr * g``, ``b = momentum * b + g``, ``p -= b``), otherwise after (``b = momentum * b + g``,
+    ``p -= r * lr * b``); ``nesterov`` uses ``g + momentum * b`` in place of ``b``.
+    """
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 0.001, momentum: float = 0.9,
+                 weight_decay: float = 1e-4, nesterov: bool = False, classic: bool = True, tcoef: float = 0.001):
+        for name, v in (("momentum", momentum), ("weight_decay", weight_decay), ("tcoef", tcoef)):
+            if v < 0:
+                raise ValueError(f"Invalid {name} value: {v}")
+        super().__init__(params, lr)
+        self.weight_decay, self.nesterov, self.classic, self.tcoef = weight_decay, nesterov, classic, tcoef
+        self.has_momentum = momentum != 0
+        if self.has_momentum:
+            self.momentum = self._scalar("momentum", momentum)
+            self.b = [_zeros_buffer(p) for p in self.params]
+
+    def _update(self, idx: list[int]) -> list[Tensor]:
+        changed: list[Tensor] = []
+        for i in idx:
+            p = self.params[i]
+            w, g = p.detach(), p.grad.detach()
+            scale = self.lr
+            if self.tcoef:
+                r1, r2 = w.square().sum().sqrt(), g.square().sum().sqrt()
+                ratio = (r1 > 0).where((r2 > 0).where(r1 * self.tcoef / (r2 + r1 * self.weight_decay), 1.0), 1.0)
+                scale = self.lr * ratio
+            if self.weight_decay:
+                g = g + w * self.weight_decay
+            if self.classic:
+                g = g * scale
+            if self.has_momentum:
+                b = self.b[i]
+                b.assign(b * self.momentum + g)
+                changed.append(b)
+                g = g + b * self.momentum if self.nesterov else b
+            if not self.classic:
+                g = g * scale
+            p.assign(w - g)
+        return changed
+
+
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (e.g. different learning rates for two parts of a model).
+
+    ``step()`` realizes every optimizer's update in one schedule; ``group[i]`` is the i-th optimizer.
+    """
+
+    def __init__(self, *optimizers: Optimizer):  # no super().__init__: the members own params and state
+        if not optimizers or not all(isinstance(o, Optimizer) for o in optimizers):
+            raise TypeError("OptimizerGroup takes one or more Optimizers")
+        self.optimizers = optimizers
+        self.params = [p for o in optimizers for p in o.params]
+        self.buffers = [b for o in optimizers for b in o.buffers]
+        self.device = optimizers[0].device
+
+    def __getitem__(self, i: int) -> Optimizer:
+        return self.optimizers[i]
+
+    def zero_grad(self) -> None:
+        """Forget the gradients of every member's parameters."""
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def schedule_step(self) -> list[Tensor]:
+        """Every member's update, built but not run; returns the tensors to realize."""
+        return _dedup(t for o in self.optimizers for t in o.schedule_step())
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Each member's state under the prefix ``"<index>."``."""
+        return {f"{i}.{k}": v for i, o in enumerate(self.optimizers) for k, v in o.state_dict().items()}
+
+    def load_state_dict(self, state_dict: dict[str, Tensor]) -> None:
+        """Load what :meth:`state_dict` saved, member by member."""
+        for i, o in enumerate(self.optimizers):
+            o.load_state_dict({k[len(f"{i}."):]: v for k, v in state_dict.items() if k.startswith(f"{i}.")})
+
+
 # --- gradient clipping ---------------------------------------------------------------------------
 def _grads_of(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
@@ -528,5 +611,6 @@ class OneCycleLR(LRScheduler):
             self.optimizer._set_scalar(self._momentum_name, self._last_momentum)
 
 
-__all__ = ["LAMB", "SGD", "Adam", "AdamW", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR",
-           "MultiStepLR", "OneCycleLR", "Optimizer", "StepLR", "clip_grad_norm_", "clip_grad_value_"]
+__all__ = ["LAMB", "LARS", "SGD", "Adam", "AdamW", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
+           "LinearLR", "MultiStepLR", "OneCycleLR", "Optimizer", "OptimizerGroup", "StepLR", "clip_grad_norm_",
+           "clip_grad_value_"]
