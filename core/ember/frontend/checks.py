@@ -63,7 +63,8 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
         return
     lo = -size if negative_ok else 0
     vals = index if ignore is None else (index == ignore).where(lo, index)
-    flat = vals.reshape(-1).cast(dtypes.int64 if index.dtype.itemsize == 8 else dtypes.int32)
+    wide = index.dtype.itemsize == 8 or (index.dtype.kind == "u" and index.dtype.itemsize == 4)  # uint32 > 2**31
+    flat = vals.reshape(-1).cast(dtypes.int64 if wide else dtypes.int32)
     summary = type(index).cat(flat.min().reshape(1), flat.max().reshape(1))
 
     def verdict(v: list) -> str | None:
