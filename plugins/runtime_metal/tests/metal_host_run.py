@@ -23,7 +23,7 @@ from ember.renderer import UOp
 
 HOST_SHIM = pathlib.Path(__file__).parent / "shim" / "host"
 _PARAM = re.compile(r"(?:const )?device (\w+)\* data(\d+) \[\[buffer\(\d+\)\]\]|constant long\* ember_vals|"
-                    r"uint3 (gid|lid|group) \[\[\w+\]\]")
+                    r"uint3 (gid|lid|group) \[\[\w+\]\]|ushort (lane|sg) \[\[\w+\]\]")
 
 
 def _arguments(params: str) -> list[str]:
@@ -34,6 +34,8 @@ def _arguments(params: str) -> list[str]:
             args.append(f"({m.group(1)}*)bufs[{m.group(2)}]")
         elif m.group(3):
             args.append(m.group(3))
+        elif m.group(4):  # one SIMD group per threadgroup: the lane is the thread's index in it
+            args.append("(ushort)(lid.x + local[0] * (lid.y + local[1] * lid.z))" if m.group(4) == "lane" else "0")
         else:
             args.append("vals")
     return args
@@ -86,10 +88,10 @@ def library_kernels(source: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     renames = list(re.finditer(r"^#define (\w+) (ember_b\d+_\w+)$", source, re.M))
     if not renames:
-        return [(m.group(1), m.group(2)) for m in re.finditer(r"kernel void (\w+)\((.*?)\) {", source)]
+        return [(m.group(1), m.group(2)) for m in re.finditer(r"kernel void (\w+)\((.*?)\) {", source, re.S)]
     for m in renames:
         name, symbol = m.group(1), m.group(2)
-        head = re.compile(rf"kernel void {name}\((.*?)\) {{").search(source, m.end())
+        head = re.compile(rf"kernel void {name}\((.*?)\) {{", re.S).search(source, m.end())
         assert head is not None, f"no kernel {name} after its #define"
         found.append((symbol, head.group(1)))
     return found
@@ -106,7 +108,8 @@ def uses_barriers(text: str, symbol: str) -> bool:
     if start < 0:
         return False
     end = text.find("kernel void", start + 1)
-    return "threadgroup_barrier" in text[start:end if end >= 0 else len(text)]
+    body = text[start:end if end >= 0 else len(text)]
+    return "threadgroup_barrier" in body or "ember_wmma_" in body  # the tensor-core helper syncs its SIMD group
 
 
 def build_host_library(text: str, folder: pathlib.Path) -> ctypes.CDLL:
@@ -116,6 +119,9 @@ def build_host_library(text: str, folder: pathlib.Path) -> ctypes.CDLL:
         raise RuntimeError("no clang on PATH")
     clangxx = clang.replace("clang", "clang++") if "clang++" not in clang else clang
     cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
+    # `threadgroup` is `static` for the shim (one threadgroup runs at a time); on a pointer parameter it is
+    # only an address space, dropped here
+    text = re.sub(r"([(,]\s*)threadgroup ", r"\1", text)
     wrappers = [(_group_wrapper if uses_barriers(text, sym) else _wrapper)(sym, params)
                 for sym, params in library_kernels(text)]
     # MSL's `thread` address space is a macro of the shim: the wrappers need std::thread back
