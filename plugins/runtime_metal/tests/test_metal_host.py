@@ -7,6 +7,8 @@ bit, transcendental functions within 2 ulp. This checks the renderer's arithmeti
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from ember_metal.renderer import MetalRenderer, tensor_cores, wmma_helper, wmma_name
@@ -110,15 +112,25 @@ def test_the_comparison_catches_a_planted_cast_bug(clang: str) -> None:
         compare(kernels, name, programs[name])
 
 
-@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+GROUP_DTYPES = (dtypes.float32, dtypes.int32, dtypes.float16, dtypes.bfloat16)
+
+
+@functools.cache
+def group_kernels(clang: str) -> HostKernels:
+    """The work-group sum of every dtype in GROUP_DTYPES and the tile kernel of every tensor core, built once."""
+    sources = {f"group_sum_{dt.name}": MetalRenderer().render(f"group_sum_{dt.name}", threadgroup_sum_program(dt))
+               for dt in GROUP_DTYPES}
+    sources.update({f"tile_{tc.dtype_in.name}_{tc.dtype_out.name}": tile_kernel(tc) for tc in tensor_cores()})
+    return HostKernels(sources)
+
+
+@pytest.mark.parametrize("dt", GROUP_DTYPES, ids=lambda d: d.name)
 def test_threadgroup_memory_and_barrier_kernel_runs(clang: str, dt: DType) -> None:
     """The work-group sum (threadgroup array, barrier, thread 0 adds its group's 16 values) run with real
     threads per threadgroup gives each group's sum, accumulated in order in the dtype as ember does."""
-    src = MetalRenderer().render("group_sum", threadgroup_sum_program(dt))
-    kernels = HostKernels({"group_sum": src})
     inp = sample(dt)
     out = np.zeros(4, storage(dt))
-    kernels.run("group_sum", [out, inp], grid=(64, 1, 1), local=(16, 1, 1))
+    group_kernels(clang).run(f"group_sum_{dt.name}", [out, inp], grid=(64, 1, 1), local=(16, 1, 1))
     want = np.zeros(4, storage(dt))
     with np.errstate(all="ignore"):  # the edge cases overflow and add inf to -inf on purpose
         expected_group_sums(inp, want, dt)
@@ -144,9 +156,9 @@ def tile_kernel(tc) -> str:
     return f"""#include <metal_stdlib>
 using namespace metal;
 {wmma_helper(tc)}
-kernel void tile(device {to}* data0 [[buffer(0)]], const device {ti}* data1 [[buffer(1)]],
-    const device {ti}* data2 [[buffer(2)]], const device {to}* data3 [[buffer(3)]],
-    ushort lane [[thread_index_in_simdgroup]]) {{
+kernel void tile_{tc.dtype_in.name}_{tc.dtype_out.name}(device {to}* data0 [[buffer(0)]],
+    const device {ti}* data1 [[buffer(1)]], const device {ti}* data2 [[buffer(2)]],
+    const device {to}* data3 [[buffer(3)]], ushort lane [[thread_index_in_simdgroup]]) {{
   threadgroup {ti} scratch_a[64];
   threadgroup {ti} scratch_b[64];
   threadgroup {to} scratch_c[64];
@@ -164,10 +176,10 @@ def test_tensor_core_helper_computes_the_tile(clang: str, tc) -> None:
     """With 32 threads each holding its elements in the declared layout, the helper returns D = A @ B + C
     (the host keeps a whole copy of each simdgroup_matrix per lane: this checks the layout and the staging)."""
     check_msl([tile_kernel(tc)])  # the same text passes the MSL type check
-    kernels = HostKernels({"tile": tile_kernel(tc)})
     a, b = (RNG.integers(-4, 5, (8, 8)).astype(to_np_dtype(tc.dtype_in)) for _ in range(2))
     c = RNG.integers(-4, 5, (8, 8)).astype(to_np_dtype(tc.dtype_out))
     d = np.zeros((8, 8), to_np_dtype(tc.dtype_out))
-    kernels.run("tile", [d, a, b, c], grid=(32, 1, 1), local=(32, 1, 1))
+    group_kernels(clang).run(f"tile_{tc.dtype_in.name}_{tc.dtype_out.name}", [d, a, b, c], grid=(32, 1, 1),
+                             local=(32, 1, 1))
     want = a.astype(np.float64) @ b.astype(np.float64) + c  # small integers: exact in every dtype
     np.testing.assert_array_equal(d.astype(np.float64), want)
