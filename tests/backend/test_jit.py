@@ -168,9 +168,8 @@ def _train_mlp(device: str, batches: list[tuple[np.ndarray, np.ndarray]], jitted
     layers = [nn.Linear(6, 8), nn.Linear(8, 3)]
     params = [t for lin in layers for t in (lin.weight, lin.bias)]
     for p in params:
-        if p.device != device:
-            p.replace(p.to(device).contiguous().realize())
-    opt = optim.Adam(params, lr=0.01)
+        p.to_(device)
+    opt = optim.Adam(params, lr=0.01)  # realizes the parameters: each in its own buffer
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         with Tensor.train():
@@ -197,10 +196,10 @@ def test_optimizer_step_matches_eager_bit_for_bit(device):
 def test_batchnorm_running_stats_update_in_place(device):
     def run(jitted: bool) -> tuple[np.ndarray, np.ndarray]:
         bn = nn.BatchNorm(3)
-        bn.running_mean.replace(bn.running_mean.to(device).contiguous().realize())
-        bn.running_var.replace(bn.running_var.to(device).contiguous().realize())
-        bn.num_batches_tracked.replace(bn.num_batches_tracked.to(device).contiguous().realize())
-        bn.weight, bn.bias = bn.weight.to(device), bn.bias.to(device)
+        stats = (bn.running_mean, bn.running_var, bn.num_batches_tracked)
+        for t in (*stats, bn.weight, bn.bias):
+            t.to_(device)
+        Tensor.realize_all(*stats)  # in buffers, so the updates write in place
 
         def fwd(x: Tensor) -> Tensor:
             with Tensor.train():
