@@ -161,6 +161,7 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         idx, valid = view_index(ctx, st, idxs)
         src_shape = ast_shape(u.src[0], ctx.shapes)
         # unflatten the flat index into the source's logical shape
+        sub: tuple[UOp, ...]
         if len(src_shape) == 1:
             sub = (idx,)
         elif st.contiguous and [d for d in st.shape if d != 1] == [d for d in src_shape if d != 1]:

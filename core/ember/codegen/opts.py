@@ -146,7 +146,7 @@ def launch_dim(plan: KernelPlan, axis: int, renderer: Renderer) -> int | None:
             if i not in plan.reduce_axes and plan.size(i) // plan.upcast.get(i, 1) != 1]
     limit = len(renderer.global_max) if renderer.global_max is not None else len(dims)
     # lower_ast merges the leading dims into one loop when there are more than the grid has
-    ranges: list[int | None] = dims if len(dims) <= limit else [None, *dims[len(dims) - limit + 1:]]
+    ranges: list[int | None] = list(dims) if len(dims) <= limit else [None, *dims[len(dims) - limit + 1:]]
     if axis not in ranges:
         return None
     return len(ranges) - 1 - ranges.index(axis)
@@ -196,7 +196,7 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
                    f"{type(renderer).__name__} has no work-groups")
             _check(plan.upcast.get(axis, 1) == 1, opt, "LOCAL must come before UPCAST on the same axis")
             dim = launch_dim(plan, axis, renderer)
-            _check(dim is not None and dim < len(renderer.local_max), opt,
+            _check(dim is not None and renderer.local_max is not None and dim < len(renderer.local_max), opt,
                    "the axis shares its launch dimension with others")
             assert dim is not None and renderer.local_max is not None
             size = plan.local.get(axis, 1) * amt

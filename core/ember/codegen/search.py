@@ -5,7 +5,7 @@ Starting from no opts and from the heuristic's choice, each round extends every 
 (``compile_cached_many``: the batch compiler spreads them over the cores), and times each on scratch buffers
 of the kernel's sizes, filled with random values. A candidate whose output differs from the unoptimized
 kernel's on those buffers is rejected. The ``N`` fastest survive to the next round; the search stops when
-a round finds nothing faster or its time budget (``BEAM_BUDGET`` seconds, default 2) is spent.
+a round finds nothing faster or its time budget (``BEAM_BUDGET`` seconds, default 1.5) is spent.
 
 The result is cached on disk under :func:`~ember.codegen.cachekey.lowering_key` (the AST, the knobs and the
 renderer's full identity), so a second process searches nothing.
@@ -66,9 +66,10 @@ def _scratch_buffers(ast: UOp, device: str) -> list[Any]:
     params = sorted({u.arg[0]: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.items())
     bufs = []
     for _, g in params:
-        dt = g.dtype.base if isinstance(g.dtype, PtrDType) else g.dtype
+        dt = g.dtype.base if isinstance(g.dtype, PtrDType) else g.value_dtype
         npdt = to_np_dtype(dt)
         size = max(int(g.arg[1]), 1)
+        vals: np.ndarray
         if np.issubdtype(npdt, np.floating):
             vals = rng.uniform(-1, 1, size).astype(npdt)
         elif npdt == np.bool_:
@@ -111,7 +112,7 @@ def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None =
             return list(pickle.loads(payload))
         except Exception:  # an entry from an incompatible version: search again
             pass
-    opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 2.0)) if budget_s is None else budget_s)
+    opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s)
     if path is not None:
         diskcache.write(path, pickle.dumps(opts))
     return opts
@@ -140,7 +141,7 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt
         return [(c, CompiledRunner(device, s, b)) for c, s, b in zip(cands, specs, binaries)]
 
     heuristic = heuristic_opts(ast, renderer)
-    seeds = [[]] + ([heuristic] if heuristic else [])
+    seeds: list[list[Opt]] = [[]] + ([heuristic] if heuristic else [])
     built = build(seeds)
     built[0][1](bufs, wait=True)
     reference = _output(bufs, ast)  # the unoptimized kernel's result: every candidate must match it

@@ -123,14 +123,14 @@ def _safe_header(src: _Source) -> tuple[int, dict[str, Any], list[_SafeEntry]]:
     data_size = src.size - data_start
     entries = [_safe_entry(where, k, v, data_size) for k, v in header.items() if k != "__metadata__"]
     pos, prev = 0, None
-    for e in sorted(entries, key=lambda e: (e.begin, e.end)):
-        if e.begin < pos and prev is not None:
-            raise SafetensorsError(f"{where}: tensors {prev.name!r} [{prev.begin}, {prev.end}] and {e.name!r} "
-                                   f"[{e.begin}, {e.end}] overlap")
-        if e.begin > pos:
-            raise SafetensorsError(f"{where}: tensor {e.name!r} starts at data offset {e.begin}, leaving "
-                                   f"{e.begin - pos} bytes before it that belong to no tensor")
-        pos, prev = e.end, e
+    for ent in sorted(entries, key=lambda x: (x.begin, x.end)):  # not "e": an except clause above uses that name
+        if ent.begin < pos and prev is not None:
+            raise SafetensorsError(f"{where}: tensors {prev.name!r} [{prev.begin}, {prev.end}] and {ent.name!r} "
+                                   f"[{ent.begin}, {ent.end}] overlap")
+        if ent.begin > pos:
+            raise SafetensorsError(f"{where}: tensor {ent.name!r} starts at data offset {ent.begin}, leaving "
+                                   f"{ent.begin - pos} bytes before it that belong to no tensor")
+        pos, prev = ent.end, ent
     if pos != data_size:
         raise SafetensorsError(f"{where}: {data_size - pos} bytes after the last tensor belong to no tensor")
     return data_start, header, entries

@@ -64,7 +64,7 @@ def _walk_state(obj: Any, prefix: str, tensor_type: type, out: dict[str, Any], a
     try:
         items: Iterable[tuple[Any, Any]]
         if hasattr(obj, "_asdict") and isinstance(obj, tuple):  # namedtuple
-            items = obj._asdict().items()
+            items = getattr(obj, "_asdict")().items()  # noqa: B009  (a namedtuple's method, unknown to the checker)
         elif isinstance(obj, Mapping):
             items = obj.items()
         elif isinstance(obj, (list, tuple)):

@@ -234,7 +234,7 @@ class CStyleRenderer(Renderer):
                 for s in self.render_range_close(u.src[0]):
                     line(s)
                 if accs := range_accs.pop(u.src[0], []):
-                    lines, names = self.render_loop_results([r[a] for a in accs], [a.dtype for a in accs])
+                    lines, names = self.render_loop_results([r[a] for a in accs], [a.value_dtype for a in accs])
                     for s in lines:
                         line(s)
                     r.update(zip(accs, names))
