@@ -109,7 +109,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             try:
                 arr = np.array(data, dtype=np.float64 if dt.kind == "f" else to_np_dtype(dt) if dt != dtypes.bfloat16
                                else np.float32)
-            except (ValueError, OverflowError) as e:
+            except OverflowError as e:  # torch: a value that does not fit the dtype is a RuntimeError
+                raise RuntimeError(f"value cannot be converted to type {dt.name} without overflow ({e})") from e
+            except ValueError as e:
                 raise ValueError(f"cannot build a {dt} tensor from {type(data).__name__}: {e}") from e
         elif isinstance(data, np.ndarray):
             arr = data

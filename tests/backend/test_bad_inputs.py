@@ -119,6 +119,8 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[], Any]]] = {
                                         lambda: _t([3, 4]) // _t([0, 1])),
     "full overflows int8": (lambda d: Tensor.full((2,), 300, dtype=dtypes.int8, device=d),
                             lambda: torch.full((2,), 300, dtype=torch.int8)),
+    "list value overflows int8": (lambda d: Tensor([300], dtype=dtypes.int8, device=d),
+                                  lambda: torch.tensor([300], dtype=torch.int8)),
     "full overflows uint8": (lambda d: Tensor.full((2,), 256, dtype=dtypes.uint8, device=d),
                              lambda: torch.full((2,), 256, dtype=torch.uint8)),
     "full overflows int16 below": (lambda d: Tensor.full((2,), -40000, dtype=dtypes.int16, device=d),
