@@ -358,3 +358,26 @@ def test_reshape_and_permute_of_symbolic_views(device):
         padded = Tensor(a[:4], device=device).reshape(2, 2).pad(((0, 0), (i, 16 - i))).reshape(2, 9, 2)
         np.testing.assert_array_equal(padded.numpy(), np.pad(a[:4].reshape(2, 2), ((0, 0), (val, 16 - val)))
                                       .reshape(2, 9, 2))
+
+
+def test_multiple_outputs_method_and_reset(device):
+    class Model:
+        def __init__(self) -> None:
+            self.scale = Tensor([3.0], device=device).realize()
+
+        @TinyJit
+        def __call__(self, x: Tensor) -> dict[str, Tensor | tuple[Tensor, int]]:
+            return {"double": x * 2, "pair": (x * self.scale, 7)}
+
+    m = Model()
+    for i in range(4):
+        a = _arr(3, seed=i)
+        out = m(Tensor(a, device=device))
+        np.testing.assert_allclose(out["double"].numpy(), a * 2, rtol=1e-6)
+        np.testing.assert_allclose(out["pair"][0].numpy(), a * 3, rtol=1e-6)
+        assert out["pair"][1] == 7
+    jitted = Model.__call__
+    assert jitted.cnt == 4 and jitted.captured is not None
+    jitted.reset()
+    assert jitted.cnt == 0 and jitted.captured is None
+    np.testing.assert_allclose(m(Tensor(_arr(5), device=device))["double"].numpy(), _arr(5) * 2, rtol=1e-6)
