@@ -112,8 +112,8 @@ FUSED_TILE_ATTR = """#ifndef EMBER_FUSED_TILE
 
 
 def _fused_tile(uops: list[UOp], in_loop: bool = False) -> bool:
-    """A register tile (several accumulators) with float work besides one multiply-add per accumulator update
-    (``in_loop``: inside its loops).
+    """A register tile (several accumulators) with float work besides one multiply-add per accumulator update:
+    inside its loops (``in_loop``), or anywhere (float work after the loop counts).
 
     gcc (12) vectorizes a tile's accumulators only when the loop's results go straight to a group of stores:
     with anything computed from them after the loop (a fused relu mask, a bias, an SGD update) the whole tile
@@ -122,15 +122,19 @@ def _fused_tile(uops: list[UOp], in_loop: bool = False) -> bool:
     updates = sum(1 for u in uops if u.op is Ops.ASSIGN)
     if updates < 2:
         return False
-    float_ops, depth = 0, 0
+    inside, outside, depth = 0, 0, 0
     for u in uops:
         if u.op is Ops.RANGE and u.arg[1] != "global":
             depth += 1
         elif u.op is Ops.ENDRANGE and u.src[0].arg[1] != "global":
             depth -= 1
-        elif u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind == "f" and (depth or not in_loop):
-            float_ops += 1
-    return float_ops > 2 * updates
+        elif u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind == "f":
+            if depth:
+                inside += 1
+            else:
+                outside += 1
+    # a multiply-add (or a plain sum) per update is what a tile's loop body does by itself
+    return inside > 2 * updates if in_loop else (outside > 0 or inside > 2 * updates)
 
 
 @functools.cache
