@@ -14,6 +14,60 @@ def _arr(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+# --- in-place assign ---------------------------------------------------------------------------------
+
+def test_assign_writes_in_place_and_earlier_views_see_it(device):
+    a = Tensor(np.arange(4, dtype=np.float32), device=device).realize()
+    view = a[1:3]
+    before = a.lazydata
+    a.assign(a + 1).realize()
+    assert a.lazydata is before  # the same buffer holds the new value
+    np.testing.assert_array_equal(view.numpy(), [2, 3])
+
+
+def test_assign_into_views_and_self_overlapping_values(device):
+    b = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=device).realize()
+    b[:, 1:2].assign(Tensor([[10.0], [20.0]], device=device)).realize()
+    np.testing.assert_array_equal(b.numpy(), [[0, 10, 2], [3, 20, 5]])
+    t = b.permute(1, 0)
+    t.assign(t * 2).realize()
+    np.testing.assert_array_equal(b.numpy(), [[0, 20, 4], [6, 40, 10]])
+    c = Tensor([1.0, 2.0, 3.0], device=device).realize()
+    c.assign(c.flip(0)).realize()  # reads the buffer at other places than it writes: via a temporary
+    np.testing.assert_array_equal(c.numpy(), [3, 2, 1])
+
+
+def test_assign_ordering_and_repeats(device):
+    d = Tensor([1.0, 2.0, 3.0], device=device).realize()
+    e = d * 2  # reads the old value; realized together with the update it runs first
+    d.assign(d + 10)
+    Tensor.realize_all(d, e)
+    np.testing.assert_array_equal(d.numpy(), [11, 12, 13])
+    np.testing.assert_array_equal(e.numpy(), [2, 4, 6])
+    d.assign(d + 1)
+    d.assign(d * 2)  # two pending updates of one buffer run in order
+    np.testing.assert_array_equal(d.numpy(), [24, 26, 28])
+    held = []
+    for _ in range(3):  # equal updates are separate writes, even while an earlier one is still referenced
+        held.append(d.assign(d + 1).lazydata)
+        d.realize()
+    np.testing.assert_array_equal(d.numpy(), [27, 29, 31])
+    x, w = Tensor([1.0, 1.0], device=device).realize(), Tensor([2.0, 3.0], device=device).realize()
+    for k in range(3):  # a result computed from the old value is not reused after the update
+        assert (x * w).sum().item() == 5 + 2 * k
+        w.assign(w + 1).realize()
+
+
+def test_assign_keeps_gradients_right(device):
+    a = Tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
+    b = (a * 1).realize()
+    b.assign(b * b)  # the history of the new value reads b's old value: kept in a copy
+    b.realize()
+    b.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [2, 4, 6])
+    np.testing.assert_array_equal(b.numpy(), [1, 4, 9])
+
+
 # --- capture and replay -------------------------------------------------------------------------------
 
 def test_capture_count_and_replay(device):
