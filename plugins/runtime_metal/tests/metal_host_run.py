@@ -8,6 +8,7 @@ compiler and GPU are out of its reach.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import pathlib
 import re
@@ -144,16 +145,24 @@ def run_host_kernel(lib: ctypes.CDLL, symbol: str, addresses: Sequence[int], val
 
 
 class HostKernels:
-    """Compile several MSL sources (each with one kernel, named as in ``sources``) into one shared library."""
+    """Compile several MSL sources (each with one kernel, named as in ``sources``) into shared libraries of at
+    most ``per_library`` kernels, built two at a time."""
 
-    def __init__(self, sources: dict[str, str]):
+    def __init__(self, sources: dict[str, str], per_library: int = 600):
         self._tmp = tempfile.TemporaryDirectory()
-        self.lib = build_host_library("\n".join(sources.values()), pathlib.Path(self._tmp.name))
+        names = list(sources)
+        groups = [names[i:i + per_library] for i in range(0, len(names), per_library)]
+        folders = [pathlib.Path(self._tmp.name) / str(i) for i in range(len(groups))]
+        for folder in folders:
+            folder.mkdir()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            libs = list(pool.map(lambda g, f: build_host_library("\n".join(sources[n] for n in g), f), groups, folders))
+        self.libs = {name: lib for group, lib in zip(groups, libs) for name in group}
 
     def run(self, name: str, bufs: Sequence[np.ndarray], grid: Sequence[int], local: Sequence[int] = (1, 1, 1),
             vals: Sequence[int] = ()) -> None:
         """Run kernel ``name`` over ``grid`` threads on the numpy arrays ``bufs`` (buffer i = ``bufs[i]``)."""
-        run_host_kernel(self.lib, name, [b.ctypes.data for b in bufs], vals, grid, local)
+        run_host_kernel(self.libs[name], name, [b.ctypes.data for b in bufs], vals, grid, local)
 
 
 def run_on_python(uops: list[UOp], arrays: Sequence[np.ndarray], grid: Sequence[int],
