@@ -46,6 +46,7 @@ from ember.frontend.normalization import NormalizationMixin
 from ember.frontend.pool import PoolMixin
 from ember.frontend.reduce import ReduceMixin
 from ember.frontend.resample import ResampleMixin
+from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
@@ -59,7 +60,7 @@ from ember.schedule import create_schedule, mark_realized
 
 class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
              ActivationMixin, CastMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, ConvMixin, PoolMixin,
-             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin):
+             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin, SelectionMixin):
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,
