@@ -1,1 +1,1 @@
-"""Execution: ExecItem, run_schedule, and (later) the jit."""
+"""Execution: lowering schedules to ExecItems and running them (realize), and TinyJit capture/replay (jit)."""
