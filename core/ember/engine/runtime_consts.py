@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.device.buffer import Buffer
+from ember.device.contracts import BufferSpec
 from ember.dtype import dtypes, to_np_dtype
 from ember.graph.uop import Ops, UOp
 from ember.helpers import ContextVar
@@ -77,7 +78,8 @@ def parameterize(si: object, compiled: dict) -> object:
         c = consts[i]
         index = len(bufs) + len(extra)
         replace[c] = UOp(Ops.LOAD, c.dtype, (UOp(Ops.DEFINE_GLOBAL, c.dtype.ptr(), (), (index, 1)),))
-        buf = Buffer(device, 1, c.dtype).allocate()
+        # written by the host for every run and read once by the kernel: memory the host reaches cheaply
+        buf = Buffer(device, 1, c.dtype, options=BufferSpec(cpu_access=True)).allocate()
         buf.copyin(memoryview(np.array([c.arg], dtype=to_np_dtype(c.dtype)).view(np.uint8)))
         extra.append(buf)
     return type(si)(_rebuild(ast, replace), tuple(bufs) + tuple(extra), si.var_vals)  # type: ignore[call-arg]
