@@ -163,3 +163,29 @@ def test_not_installed_hint_names_only_existing_extras() -> None:
     with pytest.raises(DeviceNotFoundError) as err:
         reg["AMD"]
     assert "ember[" not in str(err.value)
+
+
+def test_core_asks_for_cpu_access_memory_for_runtime_constants() -> None:
+    """A float that changes between runs becomes a one-element input the host writes each run: core allocates it
+    with BufferSpec(cpu_access=True), and the result is still right."""
+    import numpy as np
+
+    from ember import Tensor
+
+    alloc = Device["PYTHON"].allocator
+    seen: list[Any] = []
+    original = alloc.alloc
+
+    def spy(nbytes: int, options: BufferSpec | None = None) -> Any:
+        seen.append(options)
+        return original(nbytes, options)
+
+    x = Tensor(np.arange(5, dtype=np.float32), device="PYTHON").realize()
+    alloc.alloc = spy  # type: ignore[method-assign]
+    try:
+        outs = [(x * scale + 1).numpy() for scale in (0.5, 0.25, 0.125)]
+    finally:
+        del alloc.alloc
+    assert BufferSpec(cpu_access=True) in seen
+    for scale, out in zip((0.5, 0.25, 0.125), outs):
+        np.testing.assert_allclose(out, np.arange(5, dtype=np.float32) * scale + 1)
