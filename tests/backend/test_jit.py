@@ -435,3 +435,23 @@ def test_multiple_outputs_method_and_reset(device):
     jitted.reset()
     assert jitted.cnt == 0 and jitted.captured is None
     np.testing.assert_allclose(m(Tensor(_arr(5), device=device))["double"].numpy(), _arr(5) * 2, rtol=1e-6)
+
+
+def test_capture_after_a_call_with_the_same_input(device):
+    """Results remembered from the first call (the returned tensor keeps its graph alive through autograd) must not
+    hide kernels from the capture: a replay with another input computes from that input."""
+    w = Tensor(np.ones(3, np.float32), device=device, requires_grad=True)
+    f = TinyJit(lambda x: ((x * w).exp() * 2).sum().realize())
+    x = Tensor(np.arange(3, dtype=np.float32), device=device).realize()
+    kept = [f(x), f(x)]  # run, then capture with the very same input
+    y = np.array([0.5, -1.0, 2.0], np.float32)
+    np.testing.assert_allclose(f(Tensor(y, device=device)).item(), (np.exp(y) * 2).sum(), rtol=1e-5)
+    assert len(kept) == 2
+
+
+def test_function_without_kernels_is_refused(device):
+    f = TinyJit(lambda x: x)
+    x = Tensor([1.0], device=device).realize()
+    f(x)
+    with pytest.raises(JitError, match="no kernels"):
+        f(x)

@@ -370,6 +370,10 @@ class TinyJit(Generic[R]):
         global _uploads
         recorded: list[ExecItem] = []
         uploads: list[tuple[Any, Callable[[], np.ndarray]]] = []
+        # results remembered from earlier calls would be read instead of recomputed, and never recorded
+        for node in list(realized.keys()):
+            if node.op is not Ops.ASSIGN:
+                realized.pop(node, None)
         realize.capturing.append(recorded.append)
         _uploads = uploads
         try:
@@ -377,6 +381,9 @@ class TinyJit(Generic[R]):
         finally:
             realize.capturing.remove(recorded.append)
             _uploads = None
+        if not recorded:
+            raise JitError("the jitted function ran no kernels when captured: there is nothing to replay (it must "
+                           "compute with tensors and return what it computed)")
         upload_bufs = [(input_buffer(t), fresh) for t, fresh in uploads]
         out_bufs = [input_buffer(t) for t in _tensors_in(ret)]
         before = len({id(b) for ei in recorded for b in ei.bufs})
