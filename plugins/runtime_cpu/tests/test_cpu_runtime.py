@@ -520,7 +520,7 @@ def test_graph_rejects_foreign_programs(dev):
 def test_plugin_hooks():
     plugin = pytest.importorskip("ember_cpu.plugin", exc_type=ImportError)
     (spec,) = plugin.ember_devices()
-    assert spec.name == "CPU" and spec.factory == "ember_cpu.device:CPUDevice" and spec.priority == 10
+    assert spec.name == "CPU" and spec.factory == "ember_cpu.device:open_device" and spec.priority == 10
     assert spec.probe() is None
     (line,) = plugin.ember_report_header()
     assert line.startswith("CPU: compiler ") and "OpenMP" in line
