@@ -11,7 +11,7 @@ runtime may then choose any block size and cap the grid at the hardware limits (
 Storage and compute types:
 
 - ``float16`` buffers hold ``half`` (``cuda_fp16.h``); values are computed as ``float`` and every
-  float16 result is rounded to half precision (``__float2half_rn``). float32 has more than twice
+  float16 result is rounded to half precision (``ember_f32_to_f16``). float32 has more than twice
   half's precision plus two bits, so add, sub, mul, div and sqrt give exactly half arithmetic's
   answers, without the overload ambiguities of ``__half`` operators.
 - ``bfloat16`` buffers hold ``__nv_bfloat16`` (``cuda_bf16.h``); values are ``float`` rounded to
@@ -36,18 +36,35 @@ from ember.renderer import TensorCore
 from ember.renderer.cstyle import CStyleRenderer
 
 #: every float16 or bfloat16 result is computed in float and rounded back by these (under include guards:
-#: the kernels of a batch are joined into one program)
+#: the kernels of a batch are joined into one program). Finite values round to nearest even (the headers'
+#: conversions); a NaN keeps its sign and top payload bits, made quiet for bfloat16, as numpy and the
+#: PYTHON device convert it (the hardware conversion would give one canonical NaN)
 _F16_HELPERS = """#ifndef EMBER_CUDA_F16
 #define EMBER_CUDA_F16
 #include <cuda_fp16.h>
-static __device__ __forceinline__ float ember_f16_round(float f) { return __half2float(__float2half_rn(f)); }
+static __device__ __forceinline__ half ember_f32_to_f16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    unsigned short h = (unsigned short)(((u >> 16) & 0x8000u) | 0x7c00u | ((u >> 13) & 0x3ffu));
+    return __ushort_as_half((h & 0x3ffu) ? h : (unsigned short)(h | 1u));
+  }
+  return __float2half_rn(f); }
+static __device__ __forceinline__ half ember_f64_to_f16(double d) {
+  return d != d ? ember_f32_to_f16((float)d) : __double2half(d); }
+static __device__ __forceinline__ float ember_f16_round(float f) { return __half2float(ember_f32_to_f16(f)); }
 #endif"""
 
 _BF16_HELPERS = """#ifndef EMBER_CUDA_BF16
 #define EMBER_CUDA_BF16
 #include <cuda_bf16.h>
-static __device__ __forceinline__ float ember_bf16_round(float f) {
-  return __bfloat162float(__float2bfloat16_rn(f)); }
+static __device__ __forceinline__ __nv_bfloat16 ember_f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return __ushort_as_bfloat16((unsigned short)((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u)));
+  return __ushort_as_bfloat16((unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)); }
+static __device__ __forceinline__ __nv_bfloat16 ember_f64_to_bf16(double d) {
+  return d != d ? ember_f32_to_bf16((float)d) : __double2bfloat16(d); }
+static __device__ __forceinline__ float ember_bf16_round(float f) { return __bfloat162float(ember_f32_to_bf16(f)); }
 #endif"""
 
 _BITCAST_HELPER = """#ifndef EMBER_CUDA_BITCAST
@@ -235,9 +252,9 @@ class CUDARenderer(CStyleRenderer):
     def _preamble(self, code: str) -> str:
         """The headers and helpers the kernel uses, each under an include guard."""
         parts: list[str] = []
-        if "half" in code or "ember_f16_round" in code:
+        if "half" in code or "ember_f16_round" in code or "_to_f16(" in code:
             parts.append(_F16_HELPERS)
-        if "bfloat16" in code or "ember_bf16_round" in code:
+        if "bfloat16" in code or "ember_bf16_round" in code or "_to_bf16(" in code:
             parts.append(_BF16_HELPERS)
         if "ember_bitcast" in code:
             parts.append(_BITCAST_HELPER)
@@ -273,9 +290,9 @@ class CUDARenderer(CStyleRenderer):
 
     def render_store_value(self, value: str, dt: DType) -> str:
         if dt == dtypes.float16:
-            return f"__float2half_rn({value})"
+            return f"ember_f32_to_f16({value})"
         if dt == dtypes.bfloat16:
-            return f"__float2bfloat16_rn({value})"
+            return f"ember_f32_to_bf16({value})"
         return value
 
     # --- literals and ops ---------------------------------------------------------------------
@@ -323,8 +340,8 @@ class CUDARenderer(CStyleRenderer):
         assert isinstance(dt, DType) and isinstance(sdt, DType)
         if dt in (dtypes.float16, dtypes.bfloat16) and sdt.kind != "b":
             if sdt == dtypes.float64:  # one rounding, straight from double
-                return f"__half2float(__double2half({x}))" if dt == dtypes.float16 else \
-                    f"__bfloat162float(__double2bfloat16({x}))"
+                return f"__half2float(ember_f64_to_f16({x}))" if dt == dtypes.float16 else \
+                    f"__bfloat162float(ember_f64_to_bf16({x}))"
             if sdt.kind in "iu" and sdt.itemsize >= 4:  # a wide int is not exact in float: one rounding, from the int
                 fn = {(4, "i"): "int", (4, "u"): "uint", (8, "i"): "ll", (8, "u"): "ull"}[(sdt.itemsize, sdt.kind)]
                 return f"__half2float(__{fn}2half_rn({x}))" if dt == dtypes.float16 else \
@@ -338,9 +355,9 @@ class CUDARenderer(CStyleRenderer):
         dt, sdt = u.dtype, u.src[0].dtype
         assert isinstance(dt, DType) and isinstance(sdt, DType)
         if sdt == dtypes.float16:
-            bits, src_t = f"__half_as_ushort(__float2half_rn({x}))", "unsigned short"
+            bits, src_t = f"__half_as_ushort(ember_f32_to_f16({x}))", "unsigned short"
         elif sdt == dtypes.bfloat16:
-            bits, src_t = f"__bfloat16_as_ushort(__float2bfloat16_rn({x}))", "unsigned short"
+            bits, src_t = f"__bfloat16_as_ushort(ember_f32_to_bf16({x}))", "unsigned short"
         else:
             bits, src_t = x, self.render_dtype(sdt)
         if dt == dtypes.float16:
