@@ -86,6 +86,11 @@ _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 #: the grid registers of each launch dimension
 _DIMS = ("x", "y", "z")
 
+#: float32 functions CUDA computes with more than 1 ulp of error (expf, exp2f, sinf: 2; powf: more; logf and
+#: log2f: 1 but not correctly rounded): computed in float64 and rounded once they are within 1 ulp, the bound
+#: ember holds every compiled device to
+WIDE_MATH_OPS = frozenset({Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.POW})
+
 # state of the render in progress on this thread: the launch dimension each global RANGE runs along
 _render_state = threading.local()
 
@@ -168,6 +173,8 @@ class CUDARenderer(CStyleRenderer):
     has_shared = True
     parallel_threads = 1
     supports_float16 = True
+    #: compute :data:`WIDE_MATH_OPS` of float32 (and 16-bit floats) in float64, rounded once
+    wide_math = True
     math_fns = {Ops.SQRT: "sqrtf", Ops.EXP: "expf", Ops.LOG: "logf", Ops.EXP2: "exp2f", Ops.LOG2: "log2f",
                 Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf"}
 
@@ -308,9 +315,13 @@ class CUDARenderer(CStyleRenderer):
         return super().render_const(value, dt)
 
     def math_fn(self, op: Ops, dt: DType) -> Callable[..., str]:
+        """float64 functions for float64; for narrower floats the float64 function rounded once where CUDA's own
+        float function is less accurate than 1 ulp (see :data:`WIDE_MATH_OPS`), else the float function."""
         fn = self.math_fns[op]
         if dt == dtypes.float64:
-            fn = fn[:-1]
+            return lambda *a: f"{fn[:-1]}({', '.join(a)})"
+        if self.wide_math and op in WIDE_MATH_OPS:
+            return lambda *a: f"((float){fn[:-1]}({', '.join(f'(double){x}' for x in a)}))"
         return lambda *a: f"{fn}({', '.join(a)})"
 
     def render_alu(self, u: UOp, a: list[str]) -> str:

@@ -86,6 +86,13 @@ def test_wide_ints_round_once_to_16bit_floats():
     assert "__double2bfloat16(" in kernel_src(x(dtypes.float64).cast(dtypes.bfloat16))
 
 
+def test_float32_transcendentals_round_once_from_float64():
+    src = kernel_src(x().exp() + x().sin() + x().sqrt())
+    assert "((float)exp((double)" in src and "((float)sin((double)" in src  # CUDA's expf, sinf: 2 ulp
+    assert "sqrtf(" in src  # IEEE correctly rounded already
+    assert "exp((double)" not in kernel_src(x(dtypes.float64).exp())
+
+
 def test_special_float_constants_are_bit_patterns():
     src = kernel_src(x() + float("inf"))
     assert "__int_as_float(0x7f800000)" in src and "INFINITY" not in src
