@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # System packages the test suite needs beyond Python: clang (the CPU plugin is tested with gcc and
-# with clang) and clang's OpenMP runtime (libomp-dev), so both compilers build multithreaded kernels.
+# with clang) and clang's OpenMP runtime (libomp-dev), so both compilers build multithreaded kernels;
+# Debian's PoCL (an OpenCL platform for the CPU, LLVM 15), because PyPI's pocl-binary-distribution
+# (PoCL 3.0, LLVM 14) cannot build kernels on CPUs newer than LLVM 14 (on AMD Zen 5 it asks for target
+# CPU "generic", which LLVM 14 rejects).
 # Installs only what is missing, and only where it can (root with apt-get); elsewhere it says what to
 # install and exits non-zero, so a test run never silently skips the clang stage.
 set -uo pipefail
@@ -12,6 +15,7 @@ if command -v clang >/dev/null 2>&1; then
 else
     missing+=(libomp-dev)
 fi
+[ -e /etc/OpenCL/vendors/pocl.icd ] || missing+=(pocl-opencl-icd ocl-icd-libopencl1)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "system packages missing: ${missing[*]}"
