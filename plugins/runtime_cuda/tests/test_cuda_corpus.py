@@ -1,10 +1,9 @@
 """Every kernel of a corpus renders for CUDA and compiles for Turing, Ampere and Hopper, without a GPU.
 
-With ``CUDA_CORPUS=<folder>`` set (a folder recorded by running the backend suite with
-``KERNEL_CORPUS=<folder>``) the test compiles that whole corpus; otherwise it schedules a small
-representative set of ops itself (:mod:`cuda_test_kernels`), so it never passes on nothing. (A variable
-of its own: a suite that records a corpus with ``KERNEL_CORPUS`` and runs this test in the same run
-must not compile a corpus that is still being written.) Kernels are joined into a few
+With ``KERNEL_CORPUS=<folder>`` set (a corpus recorded by a test run; ``make test`` records the main
+suite's and runs the ``corpus``-marked tests after it) the test compiles that whole corpus; otherwise it
+schedules a small representative set of ops itself (:mod:`cuda_test_kernels`), so it never passes on
+nothing. Kernels are joined into a few
 NVRTC programs per architecture; ``ptxas`` then assembles each program's PTX for the real
 architecture (NVRTC builds the CUBIN itself where the CUDA toolkit's ``ptxas`` is missing).
 """
@@ -24,11 +23,10 @@ pytestmark = pytest.mark.usefixtures("nvrtc_available")
 
 @pytest.fixture(scope="module")
 def corpus() -> list:
-    folder = os.environ.get("CUDA_CORPUS")
+    folder = os.environ.get("KERNEL_CORPUS")
     if folder:
         asts = load_corpus(folder)
-        assert asts, f"CUDA_CORPUS={folder} holds no kernels: record it by running the backend suite with " \
-                     f"KERNEL_CORPUS={folder}"
+        assert asts, f"KERNEL_CORPUS={folder} holds no kernels: record it by running the backend suite with it set"
         return asts
     return representative_asts()
 
@@ -37,6 +35,7 @@ def corpus() -> list:
 CHECKED_ARCHS = tuple(os.environ.get("CUDA_CORPUS_ARCHS", " ".join(ARCHS)).split())
 
 
+@pytest.mark.corpus
 @pytest.mark.parametrize("arch", CHECKED_ARCHS)
 def test_every_kernel_renders_and_compiles(corpus: list, arch: str) -> None:
     start = time.perf_counter()
@@ -48,7 +47,7 @@ def test_every_kernel_renders_and_compiles(corpus: list, arch: str) -> None:
 
 
 def test_small_corpus_covers_every_dtype() -> None:
-    """The corpus used without CUDA_CORPUS touches every dtype, so a dtype the renderer mishandles fails here."""
+    """The corpus used without KERNEL_CORPUS touches every dtype, so a dtype the renderer mishandles fails here."""
     from ember.dtype import PtrDType, dtypes
 
     seen = set()
