@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -112,7 +113,17 @@ def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None =
             return list(pickle.loads(payload))
         except Exception:  # an entry from an incompatible version: search again
             pass
-    opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s)
+    from ember.codegen.opts import heuristic_opts
+
+    if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):
+        # symbolic sizes: the scratch buffers would need values for them; the heuristic decides
+        return heuristic_opts(ast, renderer)
+    try:
+        opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s)
+    except Exception as e:  # a device that cannot time candidates: the heuristic's choice, said once per kernel
+        warnings.warn(f"BEAM search failed for {kernel_name_of(ast)} ({type(e).__name__}: {e}); using the "
+                      "heuristic's opts", stacklevel=2)
+        return heuristic_opts(ast, renderer)
     if path is not None:
         diskcache.write(path, pickle.dumps(opts))
     return opts
