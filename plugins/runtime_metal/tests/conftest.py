@@ -1,6 +1,8 @@
 """Fixtures for the METAL plugin tests (none of them needs a Mac)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 from metal_msl_check import find_clang
 
@@ -12,6 +14,15 @@ def clang() -> str:
     if path is None:
         pytest.skip("no clang on PATH: the MSL syntax and type check needs clang >= 14 (apt install clang)")
     return path
+
+
+@pytest.fixture(scope="session")
+def host_clang(clang: str) -> str:
+    """The clang that builds MSL for this CPU (tests/shim/host); its threadgroup barriers are pthread barriers,
+    which macOS lacks (and a Mac runs the real device instead)."""
+    if sys.platform == "darwin":
+        pytest.skip("the host runs of MSL use pthread barriers (Linux); on macOS test the METAL device itself")
+    return clang
 
 
 @pytest.fixture(scope="session", autouse=True)

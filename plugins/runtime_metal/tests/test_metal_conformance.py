@@ -24,13 +24,13 @@ def run_suite(target: str, timeout: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=HERE)
 
 
-def test_raw_contract_through_the_metal_plugin(clang: str) -> None:
+def test_raw_contract_through_the_metal_plugin(host_clang: str) -> None:
     proc = run_suite("ember.testing.test_contract", timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
 
 @pytest.mark.skipif(os.environ.get("EMBER_SLOW_TESTS") != "1", reason="set EMBER_SLOW_TESTS=1 to run")
-def test_whole_conformance_suite_through_the_metal_plugin(clang: str) -> None:
+def test_whole_conformance_suite_through_the_metal_plugin(host_clang: str) -> None:
     proc = run_suite("ember.testing", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

@@ -145,7 +145,7 @@ def random_buffer(dt, n: int, rng: np.random.Generator) -> np.ndarray:
     return f32_to_bf16(vals) if dt == dtypes.bfloat16 else vals.astype(to_np_dtype(dt))
 
 
-def test_corpus_kernels_compute_like_python(clang: str, lowered: Lowered) -> None:
+def test_corpus_kernels_compute_like_python(host_clang: str, lowered: Lowered) -> None:
     """The MSL of every small corpus kernel, run on the host, gives the PYTHON device's results for the same
     lowered program (floats within a few ulp: transcendental functions come from different libraries)."""
     renderer = MetalRenderer()

@@ -63,7 +63,7 @@ def launch(uops: list[UOp]) -> tuple[list[DType], set[int], tuple[int, int, int]
 
 
 @pytest.fixture(scope="module")
-def host(clang: str) -> tuple[HostKernels, dict[str, list[UOp]]]:
+def host(host_clang: str) -> tuple[HostKernels, dict[str, list[UOp]]]:
     programs = dict(every_program())
     renderer = MetalRenderer()
     return HostKernels({name: renderer.render(name, uops) for name, uops in programs.items()}), programs
@@ -104,7 +104,7 @@ class PlainFloatToInt(MetalRenderer):
         return f"(({self.render_dtype(dt)}){x})"
 
 
-def test_the_comparison_catches_a_planted_cast_bug(clang: str) -> None:
+def test_the_comparison_catches_a_planted_cast_bug(host_clang: str) -> None:
     programs = dict(every_program())
     name = "cast_from_float"
     kernels = HostKernels({name: PlainFloatToInt().render(name, programs[name])})
@@ -116,7 +116,7 @@ GROUP_DTYPES = (dtypes.float32, dtypes.int32, dtypes.float16, dtypes.bfloat16)
 
 
 @functools.cache
-def group_kernels(clang: str) -> HostKernels:
+def group_kernels(host_clang: str) -> HostKernels:
     """The work-group sum of every dtype in GROUP_DTYPES and the tile kernel of every tensor core, built once."""
     sources = {f"group_sum_{dt.name}": MetalRenderer().render(f"group_sum_{dt.name}", threadgroup_sum_program(dt))
                for dt in GROUP_DTYPES}
@@ -125,12 +125,12 @@ def group_kernels(clang: str) -> HostKernels:
 
 
 @pytest.mark.parametrize("dt", GROUP_DTYPES, ids=lambda d: d.name)
-def test_threadgroup_memory_and_barrier_kernel_runs(clang: str, dt: DType) -> None:
+def test_threadgroup_memory_and_barrier_kernel_runs(host_clang: str, dt: DType) -> None:
     """The work-group sum (threadgroup array, barrier, thread 0 adds its group's 16 values) run with real
     threads per threadgroup gives each group's sum, accumulated in order in the dtype as ember does."""
     inp = sample(dt)
     out = np.zeros(4, storage(dt))
-    group_kernels(clang).run(f"group_sum_{dt.name}", [out, inp], grid=(64, 1, 1), local=(16, 1, 1))
+    group_kernels(host_clang).run(f"group_sum_{dt.name}", [out, inp], grid=(64, 1, 1), local=(16, 1, 1))
     want = np.zeros(4, storage(dt))
     with np.errstate(all="ignore"):  # the edge cases overflow and add inf to -inf on purpose
         expected_group_sums(inp, want, dt)
@@ -172,14 +172,14 @@ kernel void tile_{tc.dtype_in.name}_{tc.dtype_out.name}(device {to}* data0 [[buf
 
 
 @pytest.mark.parametrize("tc", tensor_cores(), ids=lambda tc: tc.name)
-def test_tensor_core_helper_computes_the_tile(clang: str, tc) -> None:
+def test_tensor_core_helper_computes_the_tile(host_clang: str, tc) -> None:
     """With 32 threads each holding its elements in the declared layout, the helper returns D = A @ B + C
     (the host keeps a whole copy of each simdgroup_matrix per lane: this checks the layout and the staging)."""
     check_msl([tile_kernel(tc)])  # the same text passes the MSL type check
     a, b = (RNG.integers(-4, 5, (8, 8)).astype(to_np_dtype(tc.dtype_in)) for _ in range(2))
     c = RNG.integers(-4, 5, (8, 8)).astype(to_np_dtype(tc.dtype_out))
     d = np.zeros((8, 8), to_np_dtype(tc.dtype_out))
-    group_kernels(clang).run(f"tile_{tc.dtype_in.name}_{tc.dtype_out.name}", [d, a, b, c], grid=(32, 1, 1),
+    group_kernels(host_clang).run(f"tile_{tc.dtype_in.name}_{tc.dtype_out.name}", [d, a, b, c], grid=(32, 1, 1),
                              local=(32, 1, 1))
     want = a.astype(np.float64) @ b.astype(np.float64) + c  # small integers: exact in every dtype
     np.testing.assert_array_equal(d.astype(np.float64), want)
