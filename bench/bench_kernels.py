@@ -167,6 +167,8 @@ def bench_cl(repeat: int, n: int = 512) -> None:
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     ta, tb = Tensor(a, device="CL").realize(), Tensor(b, device="CL").realize()
     si = (ta @ tb).schedule()[-1]
+    for buf in si.bufs:
+        buf.allocate()
     renderer = Device["CL"].renderer
     runs = []
     for opts in (None, []):
