@@ -89,6 +89,8 @@ def test_conv_transpose1d_layer_matches_torch(device):
 
     for kw in ({}, {"stride": 2, "padding": 1, "output_padding": 1}, {"groups": 2, "dilation": 2, "bias": False}):
         layer = nn.ConvTranspose1d(4, 6, 3, **kw)
+        layer.weight = layer.weight.to(device)
+        layer.bias = None if layer.bias is None else layer.bias.to(device)
         ref = torch.nn.ConvTranspose1d(4, 6, 3, **kw)
         assert layer.weight.shape == tuple(ref.weight.shape)
         with torch.no_grad():
