@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ember.device.contracts import BufferSpec
 from ember.helpers import DEBUG, GlobalCounters, getenv
-
-if TYPE_CHECKING:
-    from ember.device.compiled import Compiled
 
 
 def copyin_source(src: Any, dest_nbytes: int) -> memoryview:
@@ -112,7 +109,7 @@ class Allocator(abc.ABC):
         """A zero-copy host memoryview of the buffer (only for host-visible memory)."""
         raise NotImplementedError(f"{type(self).__name__} has no zero-copy host view; use copyout instead")
 
-    def transfer(self, dest: Any, src: Any, nbytes: int, src_dev: Compiled, dest_dev: Compiled) -> None:
+    def transfer(self, dest: Any, src: Any, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
         """Copy the first ``nbytes`` of ``src`` (on ``src_dev``) into ``dest`` (on ``dest_dev``).
 
         Core calls it on the destination's allocator when both devices come from the same plugin

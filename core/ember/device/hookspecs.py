@@ -19,22 +19,12 @@ A minimal device plugin::
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pluggy
 
-if TYPE_CHECKING:
-    from ember.device.spec import DeviceSpec
+from ember.device.spec import PLUGIN_API, DeviceSpec
 
-#: Version of the contract between core and device plugins. A :class:`DeviceSpec` declares
-#: the version it was written against; a spec whose version differs is listed as
-#: incompatible and cannot be opened. Bump this only for changes that break plugins.
-#:
-#: 2: plugins import only the facade (``ember.device``, ``ember.renderer``); allocators take
-#: :class:`~ember.device.BufferSpec` options and know their ``device``; core calls
-#: ``Allocator.transfer`` between devices of one plugin with the device objects; devices have
-#: ``finalize()``, called at exit; graphs have ``update_vals``.
-PLUGIN_API = 2
+__all__ = ["PLUGIN_API", "ember_devices", "ember_report_header", "hookimpl", "hookspec"]
+
 
 #: Marks the functions in this module as hook specifications.
 hookspec = pluggy.HookspecMarker("ember")

@@ -5,7 +5,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ember.device.hookspecs import PLUGIN_API
+#: Version of the contract between core and device plugins. A :class:`DeviceSpec` declares
+#: the version it was written against; a spec whose version differs is listed as
+#: incompatible and cannot be opened. Bump this only for changes that break plugins.
+#:
+#: 2: plugins import only the facade (``ember.device``, ``ember.renderer``); allocators take
+#: :class:`~ember.device.BufferSpec` options and know their ``device``; core calls
+#: ``Allocator.transfer`` between devices of one plugin with the device objects; devices have
+#: ``finalize()``, called at exit; graphs have ``update_vals``.
+PLUGIN_API = 2
 
 _NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 _FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")

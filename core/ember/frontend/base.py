@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ember.dtype import DType
-    from ember.frontend.reduce import Axis
     from ember.frontend.util import Scalar, Shape
     from ember.graph.uop import Ops, UOp
     from ember.tensor import Tensor
+
+    #: an axis argument of the reductions (ReduceMixin's ``Axis``)
+    Axis = int | Sequence[int] | None
 
 
 class TensorBase:

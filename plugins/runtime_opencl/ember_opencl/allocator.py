@@ -1,13 +1,10 @@
 """Device memory for the CL device: ``cl.Buffer`` objects, blocking host copies, sub-buffer views."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ember.device import LRUAllocator, copyin_source, copyout_dest
 from ember_opencl.platforms import import_pyopencl
-
-if TYPE_CHECKING:
-    from ember_opencl.device import CLDevice
 
 
 class CLBuffer:
@@ -31,9 +28,7 @@ class CLBuffer:
 class CLAllocator(LRUAllocator):
     """Allocates ``cl.Buffer``s in ``device``'s context; copies run on its queue and block until done."""
 
-    device: CLDevice
-
-    def __init__(self, device: CLDevice):
+    def __init__(self, device: Any):
         super().__init__()
         self.cl = import_pyopencl()
         self.device = device
