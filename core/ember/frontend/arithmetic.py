@@ -308,7 +308,7 @@ class ArithmeticMixin(TensorBase):
         if dt.kind == "b":
             raise not_implemented("abs_cpu", dt)
         if dt.kind == "u":
-            return self  # type: ignore[return-value]
+            return self
         if dt.kind == "i":
             return (self < 0).where(-self, self)
         x = self.detach()
@@ -319,7 +319,7 @@ class ArithmeticMixin(TensorBase):
         """-1, 0 or 1 in self's dtype (nan gives 0, like torch)."""
         dt = self.dtype
         if dt.kind == "b":
-            return self  # type: ignore[return-value]
+            return self
         x = self.detach()
         one, zero = _full_like(x, 1), _full_like(x, 0)
         out = (x > 0).where(one, zero if dt.kind == "u" else (x < 0).where(_full_like(x, -1), zero))
@@ -356,7 +356,7 @@ class ArithmeticMixin(TensorBase):
         if dt.kind == "b":
             raise not_implemented(kernel, dt)
         if dt.kind in "iu":
-            return self  # type: ignore[return-value]
+            return self
         out = fn(self.detach().cast(compute_dtype(dt))).cast(dt)
         return self._custom((self,), out, _zero_rule, kernel.split("_")[0])
 

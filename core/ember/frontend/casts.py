@@ -82,4 +82,4 @@ class CastMixin(TensorBase):
         self.lazydata = moved.lazydata
         if self.grad is not None:
             self.grad = self.grad.to(device)
-        return self  # type: ignore[return-value]
+        return self

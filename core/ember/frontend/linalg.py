@@ -86,7 +86,7 @@ class LinalgMixin(TensorBase):
 
     def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
         """Apply the callables of ``ll`` in order, each to the previous result: ``ll[-1](...ll[0](self))``."""
-        return functools.reduce(lambda x, f: f(x), ll, self)  # type: ignore[arg-type, return-value]
+        return functools.reduce(lambda x, f: f(x), ll, self)
 
     @staticmethod
     def einsum(formula: str, *operands: Any, dtype: DType | str | None = None) -> Tensor:
