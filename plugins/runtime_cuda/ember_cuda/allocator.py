@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.device.allocator import LRUAllocator, copyin_source, copyout_dest
+from ember.device import LRUAllocator, copyin_source, copyout_dest
 from ember_cuda.driver import CUDAError, check
 
 #: bytes per pinned staging chunk (two chunks per device)

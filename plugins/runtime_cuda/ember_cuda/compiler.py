@@ -19,8 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ember.device.batch_compiler import BatchCompiler
-from ember.device.compiler import CompileError
+from ember.device import BatchCompiler, CompileError
 from ember_cuda.renderer import parse_arch
 
 #: what to install for NVRTC (pinned to the CUDA 13.0 toolchain: newer NVRTC writes PTX that ptxas 13.0 rejects)

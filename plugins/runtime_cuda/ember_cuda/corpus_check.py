@@ -26,9 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ember.codegen import get_program
-from ember.device.batch_compiler import join_sources
-from ember.device.compiler import CompileError
-from ember.graph.uop import UOp
+from ember.device import CompileError, join_sources
+from ember.graph import UOp
 from ember_cuda.compiler import CUDACompiler, nvrtc_compile
 from ember_cuda.renderer import CUDARenderer, parse_arch
 

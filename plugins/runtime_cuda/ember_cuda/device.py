@@ -6,7 +6,7 @@ import hashlib
 import threading
 from typing import Any
 
-from ember.device.compiled import Compiled
+from ember.device import Compiled
 from ember_cuda.allocator import CUDAAllocator
 from ember_cuda.compiler import CUDACompiler
 from ember_cuda.driver import check, device_index, gpu_info, init_driver

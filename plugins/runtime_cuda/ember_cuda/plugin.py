@@ -4,8 +4,7 @@ Importing it stays cheap: cuda-python is imported by the probe and the device, n
 """
 from __future__ import annotations
 
-from ember.device.hookspecs import hookimpl
-from ember.device.spec import DeviceSpec
+from ember.device import DeviceSpec, hookimpl
 from ember_cuda.driver import device_name, driver_problem, gpu_count, gpu_info
 
 #: Above the CPU (10) and OpenCL (5) devices: a machine with a usable NVIDIA GPU runs on it by default.

@@ -31,9 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember.dtype import DType, PtrDType, dtypes
-from ember.graph.uop import Ops, UOp
-from ember.renderer import TensorCore
-from ember.renderer.cstyle import CStyleRenderer
+from ember.graph import Ops, UOp
+from ember.renderer import CStyleRenderer, TensorCore
 
 #: every float16 or bfloat16 result is computed in float and rounded back by these (under include guards:
 #: the kernels of a batch are joined into one program). Finite values round to nearest even (the headers'

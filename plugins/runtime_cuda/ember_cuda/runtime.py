@@ -15,7 +15,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from ember.device.batch_compiler import KernelBinary
+from ember.device import KernelBinary
 from ember_cuda.driver import check
 
 #: threads per block when codegen gives no local size (a multiple of the warp size that keeps several
