@@ -70,8 +70,6 @@ def _targets(roots: list[UOp]) -> list[UOp]:
     for n in nodes:
         if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN):
             targets.add(n)
-        if n.op is Ops.ASSIGN and _reads_target_elsewhere(n):
-            targets.add(n.src[1])  # compute the new value aside, then copy it in
         if n.op is Ops.COPY:
             src = n.src[0]
             sb = base_of(src)
@@ -89,6 +87,9 @@ def _targets(roots: list[UOp]) -> list[UOp]:
             if len(cons) > 1 or expands:
                 targets.add(n)
         has_reduce[n] = hr and n not in targets
+    for n in nodes:
+        if n.op is Ops.ASSIGN and _reads_target_elsewhere(n, targets):
+            targets.add(n.src[1])  # compute the new value aside, then copy it in
     return [n for n in nodes if n in targets]
 
 
@@ -112,14 +113,20 @@ def _view_of_buffer(u: UOp, buf: UOp) -> ShapeTracker | None:
     return None
 
 
-def _reads_target_elsewhere(n: UOp) -> bool:
-    """Whether the value of ASSIGN ``n`` reads the target buffer other than element for element."""
+def _reads_target_elsewhere(n: UOp, targets: set[UOp]) -> bool:
+    """Whether the kernel of ASSIGN ``n`` would read the target buffer other than element for element (what
+    other kernels, the ``targets``, compute from it is read from their own buffers)."""
     buf, st = base_of(n.src[0]), assign_view(n)
     value = n.src[1]
+    if value in targets:
+        return False
     if (v := _view_of_buffer(value, buf)) is not None:
         return v != st
-    for u in toposort([value], stop=lambda u: u.op in (Ops.BUFFER, Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS)):
-        for s in u.src if u.op is not Ops.VIEW else ():
+    stop = (Ops.BUFFER, Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS)
+    for u in toposort([value], stop=lambda u: u in targets or u.op in stop):
+        if u in targets or u.op is Ops.VIEW:
+            continue
+        for s in u.src:
             if (v := _view_of_buffer(s, buf)) is not None and v != st:
                 return True
     return False

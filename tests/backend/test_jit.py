@@ -58,6 +58,20 @@ def test_assign_ordering_and_repeats(device):
         w.assign(w + 1).realize()
 
 
+def test_assign_fuses_unless_it_reads_its_buffer_elsewhere(device):
+    a, b = _arr(4, 3, seed=1), _arr(4, 3, seed=2)
+    p = Tensor(_arr(3, 3), device=device).realize()
+    want = p.numpy() - a.T @ b
+    upd = p.assign(p - Tensor(a, device=device).T @ Tensor(b, device=device))
+    assert len(upd.schedule()) == 1  # the matmul reads other buffers: it runs inside the update's kernel
+    np.testing.assert_allclose(upd.numpy(), want, rtol=1e-5, atol=1e-5)
+    q = Tensor(_arr(3, 3, seed=3), device=device).realize()
+    want = q.numpy().T @ q.numpy()
+    upd = q.assign(q.T @ q)  # reads q at other places than it writes: a temporary, then the write
+    assert len(upd.schedule()) == 2
+    np.testing.assert_allclose(upd.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_assign_keeps_gradients_right(device):
     a = Tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
     b = (a * 1).realize()
