@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -52,9 +53,11 @@ class _PlantedPlugin:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def planted_devices() -> None:
-    if "FUZZ_CLEAN" not in Device.available():
-        register_plugin(_PlantedPlugin(), "fuzz-planted-bugs")
+def planted_devices() -> Iterator[None]:
+    """The planted devices, for this module only (other tests list devices)."""
+    register_plugin(_PlantedPlugin(), "fuzz-planted-bugs")
+    yield
+    Device.unregister_plugin("fuzz-planted-bugs")
 
 
 POOL = ("float32", "float32", "float16", "int32", "bool")
