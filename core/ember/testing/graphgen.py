@@ -50,6 +50,10 @@ _FLOAT_UNARY: dict[str, tuple[str, str | None]] = {
     "floor": ("{0}.floor()", "np.floor({0})"),
     "round": ("{0}.round()", "np.round({0})"),
     "square": ("{0}.clip(-30, 30).square()", "np.square(np.clip({0}, -30, 30))"),
+    "pow": ("({0}.abs() + 0.5).pow(1.5)", "(np.abs({0}) + 0.5) ** 1.5"),
+    "sign": ("{0}.sign()", "np.sign({0})"),
+    "ceil": ("{0}.ceil()", "np.ceil({0})"),
+    "trunc": ("{0}.trunc()", "np.trunc({0})"),
 }
 # ops on one tensor of any numeric dtype
 _ANY_UNARY: dict[str, tuple[str, str | None]] = {
@@ -62,6 +66,7 @@ _BINARY: dict[str, tuple[str, str | None, str]] = {
     "mul": ("{0} * {1}", "{0} * {1}", "fi"), "maximum": ("{0}.maximum({1})", "np.maximum({0}, {1})", "fib"),
     "minimum": ("{0}.minimum({1})", "np.minimum({0}, {1})", "fib"),
     "div": ("{0} / ({1}.abs() + 0.5)", "{0} / (np.abs({1}) + 0.5)", "f"),
+    "fmod": ("{0} % ({1}.abs() + 0.5)", "np.mod({0}, np.abs({1}) + 0.5)", "f"),
     "idiv": ("{0} // (({1} & 7) + 1)", None, "i"), "mod": ("{0} % (({1} & 7) + 1)", None, "i"),
     "and": ("{0} & {1}", None, "ib"), "or": ("{0} | {1}", None, "ib"), "xor": ("{0} ^ {1}", None, "ib"),
     "lt": ("{0} < {1}", None, "fib"), "eq": ("{0} == {1}", None, "fib"), "ne": ("{0} != {1}", None, "fib"),
