@@ -28,11 +28,16 @@ def syntax_check(src: str, tmp_path) -> None:
 def kernels():
     a = Tensor(np.ones((64, 48), np.float32), device="PYTHON").realize()
     b = Tensor(np.ones((48, 32), np.float32), device="PYTHON").realize()
+    x = Tensor(np.ones((2, 3, 7, 7), np.float32), device="PYTHON").realize()
+    w = Tensor(np.ones((4, 3, 3, 3), np.float32), device="PYTHON").realize()
     return {"matmul": (a @ b).schedule()[-1].ast, "row sum": a.sum(1).schedule()[-1].ast,
-            "column max": a.max(0).schedule()[-1].ast, "elementwise": (a * 2).exp().schedule()[-1].ast}
+            "column max": a.max(0).schedule()[-1].ast, "elementwise": (a * 2).exp().schedule()[-1].ast,
+            # more output dims than launch dimensions: some are merged, LOCAL must avoid them
+            "conv2d": x.permute(0, 1, 3, 2).conv2d(w, padding=(2, 1), dilation=2).schedule()[-1].ast,
+            "4d elementwise": (x.permute(3, 2, 1, 0) + 1).schedule()[-1].ast}
 
 
-@pytest.mark.parametrize("name", ["matmul", "row sum", "column max", "elementwise"])
+@pytest.mark.parametrize("name", ["matmul", "row sum", "column max", "elementwise", "conv2d", "4d elementwise"])
 def test_heuristic_cl_kernels_render_valid_opencl(name: str, tmp_path):
     renderer = CLRenderer(local_max=(256, 256, 256))
     spec = get_program(kernels()[name], renderer)

@@ -225,7 +225,7 @@ def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
 
 def _workgroup_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """Work-group targets: a small register tile for reductions, then LOCAL sizes within ``local_max``."""
-    from ember.codegen.opts import KernelPlan, launch_dim
+    from ember.codegen.opts import KernelPlan, OptError, apply_opts, launch_dim, local_size
 
     shape, reduce_axes = full_shape(ast)
     out_shape = ast.src[0].arg.shape
@@ -237,21 +237,29 @@ def _workgroup_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     if renderer.local_max is None:
         return opts
     upcast = {o.axis: o.arg for o in opts}
-    plan = KernelPlan(shape, reduce_axes, upcast=dict(upcast))
+    # LOCALs are applied before the UPCASTs: an axis must keep its launch dimension through both
+    before, after = KernelPlan(shape, reduce_axes), KernelPlan(shape, reduce_axes, upcast=dict(upcast))
     budget = min(256, prod(renderer.local_max))
     dims = sorted((i for i, d in enumerate(out_shape) if i not in reduce_axes and d // upcast.get(i, 1) > 1),
                   reverse=True)
     locals_: list[Opt] = []
     for d in dims:
-        dim = launch_dim(plan, d, renderer)
-        if dim is None or budget < 2:
+        dim = launch_dim(after, d, renderer)
+        if dim is None or dim != launch_dim(before, d, renderer) or budget < 2:
             continue
         want = 16 if not locals_ else budget
         n = _largest_factor(out_shape[d] // upcast.get(d, 1), min(want, budget, renderer.local_max[dim]))
         if n > 1:
             locals_.append(Opt("LOCAL", d, n))
             budget //= n
-    return locals_ + opts
+    # whatever the shape, never hand the lowerer a list it refuses: drop the LOCALs, then everything
+    for candidate in (locals_ + opts, opts):
+        try:
+            local_size(apply_opts(ast, renderer, candidate), renderer)
+            return candidate
+        except OptError:
+            continue
+    return []
 
 
 def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
