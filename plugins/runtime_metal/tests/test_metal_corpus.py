@@ -183,7 +183,11 @@ def test_corpus_kernels_compute_like_python(host_clang: str, lowered: Lowered) -
                 g, w = (g.astype(np.uint32) << 16).view(np.float32), (w.astype(np.uint32) << 16).view(np.float32)
             if dt.kind == "f":
                 tol = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}[dt]
-                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol,
+                atol = tol
+                if inexact:  # a last-bit difference of exp or sin, amplified by cancellation in a sum
+                    finite = np.abs(w[np.isfinite(w)].astype(np.float64))
+                    tol, atol = 10 * tol, 10 * tol * max(1.0, float(finite.max(initial=1.0)))
+                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=atol,
                                            equal_nan=True, err_msg=what)
             else:
                 np.testing.assert_array_equal(g, w, err_msg=what)
