@@ -8,6 +8,7 @@ only move a result to a higher category.
 """
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass
 from typing import Any, Final
@@ -98,22 +99,22 @@ class dtypes:
     default_int: DType = int32
 
     @staticmethod
-    def is_float(dt: DType) -> bool:
+    def is_float(dt: DType) -> builtins.bool:  # builtins: the class attribute ``bool`` shadows the type
         """True for floating point dtypes."""
         return dt.kind == "f"
 
     @staticmethod
-    def is_int(dt: DType) -> bool:
+    def is_int(dt: DType) -> builtins.bool:
         """True for signed and unsigned integer dtypes (not bool)."""
         return dt.kind in "iu"
 
     @staticmethod
-    def is_unsigned(dt: DType) -> bool:
+    def is_unsigned(dt: DType) -> builtins.bool:
         """True for unsigned integer dtypes."""
         return dt.kind == "u"
 
     @staticmethod
-    def is_bool(dt: DType) -> bool:
+    def is_bool(dt: DType) -> builtins.bool:
         return dt.kind == "b"
 
     @staticmethod
