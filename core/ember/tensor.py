@@ -206,7 +206,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if self.numel() == 0:
             return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype))
         buf = self._buffer()
-        raw = np.frombuffer(buf.as_bytes(), dtype=to_np_dtype(self.dtype))
+        raw: np.ndarray = np.frombuffer(buf.as_bytes(), dtype=to_np_dtype(self.dtype))
         if self.dtype == dtypes.bfloat16:
             raw = bf16_to_f32(raw)
         return raw.reshape(self.shape).copy()
