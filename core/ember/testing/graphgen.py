@@ -51,7 +51,7 @@ _FLOAT_UNARY: dict[str, tuple[str, str | None]] = {
     "round": ("{0}.round()", "np.round({0})"),
     "square": ("{0}.clip(-30, 30).square()", "np.square(np.clip({0}, -30, 30))"),
     "pow": ("({0}.abs() + 0.5).pow(1.5)", "(np.abs({0}) + 0.5) ** 1.5"),
-    "sign": ("{0}.sign()", "np.sign({0})"),
+    "sign": ("{0}.sign()", "np.where(np.isnan({0}), 0.0, np.sign({0}))"),  # torch (and ember): sign(nan) = 0
     "ceil": ("{0}.ceil()", "np.ceil({0})"),
     "trunc": ("{0}.trunc()", "np.trunc({0})"),
 }
