@@ -522,8 +522,9 @@ def test_plugin_hooks():
     (spec,) = plugin.ember_devices()
     assert spec.name == "CPU" and spec.factory == "ember_cpu.device:open_device" and spec.priority == 10
     assert spec.probe() is None
-    (line,) = plugin.ember_report_header()
-    assert line.startswith("CPU: compiler ") and "OpenMP" in line
+    compiler, openmp, float16 = plugin.ember_report_header()
+    assert compiler.startswith("CPU: compiler ") and openmp.startswith("CPU: OpenMP: ")
+    assert float16.startswith("CPU: float16: ")
 
 
 def test_a_batch_is_one_compiler_run_and_one_library(dev, monkeypatch):
