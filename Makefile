@@ -53,6 +53,7 @@ test-cl: venv
 
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: venv
 	@files="$(wildcard bench/bench_*.py)"; \

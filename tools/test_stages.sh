@@ -28,6 +28,7 @@ stage() {
     times+=("$((SECONDS - start))")
 }
 
+stage "lint (ruff, mypy)" bash -c "\"$PY\" -m ruff check . && \"$PY\" -m mypy"
 stage "main suite (CPU with the default compiler, PYTHON)" \
     env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -n 2 -m "not corpus" tests $PLUGIN_TESTS
 stage "backend suite, CPU with clang" \
