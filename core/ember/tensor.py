@@ -64,7 +64,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,
-    (nested) lists and tuples, numpy arrays, ``bytes`` (as uint8) and graph nodes.
+    (nested) lists and tuples, numpy arrays, ``bytes`` (as uint8) and graph nodes. Python ints
+    become the default int (int32, as in tinygrad; int64 when a value needs it), floats float32.
+
+    ``requires_grad`` follows tinygrad: None ("not decided", the default) lets ``gradient()`` and
+    ``backward()`` differentiate the tensor, True marks it trainable, False excludes it.
     """
 
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
