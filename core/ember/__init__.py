@@ -7,9 +7,9 @@ Public API::
 from ember import nn  # ``from ember import Tensor, nn`` as in tinygrad
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes
+from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (tinygrad names)
 from ember.helpers import DEBUG, Context, GlobalCounters, getenv
 from ember.tensor import Tensor, no_grad
-from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (tinygrad names)
 
 __version__ = "0.1.0"
 
