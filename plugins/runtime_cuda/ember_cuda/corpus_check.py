@@ -70,25 +70,6 @@ def render_corpus(asts: Sequence[UOp], arch: str, first: int = 0) -> list[str]:
     return [get_program(ast, renderer, f"k{first + i}").src for i, ast in enumerate(asts)]
 
 
-def render_parallel(asts: Sequence[UOp], arch: str, workers: int) -> list[str]:
-    """:func:`render_corpus` split across ``workers`` processes (lowering is Python: threads would not help).
-
-    Forked workers start at once; where there is no ``fork`` (or few kernels) it renders here.
-    """
-    import multiprocessing
-
-    if workers < 2 or len(asts) < 256 or "fork" not in multiprocessing.get_all_start_methods():
-        return render_corpus(asts, arch)
-    size = -(-len(asts) // workers)
-    chunks = [(list(asts[i:i + size]), arch, i) for i in range(0, len(asts), size)]
-    with concurrent.futures.ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("fork")) as pool:
-        return [src for part in pool.map(_render_chunk, chunks) for src in part]
-
-
-def _render_chunk(chunk: tuple[list[UOp], str, int]) -> list[str]:
-    return render_corpus(*chunk)
-
-
 def _compile_group(srcs: Sequence[str], arch: str, ptxas: str | None, workdir: str) -> float:
     """Compile one program of ``srcs`` (PTX, then ``ptxas``); on failure, find the source at fault.
 
@@ -132,16 +113,13 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
     assembler = find_ptxas() if ptxas == "auto" else ptxas
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     results: list[ArchResult] = []
-    # every architecture's sources first: the rendering processes are forked before any compile thread exists
-    rendered_srcs: dict[str, tuple[list[str], float]] = {}
-    for arch in archs:
-        start = time.perf_counter()
-        rendered_srcs[arch] = (render_parallel(asts, arch, workers), time.perf_counter() - start)
     with tempfile.TemporaryDirectory(prefix="ember-cuda-corpus-") as workdir, \
             concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for arch in archs:
-            srcs, render_s = rendered_srcs[arch]
+            start = time.perf_counter()
+            srcs = render_corpus(asts, arch)
             rendered = time.perf_counter()
+            render_s = rendered - start
             groups = [srcs[i:i + batch] for i in range(0, len(srcs), batch)]
             # NVRTC releases the GIL and ptxas is a process: groups compile in parallel
             ptxas_s = sum(pool.map(_compile_group, groups, [arch] * len(groups), [assembler] * len(groups),
