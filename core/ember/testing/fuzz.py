@@ -84,7 +84,8 @@ def evaluate(graph: FuzzGraph, device: str, grad: bool = False) -> Evaluation:
 
 
 def evaluate_numpy(graph: FuzzGraph) -> list[np.ndarray] | None:
-    """The outputs computed by numpy in float64, when every node is a float op numpy can mirror, else None."""
+    """The outputs computed by numpy (each node in float64, then rounded to its dtype), when every node is a float
+    op numpy can mirror, else None."""
     vals: list[np.ndarray] = []
     for i, n in enumerate(graph.nodes):
         if n.dtype not in ("float32", "float64"):
@@ -96,9 +97,10 @@ def evaluate_numpy(graph: FuzzGraph) -> list[np.ndarray] | None:
         if n.np_expr is None:
             return None
         with np.errstate(all="ignore"):
-            vals.append(np.asarray(eval(n.np_expr.format(*[f"_v[{s}]" for s in n.srcs]), {"np": np, "_v": vals,
-                                                                                          "_erf": _erf}),
-                                   dtype=np.float64))
+            expr = n.np_expr.format(*[f"_v[{s}]" for s in n.srcs])
+            out = np.asarray(eval(expr, {"np": np, "_v": vals, "_erf": _erf}), dtype=np.float64)
+            # round as a float32 result is stored: tanh(10) is 1.0 in float32, and trunc must then see 1.0
+            vals.append(out.astype(np.float32).astype(np.float64) if n.dtype == "float32" else out)
     return [vals[o] for o in graph.outputs]
 
 
