@@ -80,7 +80,8 @@ class Context(contextlib.ContextDecorator):
 
     def __enter__(self) -> Context:
         for k, v in self.kwargs.items():
-            var = ContextVar.by_key.get(k) or ContextVar(k, v)
+            # not `get(k) or ...`: a knob whose value is 0 is falsy, and a new ContextVar would replace it
+            var = ContextVar.by_key[k] if k in ContextVar.by_key else ContextVar(k, v)
             self.saved[k] = var.value
             var.value = v
         return self
