@@ -192,6 +192,7 @@ class CStyleRenderer(Renderer):
             if u.op is Ops.RANGE:
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
+        address_uops = _address_uops(uops)
         # the accumulators declared for each loop, named again when the loop ends (see render_loop_results)
         range_accs: dict[UOp, list[UOp]] = {}
         # which reduction updates each accumulator (a dialect may vectorize sum loops)
@@ -262,6 +263,9 @@ class CStyleRenderer(Renderer):
                     expr = self.render_cast(u, srcs[0])
                 elif op is Ops.BITCAST:
                     expr = self.render_bitcast(u, srcs[0])
+                elif (op in _WRAPPING_OPS and isinstance(u.dtype, DType) and u.dtype.kind == "i"
+                      and u.dtype.itemsize >= 4 and u not in address_uops):
+                    expr = self.render_wrapping(u, srcs)
                 else:
                     expr = self.render_alu(u, srcs)
                     if (u.dtype == dtypes.bfloat16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC)
@@ -279,10 +283,43 @@ class CStyleRenderer(Renderer):
                     line(s)
         return self.render_kernel(name, params, body, uops)
 
+    def render_wrapping(self, u: UOp, a: list[str]) -> str:
+        """Signed 32/64-bit ADD, SUB, MUL, NEG on values, computed in the unsigned type.
+
+        Signed overflow is undefined in C: compilers fold ``x + 7 < x`` to false. ember's integers wrap (as
+        torch's and the PYTHON device's do), and unsigned arithmetic converted back keeps the bits.
+        Address arithmetic is left signed, so the compiler can still widen and vectorize it.
+        """
+        assert isinstance(u.dtype, DType)
+        t = self.render_dtype(u.dtype)
+        ut = self.render_dtype(dtypes.uint32 if u.dtype.itemsize == 4 else dtypes.uint64)
+        if u.op is Ops.NEG:
+            return f"(({t})(({ut})0 - ({ut}){a[0]}))"
+        sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*"}[u.op]
+        return f"(({t})(({ut}){a[0]} {sym} ({ut}){a[1]}))"
+
     def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
         """How a dialect renders an op the shared loop does not handle: the name later uops use for ``u``'s
         value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
         raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
+
+
+#: integer ops whose signed overflow C leaves undefined (see CStyleRenderer.render_wrapping)
+_WRAPPING_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG})
+
+
+def _address_uops(uops: list[UOp]) -> set[UOp]:
+    """The uops that compute buffer indices and loop bounds (they never overflow: buffers are smaller than
+    2**31 elements), so they stay plain signed C arithmetic."""
+    out: set[UOp] = set()
+    stack = [u.src[1] for u in uops if u.op in (Ops.LOAD, Ops.STORE) and len(u.src) > 1]
+    stack += [s for u in uops if u.op is Ops.RANGE for s in u.src]
+    while stack:
+        x = stack.pop()
+        if x not in out:
+            out.add(x)
+            stack.extend(x.src)
+    return out
 
 
 C_PREAMBLE = """#include <math.h>

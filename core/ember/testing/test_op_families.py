@@ -25,7 +25,12 @@ def test_integer_semantics(device: str, dt: DType) -> None:
         "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y, "idiv": lambda x, y: x // y,
         "mod": lambda x, y: x % y, "and": lambda x, y: x & y, "or": lambda x, y: x | y, "xor": lambda x, y: x ^ y,
         "max": lambda x, y: x.maximum(y), "lt": lambda x, y: x < y, "shl": lambda x, y: x << 3,
-        "shr": lambda x, y: x >> 2}, a, b, dtypes_=(dt, dt), exact=True)
+        "shr": lambda x, y: x >> 2,
+        # a wrapped sum compared in the same kernel: C compilers fold x + y < x when overflow is undefined
+        # (expressions no other output shares, so the wrapped value is never read back from memory)
+        "wrap_cmp": lambda x, y: (x * 2 + y) < y, "wrap_mul_cmp": lambda x, y: (x * 3 - 1) > x - 1,
+        "neg_cmp": lambda x, y: (-(x - y)) < y, "cumsum_cmp": lambda x, y: x.cumsum(0) < x}, a, b,
+        dtypes_=(dt, dt), exact=True)
 
 
 @pytest.mark.parametrize("dt", (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64), ids=name)
