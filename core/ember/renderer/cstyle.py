@@ -225,6 +225,9 @@ class CStyleRenderer(Renderer):
                 if kind == "global":
                     first_global = False
                 self.loop_accs = [(r[a], self.acc_ops.get(a), a.dtype) for a in self.open_accs]
+                # every accumulator a loop opened here may update: those of the enclosing loops too
+                self.live_accs = [(r[a], self.acc_ops.get(a), a.dtype) for accs in range_accs.values()
+                                  for a in accs] + self.loop_accs
                 range_accs[u] = self.open_accs
                 self.open_accs = []
                 for s in self.render_range_open(u, var, r[u.src[0]], r[u.src[1]], parallel):

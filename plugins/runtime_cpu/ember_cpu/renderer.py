@@ -315,9 +315,11 @@ class CPURenderer(CStyleRenderer):
     def _thread_loop(self, loop: str) -> list[str]:
         """A THREAD loop: its parts of a full reduction run on different cores, each into a private copy of the
         accumulators, combined at the end."""
-        found = self._reduction_clauses(self.loop_accs)
+        # the accumulators of enclosing reduce loops are updated in here too: each needs its own clause,
+        # or the cores race on it (a THREAD loop inside another reduce loop)
+        found = self._reduction_clauses(self.live_accs)
         if found is None:
-            raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {self.loop_accs}")
+            raise NotImplementedError(f"{type(self).__name__}: a THREAD loop cannot combine {self.live_accs}")
         clauses = found
         # the reduction loop inside works on each thread's private copies: it may still vectorize them
         self._thread_accs = self.loop_accs

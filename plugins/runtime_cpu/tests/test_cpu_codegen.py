@@ -165,3 +165,15 @@ def test_exp_is_within_one_ulp_on_a_sweep(op):
     finite = ~nan & ~inf
     worst = int(np.argmax(ulp_distance(got[finite], want[finite])))
     assert ulp_distance(got[finite], want[finite]).max() <= 1, (x[finite][worst], got[finite][worst])
+
+
+def test_thread_loop_inside_another_reduce_loop_reduces_the_outer_accumulator():
+    """THREAD on the inner axis of a full sum: the accumulator opened before the outer loop is updated by every
+    core, so the parallel loop needs its reduction clause (without it the cores race and the sum is wrong)."""
+    from ember.codegen.opts import Opt
+
+    a = randf(24, 20)
+    (t,) = realized(a)
+    src = get_program(kernel_ast(t.sum()), CPURenderer(), opts=[Opt("THREAD", 1, 2)]).src
+    parallel = [ln for ln in src.splitlines() if "omp parallel for" in ln]
+    assert len(parallel) == 1 and "reduction(+:acc0)" in parallel[0], src
