@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ember.graph.uop import Ops, toposort
+from ember.ir.uop import Ops, toposort
 
 # a rule gets (output gradient, output tensor, parent tensors) and returns one gradient (or None) per parent
 Rule = Callable[[Any, Any, Sequence[Any]], Sequence[Any]]

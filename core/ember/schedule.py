@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.dtype import PtrDType
-from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
-from ember.graph.shapetracker import ShapeTracker
-from ember.graph.uop import Ops, UOp, toposort
 from ember.helpers import prod
+from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.uop import Ops, UOp, toposort
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,11 @@ from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
-from ember.graph.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
-from ember.graph.shapetracker import ShapeTracker
-from ember.graph.symbolic import Variable, sadd, sint_of, ssub, sym_le
-from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
+from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.symbolic import Variable, sadd, sint_of, ssub, sym_le
+from ember.ir.uop import Ops, UOp
 from ember.schedule import create_schedule, mark_realized
 
 

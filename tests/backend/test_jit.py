@@ -403,8 +403,8 @@ def test_tensors_inside_containers_are_refused(device):
 
 def test_symbolic_views_print_in_full():
     """Kernel cache keys are built from the printed AST: views that differ deep in a symbolic offset must differ."""
-    from ember.graph.shapetracker import View
-    from ember.graph.uop import UOp
+    from ember.ir.shapetracker import View
+    from ember.ir.uop import UOp
 
     def deep(last: int) -> View:
         u = Variable("i", 0, 9).uop

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from ember import Tensor, dtypes
+from ember.builtin_devices.python import PythonDevice, PythonRenderer
 from ember.device import DeviceSpec, hookimpl
 from ember.device.registry import Device, register_plugin
-from ember.runtime.python import PythonDevice, PythonRenderer
 from ember.testing import fuzz
 
 #: device name -> how its rendered program text differs from PYTHON's

@@ -1,6 +1,6 @@
-"""Plugins import core only through its public facade: ember.device, ember.renderer, ember.dtype, ember.graph.
+"""Plugins import core only through its public facade: ember.device, ember.renderer, ember.dtype, ember.ir.
 
-The submodules behind the facade (``ember.device.allocator``, ``ember.graph.symbolic``, ``ember.helpers`` ...)
+The submodules behind the facade (``ember.device.allocator``, ``ember.ir.symbolic``, ``ember.helpers`` ...)
 are core's own layout; a plugin that reaches into one breaks when core moves things. This test reads
 the source of every plugin package in the repository (``plugins/*/ember_*`` and the documented example
 plugin) and fails on any import of a core module outside the facade, naming the file, line and module.
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: the modules a plugin may import from core (each exactly: not their submodules)
-FACADE = ("ember.device", "ember.device.hcq", "ember.renderer", "ember.dtype", "ember.graph")
+FACADE = ("ember.device", "ember.device.hcq", "ember.renderer", "ember.dtype", "ember.ir")
 #: developer tools shipped inside a plugin package that drive codegen themselves (not part of the device):
 #: file (relative to plugins/) -> the extra core modules it may import
 TOOLS = {
@@ -67,8 +67,8 @@ def test_plugin_imports_only_the_facade(package: pathlib.Path) -> None:
 def test_scanner_sees_private_imports(tmp_path: pathlib.Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("import os\nfrom ember.device import Compiled\nfrom ember import diskcache\n"
-                   "def f():\n    from ember.graph.symbolic import split_terms\n    import ember.helpers\n")
-    assert core_imports(src) == [(2, "ember.device"), (3, "ember.diskcache"), (5, "ember.graph.symbolic"),
+                   "def f():\n    from ember.ir.symbolic import split_terms\n    import ember.helpers\n")
+    assert core_imports(src) == [(2, "ember.device"), (3, "ember.diskcache"), (5, "ember.ir.symbolic"),
                                  (6, "ember.helpers")]
 
 

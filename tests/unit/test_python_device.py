@@ -8,10 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from ember.device.compiler import CompileError
-from ember.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, to_np_dtype, truncate
-from ember.graph.uop import Ops, UOp, exec_alu
-from ember.runtime.python import (
+from ember.builtin_devices.python import (
     FORMAT,
     PythonAllocator,
     PythonCompiler,
@@ -21,6 +18,9 @@ from ember.runtime.python import (
     decode_program,
     encode_program,
 )
+from ember.device.compiler import CompileError
+from ember.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, to_np_dtype, truncate
+from ember.ir.uop import Ops, UOp, exec_alu
 
 i32 = dtypes.int32
 f32 = dtypes.float32

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from ember import Device, GlobalCounters, Tensor, dtypes, no_grad
+from ember.builtin_devices.disk import READ_ONLY, DiskComputeError
 from ember.device.registry import DevicePluginError, _DeviceRegistry
 from ember.dtype import DType, to_np_dtype
 from ember.nn.state import (
@@ -37,7 +38,6 @@ from ember.nn.state import (
     safe_save,
     torch_load,
 )
-from ember.runtime.disk import READ_ONLY, DiskComputeError
 
 ALL_DTYPES = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
               dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)

@@ -7,8 +7,8 @@ from ember.codegen.linearize import linearize
 from ember.codegen.lowerer import global_dims, lower_ast
 from ember.codegen.opts import Opt, apply_opts, local_size
 from ember.dtype import PtrDType
-from ember.graph.uop import GroupOp, Ops, UOp
 from ember.helpers import BEAM, DEBUG, NOOPT, prod
+from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
 

@@ -13,8 +13,8 @@ import pathlib
 import sys
 from typing import Any
 
-from ember.graph.uop import UOp, serialize_uop
 from ember.helpers import BEAM, NOOPT
+from ember.ir.uop import UOp, serialize_uop
 
 #: bumped when lowering changes in a way the source hash below would not see
 CODEGEN_VERSION = 2
@@ -28,7 +28,7 @@ def codegen_fingerprint(renderer_type: type) -> str:
     import ember
 
     root = pathlib.Path(ember.__file__).parent
-    files = sorted([*root.glob("graph/*.py"), *root.glob("codegen/*.py"), *root.glob("renderer/*.py")])
+    files = sorted([*root.glob("ir/*.py"), *root.glob("codegen/*.py"), *root.glob("renderer/*.py")])
     for cls in renderer_type.__mro__:
         mod = sys.modules.get(cls.__module__)
         if mod is not None and getattr(mod, "__file__", None):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from ember.codegen.lowerer import ast_shape
 from ember.codegen.opts import Opt, full_shape, kernel_shape
-from ember.graph.symbolic import simplify, split_terms, term_coeff
-from ember.graph.uop import GroupOp, Ops, UOp
 from ember.helpers import prod
+from ember.ir.symbolic import simplify, split_terms, term_coeff
+from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
 #: most operations in the unrolled body of a tiled reduction loop (bounds the C source and its compile time:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ember.codegen.lowerer import reduce_identity
 from ember.dtype import DType
-from ember.graph.uop import Ops, UOp, toposort
+from ember.ir.uop import Ops, UOp, toposort
 
 
 def _range_sets(nodes: list[UOp]) -> dict[UOp, frozenset[UOp]]:

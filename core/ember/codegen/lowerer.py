@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ember.dtype import DType, PtrDType, dtypes
-from ember.graph.shapetracker import ShapeTracker
-from ember.graph.symbolic import simplify, split_terms
-from ember.graph.uop import GroupOp, Ops, UOp
 from ember.helpers import prod
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.symbolic import simplify, split_terms
+from ember.ir.uop import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
     from ember.codegen.opts import KernelPlan

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
+from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
 
 OPT_OPS = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "THREAD", "TC")

@@ -25,8 +25,8 @@ from ember.codegen.cachekey import lowering_key
 from ember.codegen.heuristic import MAX_TILE_OPS, reduce_loads
 from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
 from ember.dtype import PtrDType, to_np_dtype
-from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG
+from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
 
 #: factors tried per action kind

@@ -57,9 +57,9 @@ KNOWN_PLUGINS: dict[str, tuple[str, str]] = {
 #: Devices that ship inside the core distribution. They are registered by core itself (not via
 #: entry points) and always come first, so a plugin cannot shadow them.
 BUILTIN_SPECS: tuple[DeviceSpec, ...] = (
-    DeviceSpec("PYTHON", factory="ember.runtime.python:PythonDevice", priority=-100,
+    DeviceSpec("PYTHON", factory="ember.builtin_devices.python:PythonDevice", priority=-100,
                description="pure-Python UOp interpreter: slow, complete, the reference for testing"),
-    DeviceSpec("DISK", factory="ember.runtime.disk:DiskDevice", priority=-1000, compute=False,
+    DeviceSpec("DISK", factory="ember.builtin_devices.disk:DiskDevice", priority=-1000, compute=False,
                description="a memory-mapped file, DISK:/path (storage only: move tensors to a compute device)"),
 )
 

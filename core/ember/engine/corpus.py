@@ -16,8 +16,8 @@ import pathlib
 import pickle
 from collections.abc import Iterable
 
-from ember.graph.uop import UOp, serialize_uop
 from ember.helpers import getenv
+from ember.ir.uop import UOp, serialize_uop
 
 _seen: set[UOp] = set()
 

@@ -33,10 +33,10 @@ from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import realize
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
-from ember.graph.lazy import base_of, buffers, realized
-from ember.graph.symbolic import Variable
-from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters
+from ember.ir.lazy import base_of, buffers, realized
+from ember.ir.symbolic import Variable
+from ember.ir.uop import Ops, UOp
 
 R = TypeVar("R")
 

@@ -22,9 +22,9 @@ from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus, runtime_consts
-from ember.graph.shapetracker import ShapeTracker
-from ember.graph.uop import Ops, UOp
 from ember.helpers import DEBUG, GlobalCounters, colored
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.uop import Ops, UOp
 from ember.schedule import ScheduleItem
 
 

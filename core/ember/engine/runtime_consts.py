@@ -18,8 +18,8 @@ import numpy as np
 from ember.device.buffer import Buffer
 from ember.device.contracts import BufferSpec
 from ember.dtype import dtypes, to_np_dtype
-from ember.graph.uop import Ops, UOp
 from ember.helpers import ContextVar
+from ember.ir.uop import Ops, UOp
 
 #: ``RUNTIME_CONSTS=0`` keeps every float constant in the kernel source (one kernel per value).
 RUNTIME_CONSTS = ContextVar("RUNTIME_CONSTS", 1)

@@ -19,7 +19,7 @@ from ember.dtype import DType, dtypes, result_type_scalar
 from ember.frontend import checks, elementwise
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
-from ember.graph.uop import Ops
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from ember.dtype import DType
     from ember.frontend.util import Scalar, Shape
-    from ember.graph.uop import Ops, UOp
+    from ember.ir.uop import Ops, UOp
     from ember.tensor import Tensor
 
     #: an axis argument of the reductions (ReduceMixin's ``Axis``)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ember.dtype import dtypes
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, make_const, not_implemented
-from ember.graph.uop import Ops
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

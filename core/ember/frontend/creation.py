@@ -22,8 +22,8 @@ from ember.dtype import DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
-from ember.graph.uop import Ops
 from ember.helpers import prod
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

@@ -25,8 +25,8 @@ from ember.dtype import DType, dtypes
 from ember.frontend import checks
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, make_const
-from ember.graph.uop import Ops
 from ember.helpers import prod
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

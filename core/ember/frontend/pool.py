@@ -14,8 +14,8 @@ import numpy as np
 from ember.dtype import dtypes
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
-from ember.graph.uop import Ops
 from ember.helpers import prod
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, dtypes, promote_types, to_dtype
 from ember.frontend.base import TensorBase
-from ember.graph.uop import Ops
 from ember.helpers import prod
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

@@ -15,8 +15,8 @@ import numpy as np
 from ember.dtype import dtypes, to_np_dtype
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape
-from ember.graph.uop import Ops
 from ember.helpers import prod
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

@@ -16,7 +16,7 @@ from ember.frontend import libm
 from ember.frontend.base import TensorBase
 from ember.frontend.reduce import _logaddexp
 from ember.frontend.util import Scalar, compute_dtype, not_implemented
-from ember.graph.uop import Ops
+from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor

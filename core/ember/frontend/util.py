@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ember.dtype import DType, dtypes, truncate
-from ember.graph.uop import Ops, UOp
+from ember.ir.uop import Ops, UOp
 
 Scalar = int | float | bool
 Shape = tuple[int, ...]

@@ -1,7 +1,7 @@
 """Weights I/O and model state: safetensors, PyTorch checkpoints, GGUF, and state dicts.
 
 Loading never reads a file whole. A file is memory-mapped through the built-in DISK device
-(:mod:`ember.runtime.disk`) and each stored tensor becomes a zero-copy DISK view of its own bytes:
+(:mod:`ember.builtin_devices.disk`) and each stored tensor becomes a zero-copy DISK view of its own bytes:
 ``safe_load(fn)["w"].to("CPU")`` (or :func:`load_state_dict`) reads only that tensor's pages.
 DISK tensors cannot be computed on; move them to a compute device first.
 

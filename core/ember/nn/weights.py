@@ -1,6 +1,6 @@
 """Shared pieces of ember's weight-file readers: errors, memory-mapped sources, tensor views.
 
-A file is memory-mapped through the built-in DISK device (:mod:`ember.runtime.disk`); each stored
+A file is memory-mapped through the built-in DISK device (:mod:`ember.builtin_devices.disk`); each stored
 tensor becomes a zero-copy DISK view of its own bytes, so loading never reads a file whole.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ import os
 import pickle
 from typing import Any
 
+from ember.builtin_devices.disk import READ_ONLY, DiskBuffer
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes
-from ember.graph.lazy import base_of, buffer_view, buffers, new_buffer
-from ember.graph.uop import Ops
 from ember.helpers import prod
-from ember.runtime.disk import READ_ONLY, DiskBuffer
+from ember.ir.lazy import base_of, buffer_view, buffers, new_buffer
+from ember.ir.uop import Ops
 from ember.tensor import Tensor
 
 # =============================================================================================

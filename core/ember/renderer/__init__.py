@@ -8,14 +8,14 @@ This module is also the public facade for renderer authors: besides :class:`Rend
 re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`,
 :func:`toposort`, and :func:`split_terms` / :func:`term_coeff` to read an index as a sum of
 ``coefficient * variable`` terms) and the dtypes (:class:`DType`, :class:`PtrDType`,
-:data:`dtypes`). Plugins import these from here, not from ``ember.graph.*`` submodules.
+:data:`dtypes`). Plugins import these from here, not from ``ember.ir.*`` submodules.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ember.dtype import DType, dtypes
-from ember.graph.uop import UOp
+from ember.ir.uop import UOp
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ class Renderer:
 
 # The facade for renderer authors (see the module docstring). Imported last: cstyle subclasses Renderer.
 from ember.dtype import PtrDType  # noqa: E402
-from ember.graph.symbolic import split_terms, term_coeff  # noqa: E402
-from ember.graph.uop import GroupOp, Ops, toposort  # noqa: E402
+from ember.ir.symbolic import split_terms, term_coeff  # noqa: E402
+from ember.ir.uop import GroupOp, Ops, toposort  # noqa: E402
 from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer  # noqa: E402
 
 __all__ = ["C_PREAMBLE", "CStyleRenderer", "DType", "GroupOp", "Ops", "PtrDType", "Renderer", "TensorCore", "UOp",

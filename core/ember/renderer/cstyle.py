@@ -11,7 +11,7 @@ import math
 from typing import Callable
 
 from ember.dtype import DType, PtrDType, dtypes
-from ember.graph.uop import GroupOp, Ops, UOp
+from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
 

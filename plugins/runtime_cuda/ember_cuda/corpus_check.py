@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ember.codegen import get_program
 from ember.device import CompileError, join_sources
-from ember.graph import UOp
+from ember.ir import UOp
 from ember_cuda.compiler import CUDACompiler, nvrtc_compile
 from ember_cuda.renderer import CUDARenderer, parse_arch
 

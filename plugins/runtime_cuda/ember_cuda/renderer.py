@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember.dtype import DType, PtrDType, dtypes
-from ember.graph import Ops, UOp
+from ember.ir import Ops, UOp
 from ember.renderer import CStyleRenderer, TensorCore
 
 #: every float16 or bfloat16 result is computed in float and rounded back by these (under include guards:

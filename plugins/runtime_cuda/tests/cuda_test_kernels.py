@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import Tensor, dtypes
-from ember.graph.uop import Ops, UOp
+from ember.ir.uop import Ops, UOp
 
 DEVICE = "PYTHON"
 

@@ -18,7 +18,7 @@ from ember import Tensor, dtypes
 from ember.codegen import get_program
 from ember.device.batch_compiler import KernelBinary
 from ember.device.compiler import CompileError
-from ember.graph.uop import Ops
+from ember.ir.uop import Ops
 from ember.renderer import TensorCore
 
 pytestmark = pytest.mark.usefixtures("nvrtc_available")

@@ -11,7 +11,7 @@ import pytest
 from ember import Tensor, dtypes
 from ember.device import Device
 from ember.dtype import DType, f32_to_bf16, to_np_dtype
-from ember.graph.uop import Ops, UOp
+from ember.ir.uop import Ops, UOp
 
 pytestmark = pytest.mark.usefixtures("cl_available")
 

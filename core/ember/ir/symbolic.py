@@ -10,8 +10,8 @@ import math
 import operator
 
 from ember.dtype import dtypes
-from ember.graph.pattern import PatternMatcher, UPat, graph_rewrite
-from ember.graph.uop import GroupOp, Ops, UOp, exec_alu
+from ember.ir.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.ir.uop import GroupOp, Ops, UOp, exec_alu
 
 
 def _is_int(u: UOp) -> bool:

@@ -7,8 +7,8 @@ flip) make new views without touching data. When a reshape cannot be expressed a
 a :class:`ShapeTracker` stacks views; codegen composes them into one index expression.
 
 Offsets and mask bounds may be symbolic: integer expressions (UOps) over bound variables
-(``DEFINE_VAR`` nodes whose arg carries the value, see :class:`ember.graph.symbolic.Variable`),
-as made by ``shrink`` and ``pad`` with a :class:`~ember.graph.symbolic.Variable`. Shapes and
+(``DEFINE_VAR`` nodes whose arg carries the value, see :class:`ember.ir.symbolic.Variable`),
+as made by ``shrink`` and ``pad`` with a :class:`~ember.ir.symbolic.Variable`. Shapes and
 strides are always ints. :meth:`ShapeTracker.unbind` strips the values for a kernel AST, so
 one compiled kernel serves every value.
 """
@@ -18,9 +18,9 @@ import functools
 from dataclasses import dataclass
 
 from ember.dtype import DType, dtypes
-from ember.graph.symbolic import sadd, simplify, smax, smin, ssub, sym_le, unbind_uop
-from ember.graph.uop import Ops, UOp
 from ember.helpers import prod
+from ember.ir.symbolic import sadd, simplify, smax, smin, ssub, sym_le, unbind_uop
+from ember.ir.uop import Ops, UOp
 
 sint = int | UOp
 Mask = tuple[tuple[sint, sint], ...]

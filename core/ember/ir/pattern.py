@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Callable
 
 from ember.dtype import DType
-from ember.graph.uop import GroupOp, Ops, UOp, toposort
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
 
 class UPat:

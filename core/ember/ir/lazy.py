@@ -11,8 +11,8 @@ import weakref
 from typing import Any
 
 from ember.dtype import DType
-from ember.graph.shapetracker import ShapeTracker
-from ember.graph.uop import Ops, UOp
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.uop import Ops, UOp
 
 _buffer_ids = itertools.count()
 #: the Buffer object behind each live BUFFER node

@@ -48,7 +48,7 @@ from ember.device.allocator import Allocator
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.dtype import DTYPES_ALL, DType, PtrDType, dtypes, to_np_dtype, truncate
-from ember.graph.uop import GroupOp, Ops, UOp
+from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
 FORMAT = "ember-python-linear/1"
