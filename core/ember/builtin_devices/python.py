@@ -379,6 +379,11 @@ class PythonProgram:
         def fail(i: int, msg: str) -> ValueError:
             return ValueError(f"kernel {prog_name}: uop {i} ({uops[i][0].name}): {msg}")
 
+        def value_dt(i: int, dt: DType | PtrDType | None) -> DType:
+            if not isinstance(dt, DType):
+                raise fail(i, f"needs a value dtype, got {dt!r}")
+            return dt
+
         for i, (op, dt, srcs, arg) in enumerate(uops):
             if any(s >= i or s < 0 for s in srcs):
                 raise fail(i, "a source does not come before its user")
@@ -392,7 +397,7 @@ class PythonProgram:
             elif op is Ops.DEFINE_VAR:
                 self._vars.append((i, dt, *arg[:3]))
             elif op is Ops.CONST:
-                self._init_regs[i] = _const_value(dt, arg)
+                self._init_regs[i] = _const_value(value_dt(i, dt), arg)
             elif op is Ops.SPECIAL:
                 if open_ranges and not all(g for _, _, g in open_ranges):
                     raise fail(i, "SPECIAL inside a sequential loop")
@@ -404,11 +409,11 @@ class PythonProgram:
                     if open_ranges and not all(g for _, _, g in open_ranges):
                         raise fail(i, "a global RANGE inside a sequential loop")
                     open_ranges.append((i, len(self._code), True))
-                    self._code.append((_K_GRID, i, rs, None, [self._grid_axes, _reg_np(dt), None]))
+                    self._code.append((_K_GRID, i, rs, None, [self._grid_axes, _reg_np(value_dt(i, dt)), None]))
                     self._grid_axes += 1
                 else:
                     open_ranges.append((i, len(self._code), False))
-                    self._code.append((_K_LOOP, i, rs, None, [None, _reg_np(dt).type]))
+                    self._code.append((_K_LOOP, i, rs, None, [None, _reg_np(value_dt(i, dt)).type]))
             elif op is Ops.ENDRANGE:
                 if not open_ranges or open_ranges[-1][0] != srcs[0]:
                     raise fail(i, "ENDRANGE does not close the innermost open RANGE")
@@ -421,7 +426,7 @@ class PythonProgram:
                     self._code[start_pos][4][0] = end_pos + 1
                     self._code.append((_K_ENDLOOP, reg[srcs[0]], (), None, (start_pos, _reg_np(dts[srcs[0]]).type)))
             elif op is Ops.DEFINE_ACC:
-                self._code.append((_K_ACC, i, rs, None, _reg_np(dt)))
+                self._code.append((_K_ACC, i, rs, None, _reg_np(value_dt(i, dt))))
             elif op is Ops.ASSIGN:
                 reg[i] = rs[0]
                 acc_dt = dts[srcs[0]]
@@ -431,22 +436,23 @@ class PythonProgram:
                     raise fail(i, f"{op.name} with something that is not a buffer")
                 base: DType = dts[srcs[0]].base
                 label = f"buffer {params[srcs[0]]}" if srcs[0] in params else "a buffer"
+                conv: Callable[[Any], Any] | None
                 if op is Ops.LOAD:
-                    conv = None if dt == base else functools.partial(cast_value, src=base, dst=dt)
+                    conv = None if dt == base else functools.partial(cast_value, src=base, dst=value_dt(i, dt))
                     self._code.append((_K_LOAD, i, rs, None, (base == dtypes.bfloat16, conv, prog_name, label)))
                 else:
                     val_dt = dts[srcs[2]]
                     conv = None if val_dt == base else functools.partial(cast_value, src=val_dt, dst=base)
                     self._code.append((_K_STORE, i, rs, None, (base == dtypes.bfloat16, conv, prog_name, label)))
             elif op is Ops.CAST or op is Ops.BITCAST:
-                sdt, ddt = dts[srcs[0]], dt
+                sdt, ddt = dts[srcs[0]], value_dt(i, dt)
                 if op is Ops.BITCAST and sdt.itemsize != ddt.itemsize:
                     raise fail(i, f"BITCAST between sizes {sdt.itemsize} and {ddt.itemsize}")
-                conv = cast_value if op is Ops.CAST else bitcast_value
-                self._code.append((_K_ALU, i, rs, functools.partial(conv, src=sdt, dst=ddt), None))
+                convert = cast_value if op is Ops.CAST else bitcast_value
+                self._code.append((_K_ALU, i, rs, functools.partial(convert, src=sdt, dst=ddt), None))
             elif op in GroupOp.ALU:
                 try:
-                    fn = _make_alu(op, dt, tuple(dts[s] for s in srcs))
+                    fn = _make_alu(op, value_dt(i, dt), tuple(dts[s] for s in srcs))
                 except TypeError as e:
                     raise fail(i, str(e)) from None
                 self._code.append((_K_ALU, i, rs, fn, None))
@@ -564,7 +570,7 @@ def _typed_view(buf: Any, dt: DType, size: int | None, kernel: str, idx: int) ->
 
 
 def _check_bounds(idx: Any, size: int, what: str, kernel: str, label: str) -> None:
-    if isinstance(idx, np.generic):  # the common scalar case, without numpy reductions
+    if isinstance(idx, np.integer):  # the common scalar case, without numpy reductions
         if 0 <= idx < size:
             return
         lo = hi = idx

@@ -13,6 +13,8 @@ Only float32/float64/float16 constants are turned into inputs; ``RUNTIME_CONSTS=
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ember.device.buffer import Buffer
@@ -20,6 +22,9 @@ from ember.device.contracts import BufferSpec
 from ember.dtype import dtypes, to_np_dtype
 from ember.helpers import ContextVar
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    from ember.schedule import ScheduleItem
 
 #: ``RUNTIME_CONSTS=0`` keeps every float constant in the kernel source (one kernel per value).
 RUNTIME_CONSTS = ContextVar("RUNTIME_CONSTS", 1)
@@ -53,11 +58,11 @@ def _rebuild(ast: UOp, replace: dict[UOp, UOp]) -> UOp:
     return new[ast]
 
 
-def parameterize(si: object, compiled: dict) -> object:
+def parameterize(si: ScheduleItem, compiled: dict) -> ScheduleItem:
     """``si`` (a ScheduleItem) as is, or with its varying float constants read from new one-element input
     buffers when kernels of the same skeleton have been seen with other values. ``compiled`` is the
     engine's kernel cache: a kernel already built for exactly these values is kept as it is."""
-    ast, bufs = si.ast, si.bufs  # type: ignore[attr-defined]
+    ast, bufs = si.ast, si.bufs
     if not RUNTIME_CONSTS.value or ast.op is not Ops.SINK:
         return si
     consts = _float_consts(ast)
@@ -76,13 +81,14 @@ def parameterize(si: object, compiled: dict) -> object:
     extra: list[Buffer] = []
     for i in sorted(varying):
         c = consts[i]
+        dt = c.value_dtype
         index = len(bufs) + len(extra)
-        replace[c] = UOp(Ops.LOAD, c.dtype, (UOp(Ops.DEFINE_GLOBAL, c.dtype.ptr(), (), (index, 1)),))
+        replace[c] = UOp(Ops.LOAD, dt, (UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (index, 1)),))
         # written by the host for every run and read once by the kernel: memory the host reaches cheaply
-        buf = Buffer(device, 1, c.dtype, options=BufferSpec(cpu_access=True)).allocate()
-        buf.copyin(memoryview(np.array([c.arg], dtype=to_np_dtype(c.dtype)).view(np.uint8)))
+        buf = Buffer(device, 1, dt, options=BufferSpec(cpu_access=True)).allocate()
+        buf.copyin(memoryview(np.array([c.arg], dtype=to_np_dtype(dt)).view(np.uint8)))
         extra.append(buf)
-    return type(si)(_rebuild(ast, replace), tuple(bufs) + tuple(extra), si.var_vals)  # type: ignore[call-arg]
+    return type(si)(_rebuild(ast, replace), tuple(bufs) + tuple(extra), si.var_vals)
 
 
 def skeletons() -> int:

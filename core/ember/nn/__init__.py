@@ -247,6 +247,7 @@ class LayerNorm:
         x = x.layernorm(axis=self.axis, eps=self.eps)
         if not self.elementwise_affine:
             return x
+        assert self.weight is not None and self.bias is not None, "elementwise_affine without weight and bias"
         return x * self.weight + self.bias
 
 

@@ -48,6 +48,12 @@ def _zeros_buffer(like: Tensor) -> Tensor:
     return Tensor(np.zeros(like.shape, dtype=host_dtype), device=like.device, dtype=like.dtype, requires_grad=False)
 
 
+def _grad(p: Tensor) -> Tensor:
+    """``p.grad`` of a parameter known to have one (updates and clipping visit only those)."""
+    assert p.grad is not None, "a parameter without a gradient reached an update"
+    return p.grad
+
+
 def _scalar_tensor(value: float, device: str) -> Tensor:
     """A 1-element float32 tensor in its own buffer (a kernel argument, not a compiled-in constant)."""
     return Tensor([float(value)], device=device, dtype=dtypes.float32, requires_grad=False)
@@ -98,8 +104,8 @@ class Optimizer:
         """
         with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
         for i in with_grad:
-            if self.params[i].grad.shape != self.params[i].shape:
-                raise RuntimeError(f"gradient of shape {self.params[i].grad.shape} does not match its parameter's "
+            if _grad(self.params[i]).shape != self.params[i].shape:
+                raise RuntimeError(f"gradient of shape {_grad(self.params[i]).shape} does not match its parameter's "
                                    f"shape {self.params[i].shape}")
         with no_grad():
             state = self._update(with_grad)
@@ -185,7 +191,7 @@ class SGD(Optimizer):
         changed: list[Tensor] = []
         for i in idx:
             p = self.params[i]
-            g = p.grad.detach()
+            g = _grad(p).detach()
             if self.weight_decay:
                 g = g + p.detach() * self.weight_decay
             if self.has_momentum:
@@ -238,7 +244,7 @@ class LAMB(Optimizer):
         changed = [self.step_count]
         for i in idx:
             p = self.params[i]
-            m, v = self._moments(i, p.grad.detach(), c1, c2)
+            m, v = self._moments(i, _grad(p).detach(), c1, c2)
             up = (m / bc1) / ((v / bc2).sqrt() + self.eps)
             if self.weight_decay:
                 up = up + p.detach() * self.weight_decay
@@ -303,7 +309,7 @@ class LARS(Optimizer):
         changed: list[Tensor] = []
         for i in idx:
             p = self.params[i]
-            w, g = p.detach(), p.grad.detach()
+            w, g = p.detach(), _grad(p).detach()
             scale = self.lr
             if self.tcoef:
                 r1, r2 = w.square().sum().sqrt(), g.square().sum().sqrt()
@@ -379,13 +385,13 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         return Tensor(0.0)
     norm_type = float(norm_type)
     if math.isinf(norm_type):
-        per = [p.grad.detach().abs().max() for p in params]
+        per = [_grad(p).detach().abs().max() for p in params]
         total = per[0]
         for n in per[1:]:
             total = total.maximum(n)
     else:
-        total = sum((p.grad.detach().abs().pow(norm_type).sum() for p in params[1:]),
-                    params[0].grad.detach().abs().pow(norm_type).sum())
+        total = sum((_grad(p).detach().abs().pow(norm_type).sum() for p in params[1:]),
+                    _grad(params[0]).detach().abs().pow(norm_type).sum())
         total = total.sqrt() if norm_type == 2.0 else total.pow(1.0 / norm_type)
     if error_if_nonfinite and not math.isfinite(float(total.item())):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
@@ -394,7 +400,8 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     coef = (max_norm / (total + 1e-6)).minimum(1.0)
     with no_grad():
         for p in params:
-            p.grad.assign(p.grad.detach() * coef.cast(p.grad.dtype))
+            g = _grad(p)
+            g.assign(g.detach() * coef.cast(g.dtype))
     Tensor.realize_all(total, *(p.grad for p in params if p.grad is not None))
     return total
 
@@ -403,7 +410,8 @@ def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -
     """Clamp every gradient element to ``[-clip_value, clip_value]`` (``torch.nn.utils.clip_grad_value_``)."""
     with no_grad():
         for p in _grads_of(parameters):
-            p.grad.assign(p.grad.detach().maximum(-clip_value).minimum(clip_value))
+            g = _grad(p)
+            g.assign(g.detach().maximum(-clip_value).minimum(clip_value))
 
 
 # --- learning-rate schedules ---------------------------------------------------------------------
