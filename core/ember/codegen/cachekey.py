@@ -72,4 +72,5 @@ def knobs() -> str:
 
 def lowering_key(renderer: Any, ast: UOp) -> str:
     """One string naming everything codegen reads for ``ast`` on ``renderer`` (see the module docstring)."""
-    return "\0".join([codegen_fingerprint(type(renderer)), knobs(), renderer_identity(renderer), serialize_uop(ast)])
+    renderer_type: type = type(renderer)  # a class object: hashable, whatever its instances are
+    return "\0".join([codegen_fingerprint(renderer_type), knobs(), renderer_identity(renderer), serialize_uop(ast)])

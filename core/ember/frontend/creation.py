@@ -111,7 +111,7 @@ class CreationMixin(TensorBase):
                 n = max(0, (istop - istart + istep - sign) // istep)
             else:
                 n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
-            values = istart + np.arange(n, dtype=np.int64) * istep
+            values: np.ndarray = istart + np.arange(n, dtype=np.int64) * istep
         else:
             n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
             values = float(start) + np.arange(n, dtype=np.float64) * float(step)

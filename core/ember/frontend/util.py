@@ -75,7 +75,9 @@ def compute_dtype(dt: DType) -> DType:
 
 def int_tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     """``value`` repeated ``n`` times, or ``value`` itself when it already has ``n`` entries."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        raise TypeError(f"expected {name} to be an integer or a sequence of integers, got {value!r}")
+    if isinstance(value, (int, np.integer)):
         return (int(value),) * n
     vals = tuple(int(v) for v in value)
     if len(vals) == 1:
@@ -91,7 +93,9 @@ def resolve_pads(padding: int | Sequence[int], n: int) -> Pads:
 
     The flat form lists the last dim first: ``(left, right, top, bottom, ...)``.
     """
-    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+    if isinstance(padding, bool):
+        raise TypeError(f"expected padding to be an integer or a sequence of integers, got {padding!r}")
+    if isinstance(padding, (int, np.integer)):
         return ((int(padding), int(padding)),) * n
     vals = tuple(int(p) for p in padding)
     if len(vals) == n:

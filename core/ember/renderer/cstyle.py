@@ -224,9 +224,9 @@ class CStyleRenderer(Renderer):
                             and work >= self.parallel_min_work)
                 if kind == "global":
                     first_global = False
-                self.loop_accs = [(r[a], self.acc_ops.get(a), a.dtype) for a in self.open_accs]
+                self.loop_accs = [(r[a], self.acc_ops.get(a), a.value_dtype) for a in self.open_accs]
                 # every accumulator a loop opened here may update: those of the enclosing loops too
-                self.live_accs = [(r[a], self.acc_ops.get(a), a.dtype) for accs in range_accs.values()
+                self.live_accs = [(r[a], self.acc_ops.get(a), a.value_dtype) for accs in range_accs.values()
                                   for a in accs] + self.loop_accs
                 range_accs[u] = self.open_accs
                 self.open_accs = []

@@ -3,13 +3,16 @@ of a device's result with the PYTHON reference device and with numpy."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import pytest
 
 from ember import Device, Tensor, dtypes
 from ember.dtype import DType, to_np_dtype
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 REFERENCE = "PYTHON"
 
@@ -50,14 +53,22 @@ def sample(rng: np.random.Generator, dt: DType, shape: tuple[int, ...], wide: bo
     return out.astype(np.float32) if dt == dtypes.float32 else out
 
 
-def tolerance(dt: DType) -> dict[str, float]:
+class Tol(TypedDict, total=False):
+    """``assert_allclose`` tolerances, passed on as keyword arguments."""
+    rtol: float
+    atol: float
+
+
+def tolerance(dt: DType) -> Tol:
     """``assert_allclose`` tolerances for results of dtype ``dt`` computed in a different order or library."""
-    return {dtypes.float16: {"rtol": 2e-3, "atol": 2e-3}, dtypes.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
-            dtypes.float64: {"rtol": 1e-12, "atol": 1e-12}}.get(dt, {"rtol": 2e-5, "atol": 2e-6})
+    tols: dict[DType, Tol] = {dtypes.float16: {"rtol": 2e-3, "atol": 2e-3},
+                              dtypes.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+                              dtypes.float64: {"rtol": 1e-12, "atol": 1e-12}}
+    return tols.get(dt, {"rtol": 2e-5, "atol": 2e-6})
 
 
 def assert_same(got: np.ndarray, want: np.ndarray, exact: bool = False, what: str = "",
-                inputs: np.ndarray | None = None, **tol: float) -> None:
+                inputs: np.ndarray | None = None, **tol: Unpack[Tol]) -> None:
     """Equal shape, and equal values: bit-for-bit for integers or with ``exact``, else within ``tol``.
 
     NaN equals NaN; for exact float comparison the sign of zero counts too. ``inputs`` (same shape)
@@ -80,7 +91,7 @@ def assert_same(got: np.ndarray, want: np.ndarray, exact: bool = False, what: st
 
 
 def same_as_reference(device: str, fn: Callable[..., Tensor], *arrays: Any, dtypes_: Sequence[DType | None] = (),
-                      exact: bool = False, **tol: float) -> np.ndarray:
+                      exact: bool = False, **tol: Unpack[Tol]) -> np.ndarray:
     """``fn`` on ``device`` equals ``fn`` on the PYTHON device (same shape, dtype and values); returns the values."""
     dts = list(dtypes_) + [None] * (len(arrays) - len(dtypes_))
     ours = fn(*[Tensor(a, device=device, dtype=d) for a, d in zip(arrays, dts)])
@@ -109,7 +120,7 @@ def realize_many(device: str, fns: dict[str, Callable[..., Tensor]], *arrays: An
 
 def same_as_reference_many(device: str, fns: dict[str, Callable[..., Tensor]], *arrays: Any,
                            dtypes_: Sequence[DType | None] = (), exact: bool = False,
-                           **tol: float) -> dict[str, np.ndarray]:
+                           **tol: Unpack[Tol]) -> dict[str, np.ndarray]:
     """:func:`same_as_reference` for many functions of the same inputs, compiled and run as one batch per
     device; a failure names every function that differs."""
     ours = realize_many(device, fns, *arrays, dtypes_=dtypes_)

@@ -1,12 +1,14 @@
 """Conformance checks every ember device must pass (see the package docstring)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 from ember import Device, GlobalCounters, Tensor, dtypes
 from ember.dtype import DType, to_np_dtype
-from ember.testing.checks import name, same_as_reference_many
+from ember.testing.checks import Tol, name, same_as_reference_many
 
 REFERENCE = "PYTHON"
 RNG = np.random.default_rng(1234)
@@ -38,10 +40,12 @@ def _same(device: str, fn, *arrays: np.ndarray, dtype: DType | None = None, rtol
         np.testing.assert_array_equal(got, want)
 
 
-BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-          "max": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b, "eq": lambda a, b: a == b}
-UNARY = {"exp": Tensor.exp, "log": lambda x: x.abs().add(1).log(), "sqrt": lambda x: x.abs().sqrt(),
-         "sin": Tensor.sin, "neg": Tensor.neg, "relu": Tensor.relu, "recip": lambda x: (x.abs() + 1).reciprocal()}
+BINARY: dict[str, Callable[..., Tensor]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "max": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b, "eq": lambda a, b: a == b}
+UNARY: dict[str, Callable[..., Tensor]] = {
+    "exp": Tensor.exp, "log": lambda x: x.abs().add(1).log(), "sqrt": lambda x: x.abs().sqrt(),
+    "sin": Tensor.sin, "neg": Tensor.neg, "relu": Tensor.relu, "recip": lambda x: (x.abs() + 1).reciprocal()}
 NUMERIC = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.float16,
            dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
@@ -51,7 +55,7 @@ def test_binary_ops(device: str, dt: DType) -> None:
     """Each binary op with broadcasting, per dtype (all ops of a dtype compiled as one batch)."""
     if not _supported(device, dt):
         pytest.skip(f"{device} does not support {name(dt)}")
-    tol = {"rtol": 1e-2, "atol": 1e-2} if dt in (dtypes.float16, dtypes.bfloat16) else {}
+    tol: Tol = {"rtol": 1e-2, "atol": 1e-2} if dt in (dtypes.float16, dtypes.bfloat16) else {}
     same_as_reference_many(device, BINARY, _sample(dt, (3, 5)), _sample(dt, (1, 5)), dtypes_=(dt, dt), **tol)
 
 
@@ -99,6 +103,7 @@ def test_autograd_matches_reference(device: str) -> None:
     def grads(dev: str) -> list[np.ndarray]:
         tx, tw = Tensor(x, device=dev, requires_grad=True), Tensor(w, device=dev, requires_grad=True)
         ((tx @ tw).relu().exp() * 0.1).sum().backward()
+        assert tx.grad is not None and tw.grad is not None, "backward() left a gradient unset"
         return [tx.grad.numpy(), tw.grad.numpy()]
 
     for got, want in zip(grads(device), grads(REFERENCE)):

@@ -3,6 +3,9 @@ included), reductions along each axis, movement, matmul, convolution and pooling
 gather/scatter, scans and sorting."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -53,11 +56,12 @@ def test_transcendental_vs_numpy(device: str, op: str) -> None:
     """float32 math matches numpy (computed in float64) within a few ulp, across a wide argument range."""
     x = np.concatenate([RNG.uniform(-20, 20, 200), RNG.uniform(-1, 1, 50), [0.5, 1.5, 2.5, -0.5, -2.5, 0.0]])
     pos = np.abs(x) + 1e-3
-    cases = {"exp": (x, np.exp), "log": (pos, np.log), "sqrt": (pos, np.sqrt), "sin": (x, np.sin),
-             "cos": (x, np.cos), "tanh": (x, np.tanh), "sigmoid": (x, lambda v: 1 / (1 + np.exp(-v))),
-             "erf": (x, None), "exp2": (x, np.exp2), "log2": (pos, np.log2), "pow": (pos, lambda v: v ** 1.7),
-             "atan": (x, np.arctan), "rsqrt": (pos, lambda v: 1 / np.sqrt(v)), "floor": (x, np.floor),
-             "ceil": (x, np.ceil), "round": (x, np.round), "trunc": (x, np.trunc)}
+    cases: dict[str, tuple[np.ndarray, Callable[[np.ndarray], Any] | None]] = {
+        "exp": (x, np.exp), "log": (pos, np.log), "sqrt": (pos, np.sqrt), "sin": (x, np.sin),
+        "cos": (x, np.cos), "tanh": (x, np.tanh), "sigmoid": (x, lambda v: 1 / (1 + np.exp(-v))),
+        "erf": (x, None), "exp2": (x, np.exp2), "log2": (pos, np.log2), "pow": (pos, lambda v: v ** 1.7),
+        "atan": (x, np.arctan), "rsqrt": (pos, lambda v: 1 / np.sqrt(v)), "floor": (x, np.floor),
+        "ceil": (x, np.ceil), "round": (x, np.round), "trunc": (x, np.trunc)}
     data, np_fn = cases[op]
     data = data.astype(np.float32)
     fn = (lambda t: t.pow(1.7)) if op == "pow" else (lambda t: getattr(t, op)())
@@ -74,9 +78,10 @@ def test_reductions_along_each_axis(device: str, dt: DType) -> None:
     if dt.kind in "iu":
         x = (x % 4).astype(x.dtype)  # prod of up to 105 small values fits after wrap-free ranges are not needed
     ops = ["sum", "max", "min"] + (["mean"] if dt.kind == "f" else []) + (["prod"] if dt.kind != "b" else [])
-    fns = {f"{op}(axis={axis}, keepdim={keep})": (lambda t, op=op, axis=axis, keep=keep:
-                                                   getattr(t, op)(axis, keepdim=keep))
-           for axis in (0, 1, 2, -1, None, (0, 2), (1, 2)) for keep in (False, True) for op in ops}
+    fns: dict[str, Callable[..., Tensor]] = {
+        f"{op}(axis={axis}, keepdim={keep})": (lambda t, op=op, axis=axis, keep=keep:
+                                               getattr(t, op)(axis, keepdim=keep))
+        for axis in (0, 1, 2, -1, None, (0, 2), (1, 2)) for keep in (False, True) for op in ops}
     if dt == dtypes.bool:
         fns.update({"any(1)": lambda t: t.any(1), "all(2)": lambda t: t.all(2)})
     same_as_reference_many(device, fns, x, dtypes_=(dt,), **tolerance(dt))

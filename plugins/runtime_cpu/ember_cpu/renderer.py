@@ -338,7 +338,7 @@ class CPURenderer(CStyleRenderer):
         return lines, [f"{tile}[{i}]" for i in range(len(accs))]
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
-        loop = f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
+        loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
         simd = u in self.simd_ranges
         if u.arg[1] == "thread":
             return self._thread_loop(loop)

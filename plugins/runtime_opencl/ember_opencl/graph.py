@@ -55,6 +55,7 @@ class CLGraph:
         if not self._launches:
             return 0.0 if wait else None
         cl = self.programs[0].cl
+        assert self.device is not None, "a graph with launches has programs"
         queue = self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         start = time.perf_counter()
@@ -65,6 +66,7 @@ class CLGraph:
                 first = last
         if not wait:
             return None
+        assert last is not None, "a graph with launches enqueued none"
         last.wait()
         try:
             return event_seconds(last, first)

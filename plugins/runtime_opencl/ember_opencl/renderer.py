@@ -89,7 +89,7 @@ class CLRenderer(CStyleRenderer):
                  local_max: Sequence[int] = (1, 1, 1), shared_max: int = 32768, device: str = "CL"):
         self.device = device
         self.fp16, self.fp64 = fp16, fp64
-        self.global_max = tuple(global_max)
+        self.global_max: tuple[int, ...] = tuple(global_max)
         self.local_max = tuple(local_max)
         self.shared_max = shared_max
         self.supports_float16 = True  # natively, or as storage with float arithmetic
@@ -169,7 +169,7 @@ class CLRenderer(CStyleRenderer):
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         """A global RANGE is this work-item's id in its launch dimension; other RANGEs are loops."""
         if u.arg[1] == "global":
-            t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
+            t = self.render_dtype(u.value_dtype)
             return [f"const {t} {var} = ({t})get_global_id({_render_state.dims[u]});"]
         return super().render_range_open(u, var, start, end, parallel)
 
