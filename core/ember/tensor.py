@@ -578,11 +578,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._view(lambda st: st.pad(arg), lambda g: g)
         return mask.where(out, out.full_like(value))
 
-    def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
-        """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole)."""
+    def shrink(self, arg: Sequence[tuple[int | UOp | Variable, int | UOp | Variable] | None]) -> Tensor:
+        """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole); bounds may use bound Variables."""
         if _symbolic_arg(arg):
             return self._shrink_symbolic(arg)
-        a = tuple((0, s) if r is None else (int(r[0]), int(r[1])) for r, s in zip(arg, self.shape))
+        a = tuple((0, s) if r is None else (_int_bound(r[0]), _int_bound(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
             if not 0 <= lo <= hi <= s:
                 raise ArgumentError(f"shrink {a} is out of bounds for shape {self.shape}")
@@ -826,6 +826,12 @@ def _assign_target(x: UOp) -> tuple[UOp, tuple[UOp, ...]]:
         return tv, (base,)
     st = tv.arg if tv.op is Ops.VIEW else ShapeTracker.from_shape(shape_of(tv))
     return UOp(Ops.VIEW, x.dtype, (tv.src[0] if tv.op is Ops.VIEW else tv,), st + x.arg), (base,)
+
+
+def _int_bound(x: int | UOp | Variable) -> int:
+    """A shrink bound of an argument without symbolic bounds (those take the symbolic path)."""
+    assert not isinstance(x, UOp), "a symbolic shrink bound on the integer path"
+    return int(x)
 
 
 def _symbolic_arg(arg: Any) -> bool:
