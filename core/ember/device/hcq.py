@@ -13,7 +13,7 @@ What a device implements (each class says so in its docstring):
   faster ``wait``). :class:`HostSignal` is a complete one for memory the host shares with the
   device.
 - :class:`HWQueue` — ``_submit(device)``: hand the recorded commands to the hardware (or to a
-  worker thread, as the CPU device does). The builder methods (``wait``, ``signal``,
+  worker thread of the host's own). The builder methods (``wait``, ``signal``,
   ``timestamp``, ``exec``, ``copy``, ``memory_barrier``) are shared.
 - :class:`KernelArgs` — the bytes a kernel launch reads its buffer addresses and runtime values
   from, in the device's own layout; ``update_buffer`` / ``update_var`` patch them in place.
@@ -191,7 +191,7 @@ class KernelArgs:
     """The argument block of one kernel launch: buffer addresses and runtime values in the device's layout.
 
     The base class keeps them as Python lists; a device subclass packs them where its kernels
-    read them (the CPU device: a ``void*`` array and a ``long long`` array) and overrides the two
+    read them (for C kernels on the host: a ``void*`` array and a ``long long`` array) and overrides the two
     ``update_*`` methods to patch that memory in place.
     """
 

@@ -6,11 +6,12 @@ the CPU implementation, where the "hardware" is two worker threads.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import pathlib
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -191,27 +192,16 @@ def test_graph_replays_with_patched_buffers_and_values(dev):
 
 
 def test_profile_trace_is_valid_trace_event_json(tmp_path):
-    """PROFILE=1 on a small training loop in HCQ mode: kernel names, the device, no overlapping spans per queue."""
+    """PROFILE=1 on the main job's first epoch (make demo's script) in HCQ mode: valid trace-event JSON with kernel
+    names and the device, and no overlapping spans on either engine."""
     path = tmp_path / "trace.json"
-    script = textwrap.dedent("""
-        import numpy as np
-        from ember import Tensor
-        from ember.nn import Linear
-        from ember.nn.optim import SGD
-        layer = Linear(16, 4)
-        opt = SGD([layer.weight, layer.bias], lr=0.1)
-        x, y = Tensor(np.random.rand(32, 16).astype(np.float32)), Tensor(np.random.randint(0, 4, 32))
-        with Tensor.train():
-            for _ in range(3):
-                opt.zero_grad()
-                loss = layer(x).sparse_categorical_crossentropy(y)
-                loss.backward()
-                opt.step()
-        print(loss.item())
-    """)
+    script = pathlib.Path(__file__).resolve().parents[3] / "examples" / "train_digits.py"
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.skip("the digits data come with scikit-learn (pip install scikit-learn)")
     env = dict(os.environ, CPU_HCQ="1", PROFILE="1", PROFILE_PATH=str(path), DEV="CPU",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(script), "--epochs", "1", "--no-save"], capture_output=True, text=True,
+                          env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     trace = json.loads(path.read_text())
     events = trace["traceEvents"]
