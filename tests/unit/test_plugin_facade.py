@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: the modules a plugin may import from core (each exactly: not their submodules)
-FACADE = ("ember.device", "ember.device.hcq", "ember.renderer", "ember.dtype", "ember.ir")
+FACADE = ("ember.device", "ember.renderer", "ember.dtype", "ember.ir")
 #: developer tools shipped inside a plugin package that drive codegen themselves (not part of the device):
 #: file (relative to plugins/) -> the extra core modules it may import
 TOOLS = {

@@ -23,12 +23,54 @@ from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_source
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
+
+# the base for queue-driven devices (docs/hcq.md)
+from ember.device.hcq import (
+    DEFAULT_TIMEOUT_S,
+    Copy,
+    Exec,
+    HCQCommandError,
+    HCQDevice,
+    HCQGraph,
+    HCQProgram,
+    HCQTimeoutError,
+    HostSignal,
+    HWQueue,
+    KernelArgs,
+    MemoryBarrier,
+    Signal,
+    SignalCmd,
+    Timeline,
+    Timestamp,
+    Wait,
+    profiled_copy,
+    profiled_exec,
+)
 from ember.device.hookspecs import PLUGIN_API, hookimpl, hookspec
 from ember.device.registry import Device, DeviceNotFoundError, DevicePluginError, DeviceUnavailableError
 from ember.device.spec import DeviceSpec
 from ember.helpers import DEBUG, GlobalCounters, cache_dir, getenv
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "Copy",
+    "Exec",
+    "HCQCommandError",
+    "HCQDevice",
+    "HCQGraph",
+    "HCQProgram",
+    "HCQTimeoutError",
+    "HWQueue",
+    "HostSignal",
+    "KernelArgs",
+    "MemoryBarrier",
+    "Signal",
+    "SignalCmd",
+    "Timeline",
+    "Timestamp",
+    "Wait",
+    "profiled_copy",
+    "profiled_exec",
     "DEBUG",
     "PLUGIN_API",
     "Allocator",

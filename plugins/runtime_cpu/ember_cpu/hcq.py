@@ -19,9 +19,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ember.device import Compiled, KernelBinary
-from ember.device.hcq import (
+from ember.device import (
     DEFAULT_TIMEOUT_S,
+    Compiled,
     Copy,
     Exec,
     HCQDevice,
@@ -29,6 +29,7 @@ from ember.device.hcq import (
     HCQProgram,
     HWQueue,
     KernelArgs,
+    KernelBinary,
     MemoryBarrier,
     Signal,
     SignalCmd,
