@@ -144,12 +144,18 @@ def restricted_loads(payload: bytes) -> Any:
     return _RestrictedUnpickler(io.BytesIO(payload)).load()
 
 
+#: the only classes a cache payload may name besides plain builtins: data classes whose construction runs no
+#: code of the payload's choosing. A forged entry cannot reach any other callable, ember's own functions
+#: included (a module-wide allow-list would let it call, say, a file-writing helper with its own arguments).
+PICKLE_CLASSES = frozenset({"ember.codegen.opts.Opt"})
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     _BUILTINS = frozenset({"tuple", "list", "dict", "set", "frozenset", "int", "float", "str", "bytes", "bool",
                            "complex", "slice", "NoneType"})
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module == "builtins" and name in self._BUILTINS) or module.split(".")[0] == "ember":
+        if (module == "builtins" and name in self._BUILTINS) or f"{module}.{name}" in PICKLE_CLASSES:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"disk cache: refusing to load {module}.{name}")
 

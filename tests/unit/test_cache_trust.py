@@ -82,6 +82,24 @@ def test_lowered_payloads_never_load_code(cache: Path):
     assert diskcache.restricted_loads(pickle.dumps({"a": (1, 2.0, "s", [b"x"])})) == {"a": (1, 2.0, "s", [b"x"])}
 
 
+def test_payloads_cannot_call_embers_own_functions(cache: Path, tmp_path: Path):
+    """A forged entry may name only the allowed data classes: not even an ember function (here one that
+    writes a file of the payload's choosing) is reachable."""
+    target = tmp_path / "written"
+
+    class Forged:
+        def __reduce__(self):
+            return (diskcache.write, (target, b"forged"))
+
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load ember.diskcache.write"):
+        diskcache.restricted_loads(pickle.dumps(Forged()))
+    assert not target.exists()
+    from ember.codegen.opts import Opt
+
+    opts = [Opt("UPCAST", 0, 4), Opt("UNROLL", 0, 2)]
+    assert diskcache.restricted_loads(pickle.dumps(opts)) == opts
+
+
 def test_size_limit_evicts_the_least_recently_used(cache: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EMBER_CACHE_MB", "1")
     blob = b"x" * (200 * 1024)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ember import Device, Tensor
+from ember import Device, Tensor, diskcache
 from ember.codegen import get_program, search
 from ember.codegen.cachekey import capability_names, lowering_key
-from ember.codegen.opts import apply_opts
+from ember.codegen.opts import Opt, apply_opts
 from ember.dtype import dtypes
 from ember.engine.realize import CompiledRunner, program_for
 from ember.helpers import BEAM, NOOPT
@@ -131,6 +133,30 @@ def test_beam_finds_valid_opts_and_caches_them(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(search, "_search", no_search)
         assert search.beam_search(si.ast, renderer, 2, budget_s=1.0) == opts
 
+
+def test_a_forged_beam_entry_runs_no_code_and_is_searched_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """BEAM's cached opt lists load through the disk cache's restricted unpickler: a forged entry naming any
+    callable (even one of ember's own) is refused, deleted, and the search runs again."""
+    si, _ = matmul_ast(n=16)
+    renderer = Device["CPU"].renderer
+    target = tmp_path / "written"
+
+    class Forged:
+        def __reduce__(self):
+            return (diskcache.write, (target, b"forged"))
+
+    path = diskcache.entry_path("beam", lowering_key(renderer, si.ast))
+    assert path is not None
+    diskcache.write(path, pickle.dumps(Forged()))
+    searched: list[int] = []
+
+    def fake_search(*args: object, **kwargs: object) -> list[Opt]:
+        searched.append(1)
+        return []
+    monkeypatch.setattr(search, "_search", fake_search)
+    assert search.beam_search(si.ast, renderer, 2, budget_s=1.0) == []
+    assert searched and not target.exists()
+    diskcache.invalidate(path)  # the empty list it cached is no entry for later tests
 
 def test_beam_is_chosen_by_the_knob(monkeypatch: pytest.MonkeyPatch):
     si, _ = matmul_ast(n=8)

@@ -110,9 +110,9 @@ def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None =
     path = diskcache.entry_path("beam", lowering_key(renderer, ast))
     if path is not None and (payload := diskcache.read(path)) is not None:
         try:
-            return list(pickle.loads(payload))
-        except Exception:  # an entry from an incompatible version: search again
-            pass
+            return list(diskcache.restricted_loads(payload))  # Opts and builtins only: an entry never runs code
+        except Exception:  # an entry from an incompatible version, or forged: search again
+            diskcache.invalidate(path)
     from ember.codegen.opts import heuristic_opts
 
     if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):
