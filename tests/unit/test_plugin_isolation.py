@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,37 @@ def test_hanging_probe_is_cut_off():
     assert default == "GOOD" and took < 5, (default, took)
     assert "did not return within 0.5 s" in reg.probe("HANG")
 
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="the crash check forks (Linux)")
+def test_a_probe_that_crashes_its_process_is_skipped_not_fatal(tmp_path: pathlib.Path,
+                                                               monkeypatch: pytest.MonkeyPatch):
+    """A probe that kills its process (a driver segfaulting) runs first in a forked child: default selection
+    skips the device with the reason, and this process lives on. A probe that passed once is not forked again."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    calls: list[int] = []
+
+    def crash() -> str | None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return None
+
+    def fine() -> str | None:
+        calls.append(os.getpid())
+        return None
+    specs = (DeviceSpec("CRASHY", FACTORY, priority=50, probe=crash), DeviceSpec("GOOD", FACTORY, priority=10,
+                                                                                 probe=fine))
+    reg = _DeviceRegistry(entry_points=[FakeEntryPoint("crashy", lambda: plugin(*specs), "ember-crashy")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert reg.DEFAULT == "GOOD"
+    reason = reg.probe("CRASHY")
+    assert reason is not None and "crashed the process that ran it (SIGSEGV)" in reason, reason
+    assert any("CRASHY" in str(w.message) and "SIGSEGV" in str(w.message) for w in caught)
+    assert calls == [os.getpid()], "the passing probe ran here once (its first run was in a child)"
+    fresh = _DeviceRegistry(entry_points=[FakeEntryPoint("crashy", lambda: plugin(*specs), "ember-crashy")])
+    with monkeypatch.context() as m:  # a second process would find the passing probe recorded: no fork
+        m.setattr(os, "fork", lambda: pytest.fail("forked for a probe that already passed"))
+        assert fresh.probe("GOOD") is None
 
 def test_hanging_import_and_hook_are_cut_off():
     slow_import = FakeEntryPoint("slow", hanging_import, "ember-slow")

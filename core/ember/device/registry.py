@@ -27,6 +27,7 @@ import atexit
 import importlib
 import importlib.metadata
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterable
@@ -37,7 +38,7 @@ import pluggy
 
 from ember.device import hookspecs
 from ember.device.hookspecs import PLUGIN_API, hookimpl
-from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, plugin_timeout  # noqa: F401
+from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, crash_checked, plugin_timeout  # noqa: F401
 from ember.device.spec import DeviceSpec
 from ember.helpers import getenv
 
@@ -132,6 +133,18 @@ class _BuiltinDevices:
     def ember_devices(self) -> list[DeviceSpec]:
         """Return the built-in device specs."""
         return list(BUILTIN_SPECS)
+
+
+def _probe_memo_key(spec: DeviceSpec, origin: PluginOrigin) -> str:
+    """Names the probe's code: a new version, or an edited module of an editable install, is checked again."""
+    module = sys.modules.get(getattr(spec.probe, "__module__", "") or "")
+    file = getattr(module, "__file__", None) or ""
+    try:
+        mtime = os.stat(file).st_mtime_ns if file else 0
+    except OSError:
+        mtime = 0
+    qualname = getattr(spec.probe, "__qualname__", type(spec.probe).__name__)
+    return f"{origin.label}|{origin.name}|{spec.name}|{file}|{mtime}|{qualname}"
 
 
 def canonicalize(name: str) -> str:
@@ -449,8 +462,16 @@ class _DeviceRegistry:
             reason: str | None
             try:
                 probe = spec.probe
-                result = None if probe is None else call_with_timeout(probe, f"the probe of device {spec.name}")
-                reason = None if result is None else (str(result) or "the probe reported it unusable")
+                what = f"the probe of device {spec.name}"
+                origin = self._spec_origins.get(spec.name)
+                crash = None
+                if probe is not None and origin is not None and not origin.builtin:
+                    crash = crash_checked(probe, what, _probe_memo_key(spec, origin))
+                if crash is not None:
+                    reason = crash
+                else:
+                    result = None if probe is None else call_with_timeout(probe, what)
+                    reason = None if result is None else (str(result) or "the probe reported it unusable")
             except PluginTimeout as e:
                 reason = str(e)
             except Exception as e:
