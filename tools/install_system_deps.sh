@@ -4,6 +4,7 @@
 # Debian's PoCL (an OpenCL platform for the CPU, LLVM 15), because PyPI's pocl-binary-distribution
 # (PoCL 3.0, LLVM 14) cannot build kernels on CPUs newer than LLVM 14 (on AMD Zen 5 it asks for target
 # CPU "generic", which LLVM 14 rejects).
+# clang 19 with lld and LLVM's tools compiles and disassembles AMD GPU code objects for the AMD plugin's checks.
 # Installs only what is missing, and only where it can (root with apt-get); elsewhere it says what to
 # install and exits non-zero, so a test run never silently skips the clang stage.
 set -uo pipefail
@@ -16,6 +17,11 @@ else
     missing+=(libomp-dev)
 fi
 [ -e /etc/OpenCL/vendors/pocl.icd ] || missing+=(pocl-opencl-icd ocl-icd-libopencl1)
+# the AMD plugin's compile checks: clang 19 knows gfx1100 and gfx942 (PoCL's clang 15 lacks gfx942); lld links
+# code objects, llvm-19 brings llvm-objdump for the disassembly checks
+command -v clang-19 >/dev/null 2>&1 || missing+=(clang-19)
+command -v ld.lld-19 >/dev/null 2>&1 || missing+=(lld-19)
+command -v llvm-objdump-19 >/dev/null 2>&1 || missing+=(llvm-19)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "system packages missing: ${missing[*]}"
