@@ -627,9 +627,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return self._view(lambda st: st.flip(axes), lambda g: g.flip(axes)) if axes else self
 
     def __getitem__(self, indices: Any) -> Tensor:
-        """Basic indexing: ints, slices (any step), None and ``...``."""
+        """Basic indexing: ints, slices (any step), None and ``...``.
+
+        A bound :class:`Variable` (or an expression of one) may stand for an int or a slice bound when the
+        result's size is still a known int, as in a KV cache's ``cache[:, pos:pos + 1]``: the kernel reads the
+        position at run time. Symbolic positions count from the start (no negative wrap-around).
+        """
         idx = list(indices) if isinstance(indices, tuple) else [indices]
-        if any(not (i is None or i is Ellipsis or isinstance(i, slice) or
+        if any(not (i is None or i is Ellipsis or isinstance(i, slice) or _is_symbolic_int(i) or
                     (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))) for i in idx):
             return self._getitem_advanced(indices)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
@@ -642,7 +647,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             idx += [slice(None)] * (self.ndim - n_real)
         x = self
         out_shape: list[int] = []
-        shrink: list[tuple[int, int]] = []
+        shrink: list[tuple[int | UOp, int | UOp]] = []
         flips: list[int] = []
         strides: list[int] = []
         dim = 0
@@ -651,7 +656,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 out_shape.append(-1)  # placeholder for a new axis
                 continue
             size = self.shape[dim]
-            if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            if _is_symbolic_int(i) or (isinstance(i, slice) and any(map(_is_symbolic_int, (i.start, i.stop)))):
+                lo, hi = _symbolic_bounds(i, size, dim)
+                shrink.append((lo, hi))
+                strides.append(1)
+                length = ssub(hi, lo)
+                assert isinstance(length, int)  # _symbolic_bounds refuses a symbolic length
+                out_shape.append(-2 if _is_symbolic_int(i) else length)
+            elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
                 j = int(i)
                 if not -size <= j < size:
                     raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
@@ -870,3 +882,23 @@ def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     return buffer_view(node, shape)
 
 __all__ = ["Tensor", "no_grad"]
+
+
+def _is_symbolic_int(x: object) -> bool:
+    """A bound Variable or an integer expression of variables (what symbolic shrink bounds are)."""
+    return isinstance(x, Variable) or (isinstance(x, UOp) and getattr(x.dtype, "kind", "") in "iu")
+
+
+def _symbolic_bounds(i: Any, size: int, dim: int) -> tuple[int | UOp, int | UOp]:
+    """The (start, stop) a symbolic index or step-1 slice keeps along a dimension of ``size``."""
+    if not isinstance(i, slice):
+        lo = sint_of(i)
+        return lo, sadd(lo, 1)
+    if i.step not in (None, 1):
+        raise IndexError(f"a slice with a symbolic bound must have step 1, got step {i.step} in dimension {dim}")
+    lo = 0 if i.start is None else sint_of(i.start)
+    hi = size if i.stop is None else sint_of(i.stop)
+    if not isinstance(ssub(hi, lo), int):
+        raise ValueError(f"the slice {i.start}:{i.stop} of dimension {dim} has a length that depends on a variable; "
+                         "its length must be a known int (shapes are not symbolic), e.g. x[pos:pos + 1]")
+    return lo, hi

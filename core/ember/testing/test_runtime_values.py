@@ -26,6 +26,29 @@ def test_symbolic_offsets_one_kernel_for_every_value(device: str) -> None:
     assert GlobalCounters.kernels_compiled == 0, "a new value of a Variable compiled a new kernel"
 
 
+
+def test_symbolic_indexing_reads_the_window_at_run_time(device: str) -> None:
+    """``x[:, pos:pos + 1]`` and ``x[pos]`` with a bound Variable (tinygrad's KV-cache idiom) select the right
+    window for each value with one kernel; a slice whose length depends on the variable is refused."""
+    a = RNG.standard_normal((4, 12)).astype(np.float32)
+    x = Tensor(a, device=device).realize()
+    v = Variable("pos", 0, 10)
+    (x[:, v.bind(0):v.bind(0) + 2] * 2).realize()
+    GlobalCounters.reset()
+    for val in (10, 3, 0):
+        p = v.bind(val)
+        np.testing.assert_array_equal((x[:, p:p + 2] * 2).numpy(), a[:, val:val + 2] * 2)
+    assert GlobalCounters.kernels_compiled == 0, "a new value of a Variable compiled a new kernel"
+    r = Variable("row", 0, 3).bind(2)
+    np.testing.assert_array_equal(x[r].numpy(), a[2])
+    np.testing.assert_array_equal(x[r, 3:5].numpy(), a[2, 3:5])
+    try:
+        x[:, :v.bind(3)]
+    except ValueError as e:
+        assert "length that depends on a variable" in str(e)
+    else:
+        raise AssertionError("a slice of symbolic length was accepted")
+
 def test_symbolic_reduction_window(device: str) -> None:
     """A reduction over a window that starts at a runtime value, on integers and floats."""
     a = RNG.integers(-100, 100, (12, 16)).astype(np.int32)
