@@ -53,7 +53,7 @@ class TinyTransformer:
 
     def step(self, token: Tensor, pos: Variable | int) -> Tensor:
         """Logits (vocab,) for ``token`` at position ``pos``, reading and extending the KV cache."""
-        x = self.tok_emb[token] + self.pos_emb.shrink(((pos, pos + 1), None))  # (1, dim)
+        x = self.tok_emb[token] + self.pos_emb[pos:pos + 1]  # (1, dim)
         # positions 0..pos are valid: a window of [1]*max_len + [0]*max_len that slides with pos
         n = self.max_len
         valid = Tensor.ones(n).pad(((0, n),)).shrink(((n - 1 - pos, 2 * n - 1 - pos),)).reshape(1, 1, n)
@@ -61,8 +61,8 @@ class TinyTransformer:
             h = self._norm(x)
             q, k, v = (self._split(h @ b[name]) for name in ("wq", "wk", "wv"))
             # written before attention reads the cache (the cache tensors themselves read the buffer)
-            ck.shrink((None, (pos, pos + 1), None)).assign(k).realize()
-            cv.shrink((None, (pos, pos + 1), None)).assign(v).realize()
+            ck[:, pos:pos + 1].assign(k).realize()
+            cv[:, pos:pos + 1].assign(v).realize()
             scores = (q @ ck.transpose(1, 2)) / math.sqrt(self.head_dim)  # (heads, 1, max_len)
             probs = (valid > 0).where(scores, float("-inf")).softmax(axis=-1)
             att = (probs @ cv).permute(1, 0, 2).reshape(1, self.dim)
