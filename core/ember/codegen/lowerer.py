@@ -65,6 +65,12 @@ class LoweringContext:
     reduce_ranges: dict[tuple[UOp, int], tuple[UOp | None, UOp]] = field(default_factory=dict)
     plan: KernelPlan | None = None
     view_index: dict[tuple, tuple[UOp, UOp]] = field(default_factory=dict)
+    #: a GROUP's work-item id (its launch dimension 0) and this work-item's output's first slot in the
+    #: local memory of its work-group (see _group_combine)
+    group_id: UOp | None = None
+    group_row: UOp | None = None
+    local_count: int = 0
+    combine_ranges: dict[UOp, UOp] = field(default_factory=dict)
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
@@ -131,21 +137,49 @@ def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) ->
 
 def _reduce_indices(ctx: LoweringContext, red: UOp, ax: int, size: int, ranges: list[UOp]) -> list[UOp]:
     """The loops of reduced axis ``ax`` of ``red`` (appended to ``ranges``, outermost first) and the index of
-    each unrolled copy: ``t * (size / threads) + r * unroll + c``."""
+    each unrolled copy: ``t * (size / threads) + r * unroll + c``. A grouped axis splits between the group's
+    work-items ``w`` of ``n``: ``r * (n * unroll) + w * unroll + c`` (GROUP: neighbouring work-items read
+    neighbouring runs) or ``w * (size / n) + r * unroll + c`` (GROUPTOP: a contiguous block each)."""
     unroll, threads = ctx.plan.src_split(ax, size) if ctx.plan is not None else (1, 1)
+    group = ctx.plan.src_group(ax, size) if ctx.plan is not None else None
+    n = group[0] if group is not None else 1
     key = (red, ax)
     if key not in ctx.reduce_ranges:
         # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
         outer = ctx.new_range(threads, "thread") if threads > 1 else None
-        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // unroll, "reduce"))
+        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // n // unroll, "reduce"))
     outer, inner = ctx.reduce_ranges[key]
     if outer is not None:
         ranges.append(outer)
     ranges.append(inner)
+    if group is not None:
+        assert ctx.group_id is not None
+        w = ctx.group_id
+        base = w * (size // n) + inner * unroll if group[1] else inner * (n * unroll) + w * unroll
+        return [simplify(base + c) for c in range(unroll)]
     base = inner * unroll if unroll > 1 else inner
     if outer is not None:
         base = outer * (size // threads) + base
     return [simplify(base + c) if c or outer is not None or unroll > 1 else inner for c in range(unroll)]
+
+
+def _group_combine(ctx: LoweringContext, red: UOp, partial: UOp) -> UOp:
+    """Combine the partial results of a grouped reduction: each work-item writes its own to local memory,
+    and after a barrier every work-item reduces its output's row of partials (so no work-item skips the
+    barrier, and the value is there for whatever the kernel computes from it; one work-item stores)."""
+    assert ctx.plan is not None and ctx.plan.group is not None and ctx.group_id is not None
+    assert ctx.group_row is not None and isinstance(red.dtype, DType)
+    n = ctx.plan.group[1]
+    slots = prod(ctx.plan.local.values()) * n
+    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(), (), (ctx.local_count, slots))
+    ctx.local_count += 1
+    store = UOp(Ops.STORE, None, (buf, simplify(ctx.group_row + ctx.group_id), partial))
+    barrier = UOp(Ops.BARRIER, None, (store,))
+    if red not in ctx.combine_ranges:  # copies of one reduction share the combining loop
+        ctx.combine_ranges[red] = ctx.new_range(n, "reduce")
+    r = ctx.combine_ranges[red]
+    load = UOp(Ops.LOAD, red.dtype, (buf, simplify(ctx.group_row + r), barrier))
+    return UOp(Ops.REDUCE, red.dtype, (load, r), red.arg[0])
 
 
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
@@ -190,6 +224,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         ranges: list[UOp] = []
         # per reduced axis, the index of each unrolled copy
         choices: list[list[tuple[int, UOp]]] = []
+        grouped = ctx.plan is not None and any(src_shape[ax] != 1 and ctx.plan.src_group(ax, src_shape[ax])
+                                               for ax in axes)
         for ax in axes:
             if src_shape[ax] == 1:
                 choices.append([(ax, UOp.const(ctx.idx_dtype, 0))])
@@ -210,6 +246,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             # one loop (linearize groups reductions over the same loops); they are combined after it
             out = functools.reduce(lambda a, b: UOp(op, a.dtype, (a, b)),
                                    [UOp(Ops.REDUCE, u.dtype, (v, *ranges), op) for v in vals])
+        if grouped and not any(s == 0 for s in src_shape):
+            out = _group_combine(ctx, u, out)
     elif u.op in GroupOp.Elementwise:
         out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
     else:
@@ -242,7 +280,8 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     ``plan`` (from :func:`ember.codegen.opts.apply_opts`) reshapes the loops: an upcast output dim computes
     several neighbouring outputs per iteration (unrolled, sharing loads and index math, so the compiler keeps
     them in registers and vectorizes), an unrolled reduce dim several elements per step, a padded dim runs
-    past its end with its stores and loads gated off, a threaded reduce dim gets an outer "thread" loop.
+    past its end with its stores and loads gated off, a threaded reduce dim gets an outer "thread" loop, a
+    grouped reduce dim is shared by a group's work-items through local memory (see :func:`_group_combine`).
     """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
     biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
@@ -261,7 +300,20 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     padded = plan.padded if plan is not None else {}
     sizes = tuple(padded.get(i, d) for i, d in enumerate(out_shape))
     loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(sizes))
-    base = _global_indices(ctx, loop_shape, max_global_dims)
+    group = plan.group if plan is not None else None
+    # a group's work-items take launch dimension 0: the output loops get one dimension less
+    out_dims = max_global_dims - 1 if group is not None and max_global_dims is not None else max_global_dims
+    base = _global_indices(ctx, loop_shape, out_dims)
+    is_first = UOp.const(dtypes.bool, True)
+    if group is not None and plan is not None:
+        # the last global loop opened is the innermost: launch dimension 0
+        ctx.group_id = ctx.new_range(group[1], "global")
+        # this output's row of partials in its work-group's local memory: its position along the LOCAL axes
+        pos: UOp = UOp.const(idx_dtype, 0)
+        for axis, n in plan.local.items():
+            pos = pos * n + base[axis] % n
+        ctx.group_row = simplify(pos * group[1])
+        is_first = UOp(Ops.CMPEQ, dtypes.bool, (ctx.group_id, UOp.const(idx_dtype, 0)))
     # each dim's candidate indices once; a tile copy picks one per dim
     choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if upcast.get(i, 1) > 1 else [b]
                for i, b in enumerate(base)]
@@ -277,7 +329,8 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             buf, value = store.src
             val = _lower(ctx, value, gidx, gate)
             idx, valid = view_index(ctx, store.arg, gidx)
-            valid = simplify(valid.logical_and(gate))
+            # a group's work-items all hold the result; the first stores it
+            valid = simplify(valid.logical_and(gate).logical_and(is_first))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
     return simplify(UOp(Ops.SINK, None, tuple(stores)))

@@ -31,6 +31,12 @@ class CStyleRenderer(Renderer):
                                 Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf",
                                 Ops.MOD: "ember_fmodf"}  # MOD of floats is C fmod (exact at any quotient)
     preamble: str = ""
+    #: how a dialect declares work-group local memory and waits for the work-group at a barrier (renderers
+    #: with ``has_shared``): ``"__local "`` / ``"barrier(CLK_LOCAL_MEM_FENCE);"`` in OpenCL,
+    #: ``"__shared__ "`` / ``"__syncthreads();"`` in CUDA, ``"threadgroup "`` and
+    #: ``"threadgroup_barrier(mem_flags::mem_threadgroup);"`` in Metal
+    local_prefix: str = ""
+    barrier: str = ""
 
     # --- hooks ---------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
@@ -60,6 +66,13 @@ class CStyleRenderer(Renderer):
         if dt == dtypes.bfloat16:
             return f"ember_bf16_to_f32({buf}[{idx}])"
         return f"{buf}[{idx}]"
+
+    def render_local(self, name: str, dt: DType, size: int) -> str:
+        """The declaration of a work-group's local array (at the top of the kernel body: some dialects allow
+        it nowhere else). It holds values as they live in registers, so loads and stores convert nothing."""
+        if not self.has_shared or not self.barrier:
+            raise NotImplementedError(f"{type(self).__name__} has no work-group local memory")
+        return f"{self.local_prefix}{self.render_dtype(dt)} {name}[{size}];"
 
     def render_store_value(self, value: str, dt: DType) -> str:
         if dt == dtypes.bfloat16:
@@ -192,6 +205,7 @@ class CStyleRenderer(Renderer):
             if u.op is Ops.RANGE:
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
+        locals_declared = 0
         address_uops = _address_uops(uops)
         # the accumulators declared for each loop, named again when the loop ends (see render_loop_results)
         range_accs: dict[UOp, list[UOp]] = {}
@@ -250,16 +264,28 @@ class CStyleRenderer(Renderer):
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
             elif op is Ops.LOAD:
-                buf, idx = r[u.src[0]], r[u.src[1]]
-                val = self.render_load_value(buf, idx, u.value_dtype)
-                if len(u.src) > 2:
-                    val = f"({r[u.src[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
+                # a BARRIER source only orders the load after it
+                srcs = [s for s in u.src if s.op is not Ops.BARRIER]
+                buf, idx = r[srcs[0]], r[srcs[1]]
+                is_local = srcs[0].op is Ops.DEFINE_LOCAL
+                val = f"{buf}[{idx}]" if is_local else self.render_load_value(buf, idx, u.value_dtype)
+                if len(srcs) > 2:
+                    val = f"({r[srcs[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
-                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
+                if u.src[0].op is not Ops.DEFINE_LOCAL:
+                    val = self.render_store_value(val, u.src[0].pointer_dtype.base)
+                stmt = f"{buf}[{idx}] = {val};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
+            elif op is Ops.DEFINE_LOCAL:
+                r[u] = f"temp{u.arg[0]}"
+                body.insert(locals_declared, "  " + self.render_local(r[u], u.pointer_dtype.base, u.arg[1]))
+                locals_declared += 1
+            elif op is Ops.BARRIER:
+                r[u] = ""
+                line(self.barrier)
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 srcs = [r[s] for s in u.src]
                 if op is Ops.CAST:

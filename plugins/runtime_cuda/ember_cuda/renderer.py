@@ -170,6 +170,10 @@ class CUDARenderer(CStyleRenderer):
     restrict = "__restrict__"
     has_local = True
     has_shared = True
+    local_prefix = "__shared__ "
+    # every thread of a block reaches it: a kernel with a barrier is launched with its LOCAL/GROUP sizes as
+    # the block, which divide the global size, so each grid-stride loop runs the same trips in every thread
+    barrier = "__syncthreads();"
     parallel_threads = 1
     supports_float16 = True
     #: compute :data:`WIDE_MATH_OPS` of float32 (and 16-bit floats) in float64, rounded once

@@ -142,6 +142,8 @@ class MetalRenderer(CStyleRenderer):
     restrict = ""
     has_local = True
     has_shared = True
+    local_prefix = "threadgroup "
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     parallel_threads = 1
     math_fns = {Ops.SQRT: "precise::sqrt", Ops.EXP: "precise::exp", Ops.LOG: "precise::log",
                 Ops.EXP2: "precise::exp2", Ops.LOG2: "precise::log2", Ops.SIN: "precise::sin", Ops.TRUNC: "trunc",
@@ -243,7 +245,8 @@ class MetalRenderer(CStyleRenderer):
     # --- hardware ids, threadgroup memory, barriers --------------------------------------------
     def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
         """SPECIAL ids (``lidxN``: position in the threadgroup, ``gidxN``: the threadgroup's position, ``idxN``:
-        position in the grid; N is the launch dimension), DEFINE_LOCAL (a ``threadgroup`` array) and BARRIER."""
+        position in the grid; N is the launch dimension). DEFINE_LOCAL and BARRIER are the shared renderer's,
+        spelled by :attr:`local_prefix` and :attr:`barrier`."""
         if u.op is Ops.SPECIAL:
             name, _size = u.arg[0], u.arg[1]
             kind = name.rstrip("0123456789")
@@ -253,13 +256,6 @@ class MetalRenderer(CStyleRenderer):
                 raise ValueError(f"SPECIAL {name}: expected lidx0-2, gidx0-2 or idx0-2")
             t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
             return name, [f"const {t} {name} = ({t}){var}.{'xyz'[int(dim)]};"]
-        if u.op is Ops.DEFINE_LOCAL:
-            assert isinstance(u.dtype, PtrDType), f"DEFINE_LOCAL needs a pointer dtype, got {u.dtype!r}"
-            ident, size = u.arg[0], u.arg[1]
-            name = ident if isinstance(ident, str) else f"temp{ident}"
-            return name, [f"threadgroup {self.storage_type(u.dtype.base)} {name}[{size}];"]
-        if u.op is Ops.BARRIER:
-            return "", ["threadgroup_barrier(mem_flags::mem_threadgroup);"]
         return super().render_extra(u, srcs, fresh)
 
     # --- literals and ops ---------------------------------------------------------------------
