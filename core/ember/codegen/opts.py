@@ -257,8 +257,15 @@ def _check_group(ast: UOp, renderer: Renderer, plan: KernelPlan) -> None:
     """What a GROUP needs of the whole opt list: the work-group fits the device and the partials fit local
     memory (one slot per work-item, per reduction, per upcast copy)."""
     assert plan.group is not None
-    axis, n, top = plan.group
+    n = plan.group[1]
     opt = next(o for o in plan.opts if o.op in ("GROUP", "GROUPTOP"))
+    for ax, size in plan.local.items():
+        dim = launch_dim(plan, ax, renderer)
+        _check(dim is not None, opt, f"the LOCAL axis {ax} would share its launch dimension with others")
+        assert dim is not None
+        _check(renderer.local_max is None or (dim < len(renderer.local_max) and size <= renderer.local_max[dim]),
+               opt, f"the LOCAL axis {ax} moves to launch dimension {dim}, where its {size} work-items exceed "
+                    f"the device's limit")
     items = prod(plan.local.values()) * n
     if renderer.local_max is not None:
         _check(n <= renderer.local_max[0], opt,
@@ -270,9 +277,6 @@ def _check_group(ast: UOp, renderer: Renderer, plan: KernelPlan) -> None:
     need = items * len(reduces) * prod(plan.upcast.values()) * max(4, itemsize)
     _check(need <= renderer.shared_max, opt,
            f"the partial results need {need} bytes of local memory, more than the device's {renderer.shared_max}")
-    for ax in plan.local:
-        _check(launch_dim(plan, ax, renderer) is not None, opt,
-               f"the LOCAL axis {ax} would share its launch dimension with others")
 
 
 def local_size(plan: KernelPlan, renderer: Renderer) -> tuple[int, int, int] | None:

@@ -69,10 +69,10 @@ class CStyleRenderer(Renderer):
 
     def render_local(self, name: str, dt: DType, size: int) -> str:
         """The declaration of a work-group's local array (at the top of the kernel body: some dialects allow
-        it nowhere else). It holds values as they live in registers, so loads and stores convert nothing."""
+        it nowhere else). It holds elements as a buffer does (:meth:`storage_type`), loaded and stored alike."""
         if not self.has_shared or not self.barrier:
             raise NotImplementedError(f"{type(self).__name__} has no work-group local memory")
-        return f"{self.local_prefix}{self.render_dtype(dt)} {name}[{size}];"
+        return f"{self.local_prefix}{self.storage_type(dt)} {name}[{size}];"
 
     def render_store_value(self, value: str, dt: DType) -> str:
         if dt == dtypes.bfloat16:
@@ -265,19 +265,16 @@ class CStyleRenderer(Renderer):
                 r[u] = r[u.src[0]]
             elif op is Ops.LOAD:
                 # a BARRIER source only orders the load after it
-                srcs = [s for s in u.src if s.op is not Ops.BARRIER]
-                buf, idx = r[srcs[0]], r[srcs[1]]
-                is_local = srcs[0].op is Ops.DEFINE_LOCAL
-                val = f"{buf}[{idx}]" if is_local else self.render_load_value(buf, idx, u.value_dtype)
-                if len(srcs) > 2:
-                    val = f"({r[srcs[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
+                ins = [s for s in u.src if s.op is not Ops.BARRIER]
+                buf, idx = r[ins[0]], r[ins[1]]
+                val = self.render_load_value(buf, idx, u.value_dtype)
+                if len(ins) > 2:
+                    val = f"({r[ins[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
-                if u.src[0].op is not Ops.DEFINE_LOCAL:
-                    val = self.render_store_value(val, u.src[0].pointer_dtype.base)
-                stmt = f"{buf}[{idx}] = {val};"
+                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
             elif op is Ops.DEFINE_LOCAL:
                 r[u] = f"temp{u.arg[0]}"
