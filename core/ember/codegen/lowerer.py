@@ -333,7 +333,27 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             valid = simplify(valid.logical_and(gate).logical_and(is_first))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
-    return simplify(UOp(Ops.SINK, None, tuple(stores)))
+    return _merge_barriers(simplify(UOp(Ops.SINK, None, tuple(stores))))
+
+
+def _merge_barriers(sink: UOp) -> UOp:
+    """One barrier for the partials of every grouped reduction copy (an upcast tile's), instead of one each;
+    left as they are when one reduction's partial needs another's combined result (the barriers then order
+    the two)."""
+    nodes = sink.toposort()
+    barriers = [n for n in nodes if n.op is Ops.BARRIER]
+    if len(barriers) < 2:
+        return sink
+    stores = tuple(s for b in barriers for s in b.src)
+    if any(n.op is Ops.BARRIER for s in stores for n in s.toposort()):
+        return sink
+    merged = UOp(Ops.BARRIER, None, stores)
+    new: dict[UOp, UOp] = {b: merged for b in barriers}
+    for n in nodes:
+        if n not in new:
+            src = tuple(new.get(s, s) for s in n.src)
+            new[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return new[sink]
 
 
 def global_dims(ast: UOp) -> tuple[int, ...]:
