@@ -220,3 +220,28 @@ def test_heuristic_groups_reductions_with_few_outputs(shape: tuple[int, ...], ax
     # a target without local memory never gets a group
     target.has_shared = False
     assert not any(o.op in ("GROUP", "GROUPTOP") for o in heuristic_opts(si.ast, target))
+
+
+def test_beam_tries_groups_on_work_group_targets():
+    from ember.codegen.search import actions
+
+    a = Tensor(randf(64, 64), device="PYTHON").realize()
+    ast = last_kernel(a.sum()).ast
+    grid = WorkGroupPython(Device["PYTHON"].renderer, local_max=(32, 32, 32))
+    found = {(o.op, o.arg) for o in actions(ast, grid) if o.op in ("GROUP", "GROUPTOP")}
+    assert found == {(op, n) for op in ("GROUP", "GROUPTOP") for n in (4, 8, 16, 32)}  # up to local_max[0]
+    assert not any(o.op in ("GROUP", "GROUPTOP") for o in actions(ast, Device["CPU"].renderer))
+
+
+def test_beam_on_cl_keeps_a_correct_kernel():
+    """A tiny BEAM search on CL (where grouped candidates are timed) returns opts whose kernel matches numpy."""
+    from ember.codegen import search
+
+    if "CL" not in Device.available():
+        pytest.skip(f"no CL device: {Device.probe('CL')}")
+    x = randf(4096)
+    si = last_kernel(Tensor(x, device="CL").realize().sum())
+    renderer = Device["CL"].renderer
+    opts = search._search(si.ast, renderer, 2, budget_s=2.0)  # the search itself, not its disk cache
+    got = run_opts(si, "CL", opts)
+    np.testing.assert_allclose(got[0], x.sum(), rtol=1e-4)
