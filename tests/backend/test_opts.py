@@ -169,7 +169,7 @@ def test_upcast_and_local_launch_sizes():
     (Opt("UPCAST", 7, 2), "the kernel has 2 axes"),
     (Opt("LOCAL", 0, 2), "has no work-groups"),
     (Opt("GROUP", 1, 4), "has no local memory"),
-    (Opt("TC", 1, 0), "not supported by this codegen"),
+    (Opt("TC", 1, 0), "has no tensor cores"),
     (Opt("THREAD", 1, 2), "needs a full reduction"),
     (Opt("SPLIT", 0, 2), "unknown optimization"),
     (Opt("UPCAST", 0, -1), "non-negative"),

@@ -354,7 +354,7 @@ def _const_value(dt: DType, value: Any) -> Any:
 
 # instruction kinds
 (_K_ALU, _K_ALU1, _K_ALU2, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP,
- _K_SINK, _K_LOCAL, _K_LLOAD, _K_LSTORE) = range(15)
+ _K_SINK, _K_LOCAL, _K_LLOAD, _K_LSTORE, _K_WMMA) = range(16)
 
 _NOP_OPS = frozenset({Ops.BARRIER})
 
@@ -444,6 +444,8 @@ class PythonProgram:
                                   "other forms are not supported")
                 self._uses_local = True
                 self._code.append((_K_LOCAL, i, (), None, (_reg_np(dt.base), arg[1], prog_name)))
+            elif op is Ops.WMMA:
+                self._code.append((_K_WMMA, i, rs[:-1], None, (*arg, _reg_np(value_dt(i, dt)))))
             elif (op is Ops.LOAD or op is Ops.STORE) and srcs and uops[srcs[0]][0] is Ops.DEFINE_LOCAL:
                 # local memory holds register values: nothing to convert
                 kept = tuple(r for s, r in zip(srcs, rs) if uops[s][0] is not Ops.BARRIER)
@@ -585,8 +587,35 @@ class PythonProgram:
                 mem[g, idx] = val
             elif kind == _K_LOCAL:
                 regs[out] = _work_groups(extents, local_size, *aux)
+            elif kind == _K_WMMA:
+                regs[out] = _wmma([regs[s] for s in srcs], ndim, *aux)
             elif kind == _K_SINK:
                 return
+
+
+def _wmma(vals: list[Any], ndim: int, _intrinsic: str, dims: tuple[int, int, int], threads: int,
+          counts: tuple[int, int, int], _dtype_in: DType, element: int, maps: tuple, out_np: np.dtype) -> np.ndarray:
+    """Element ``element`` of each lane's D = A @ B for a tensor-core instruction: the lanes are the last grid
+    axis (``threads`` of them); each lane's elements of A and B are placed by the layout ``maps``, the tiles
+    multiplied in float32 (products of 16-bit floats are exact there), and D read back the same way."""
+    m, n, k = dims
+    shape = list(np.broadcast_shapes(*(np.shape(v) for v in vals), (1,) * ndim))
+    if shape[-1] not in (1, threads):
+        raise ValueError(f"a tensor-core instruction needs {threads} lanes along the last grid axis, got {shape[-1]}")
+    shape[-1] = threads
+    tiles = []
+    for operand, (rows, cols), start, count in (("A", (m, k), 0, counts[0]), ("B", (k, n), counts[0], counts[1])):
+        mat = np.zeros((*shape[:-1], rows, cols), np.float32)
+        layout = maps["AB".index(operand)]
+        for i in range(count):
+            r = np.array([layout[lane][i][0] for lane in range(threads)])
+            c = np.array([layout[lane][i][1] for lane in range(threads)])
+            mat[..., r, c] = np.broadcast_to(np.asarray(vals[start + i], np.float32), shape)
+        tiles.append(mat)
+    d = tiles[0] @ tiles[1]
+    r = np.array([maps[2][lane][element][0] for lane in range(threads)])
+    c = np.array([maps[2][lane][element][1] for lane in range(threads)])
+    return d[..., r, c].astype(out_np)
 
 
 def _work_groups(extents: list[int], local_size: tuple[int, ...], npdt: Any, size: int,

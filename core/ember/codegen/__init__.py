@@ -83,7 +83,7 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
     opts = choose_opts(ast, renderer) if opts is None else list(opts)
     plan = apply_opts(ast, renderer, opts)
-    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan)
+    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

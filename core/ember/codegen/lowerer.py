@@ -14,7 +14,7 @@ import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
@@ -24,6 +24,7 @@ from ember.ir.uop import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
     from ember.codegen.opts import KernelPlan
+    from ember.renderer import Renderer
 
 
 def ast_shape(u: UOp, memo: dict[UOp, tuple[int, ...]]) -> tuple[int, ...]:
@@ -71,6 +72,14 @@ class LoweringContext:
     group_row: UOp | None = None
     local_count: int = 0
     combine_ranges: dict[UOp, UOp] = field(default_factory=dict)
+    #: a TC opt: the lane (launch dimension 0), each tile's first output row (M) and column (N), the WMMA
+    #: args per element of D, and the loop over K tiles
+    tc_lane: UOp | None = None
+    tc_origin: dict[int, UOp] = field(default_factory=dict)
+    tc_args: list[tuple] = field(default_factory=list)
+    tc_element: int = 0
+    tc_range: UOp | None = None
+    tc_layout: Callable[..., tuple[Any, Any]] | None = None
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
@@ -182,6 +191,32 @@ def _group_combine(ctx: LoweringContext, red: UOp, partial: UOp) -> UOp:
     return UOp(Ops.REDUCE, red.dtype, (load, r), red.arg[0])
 
 
+def _lower_tc(ctx: LoweringContext, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
+    """One element of this lane's tile of a matmul on tensor cores: per K tile, the lane's elements of A and
+    B are loaded where the layout puts them and the instruction's D summed (see :mod:`ember.codegen.tc`)."""
+    assert ctx.plan is not None and ctx.plan.tc is not None and ctx.tc_lane is not None
+    tc, mm = ctx.plan.tc
+    args = ctx.tc_args[ctx.tc_element]
+    if ctx.tc_range is None:
+        ctx.tc_range = ctx.new_range(ctx.plan.full_shape[mm.k] // tc.dims[2], "reduce")
+    k0 = ctx.tc_range * tc.dims[2]
+    lane = ctx.tc_lane
+    zero = UOp.const(ctx.idx_dtype, 0)
+    vals: list[UOp] = []
+    for operand, expr, count in (("A", mm.a, tc.elements_per_thread[0]), ("B", mm.b, tc.elements_per_thread[1])):
+        for i in range(count):
+            assert ctx.tc_layout is not None
+            row, col = ctx.tc_layout(tc, operand, lane, i)
+            at = list(idxs)
+            if operand == "A":
+                at[mm.m], at[mm.k], at[mm.n] = ctx.tc_origin[mm.m] + row, k0 + col, zero
+            else:
+                at[mm.m], at[mm.k], at[mm.n] = zero, k0 + row, ctx.tc_origin[mm.n] + col
+            vals.append(_lower(ctx, expr, tuple(simplify(x) for x in at), gate))
+    wmma = UOp(Ops.WMMA, tc.dtype_out, (*vals, lane), args)
+    return UOp(Ops.REDUCE, tc.dtype_out, (wmma, ctx.tc_range), Ops.ADD)
+
+
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
     if u.op is Ops.VIEW:
         idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype)
@@ -218,6 +253,9 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         buf = u.src[0]
         srcs = (buf, idxs[0]) if (gate.op is Ops.CONST and gate.arg) else (buf, idxs[0], gate)
         out = UOp(Ops.LOAD, buf.pointer_dtype.base, srcs)
+    elif u.op is Ops.REDUCE_AXIS and ctx.plan is not None and ctx.plan.tc is not None and \
+            u is ctx.plan.tc[1].reduce:
+        out = _lower_tc(ctx, idxs, gate)
     elif u.op is Ops.REDUCE_AXIS:
         op, axes = u.arg
         src_shape = ast_shape(u.src[0], ctx.shapes)
@@ -273,7 +311,8 @@ def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: 
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
 
 
-def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None) -> UOp:
+def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None,
+              renderer: Renderer | None = None) -> UOp:
     """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
 
     ``max_global_dims`` limits how many global loops there are (a GPU launch grid has 3).
@@ -301,8 +340,14 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     sizes = tuple(padded.get(i, d) for i, d in enumerate(out_shape))
     loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(sizes))
     group = plan.group if plan is not None else None
-    # a group's work-items take launch dimension 0: the output loops get one dimension less
-    out_dims = max_global_dims - 1 if group is not None and max_global_dims is not None else max_global_dims
+    tc = plan.tc if plan is not None else None
+    if tc is not None:
+        # a tile of outputs per tensor-core instruction
+        loop_shape = tuple(d // tc[0].dims[0] if i == tc[1].m else d // tc[0].dims[1] if i == tc[1].n else d
+                           for i, d in enumerate(loop_shape))
+    # a group's (or a tensor core's) work-items take launch dimension 0: the output loops get one dimension less
+    out_dims = max_global_dims - 1 if (group is not None or tc is not None) and max_global_dims is not None \
+        else max_global_dims
     base = _global_indices(ctx, loop_shape, out_dims)
     is_first = UOp.const(dtypes.bool, True)
     if group is not None and plan is not None:
@@ -317,8 +362,24 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     # each dim's candidate indices once; a tile copy picks one per dim
     choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if upcast.get(i, 1) > 1 else [b]
                for i, b in enumerate(base)]
+    copies: list[tuple[UOp, ...]] = [tuple(g) for g in itertools.product(*choices)]
+    if tc is not None and renderer is not None:
+        from ember.codegen.tc import wmma_arg
+
+        core, mm = tc
+        lane = ctx.tc_lane = ctx.new_range(core.threads, "global")  # the last opened: launch dimension 0
+        ctx.tc_origin = {mm.m: simplify(base[mm.m] * core.dims[0]), mm.n: simplify(base[mm.n] * core.dims[1])}
+        ctx.tc_args = [wmma_arg(renderer, core, i) for i in range(core.elements_per_thread[2])]
+        ctx.tc_layout = renderer.tensor_core_layout
+        copies = []
+        for i in range(core.elements_per_thread[2]):
+            row, col = renderer.tensor_core_layout(core, "C", lane, i)
+            g = list(base)
+            g[mm.m], g[mm.n] = simplify(ctx.tc_origin[mm.m] + row), simplify(ctx.tc_origin[mm.n] + col)
+            copies.append(tuple(g))
     stores = []
-    for gidx in itertools.product(*choices):
+    for copy, gidx in enumerate(copies):
+        ctx.tc_element = copy
         # past the end of a padded dim nothing is loaded or stored
         gate = UOp.const(dtypes.bool, True)
         for ax in padded:

@@ -16,7 +16,9 @@ one axis of that full shape:
   work-items read neighbouring elements; GROUPTOP: one contiguous block each), writes it to local memory,
   and after a barrier every work-item combines the ``arg`` partials; one of them stores the result. The
   group's work-items run along launch dimension 0; the output axes take the dimensions above it.
-- ``TC``: tensor cores. It is validated like the others; this codegen does not lower it yet and says so.
+- ``TC`` (the reduce axis of a matmul; ``arg`` indexes the renderer's ``tensor_cores``): the matmul runs on
+  tensor-core instructions, a group of work-items (a warp) per tile of outputs (see :mod:`ember.codegen.tc`).
+  It is applied alone.
 
 ``arg`` 0 means "the whole remaining axis" for UPCAST and UNROLL. :func:`apply_opts` checks every opt in
 order and returns the :class:`KernelPlan` the lowerer reads; a bad opt raises :class:`OptError` naming the
@@ -25,17 +27,21 @@ opt, the axis and why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ember.dtype import DType
 from ember.helpers import prod
 from ember.ir.uop import Ops, UOp
-from ember.renderer import Renderer
+from ember.renderer import Renderer, TensorCore
+
+if TYPE_CHECKING:
+    from ember.codegen.tc import TCMatmul
 
 OPT_OPS = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "THREAD", "TC")
 _OUTPUT_OPS = ("UPCAST", "LOCAL", "PADTO")
 _REDUCE_OPS = ("UNROLL", "GROUP", "GROUPTOP")
 #: opts this codegen can lower; the rest are checked and refused with a clear reason
-_LOWERED = ("UPCAST", "UNROLL", "LOCAL", "PADTO", "THREAD", "GROUP", "GROUPTOP")
+_LOWERED = ("UPCAST", "UNROLL", "LOCAL", "PADTO", "THREAD", "GROUP", "GROUPTOP", "TC")
 #: the largest register tile (outputs times unrolled reduce steps) an opt list may build
 MAX_UPCAST = 1024
 
@@ -54,7 +60,7 @@ class Opt:
 
     @property
     def amount(self) -> int:
-        """``arg`` (the split factor for every op but TC, where it picks the tensor core)."""
+        """``arg`` (the split factor for every op but TC, where it indexes the renderer's tensor cores)."""
         return self.arg
 
     def __repr__(self) -> str:
@@ -75,6 +81,8 @@ class KernelPlan:
     thread: tuple[int, int] | None = None
     #: (reduce axis, work-items sharing it, whether each takes a contiguous block: GROUPTOP) or None
     group: tuple[int, int, bool] | None = None
+    #: the tensor core and the matmul it computes (a TC opt), or None
+    tc: tuple[TensorCore, TCMatmul] | None = None
     #: reduce axis -> the axis of the reduction's input it splits
     reduce_src: dict[int, int] = field(default_factory=dict)
 
@@ -160,8 +168,8 @@ def launch_dim(plan: KernelPlan, axis: int, renderer: Renderer) -> int | None:
     no loop of its own (merged with others because the grid has too few dimensions, or fully upcast)."""
     dims = [i for i, d in enumerate(plan.full_shape)
             if i not in plan.reduce_axes and plan.size(i) // plan.upcast.get(i, 1) != 1]
-    # a group's work-items take launch dimension 0; the output loops the ones above it
-    grouped = int(plan.group is not None)
+    # a group's (or a tensor core's) work-items take launch dimension 0; the output loops the ones above it
+    grouped = int(plan.group is not None or plan.tc is not None)
     limit = len(renderer.global_max) - grouped if renderer.global_max is not None else len(dims)
     # lower_ast merges the leading dims into one loop when there are more than the grid has
     ranges: list[int | None] = list(dims) if len(dims) <= limit else [None, *dims[len(dims) - limit + 1:]]
@@ -199,6 +207,9 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
             _check(padded - shape[axis] < opt.arg and padded <= 2 * shape[axis], opt,
                    f"padding {shape[axis]} to {padded} would waste more than half the work")
             plan.padded[axis] = padded
+            continue
+        if opt.op == "TC":
+            plan.tc = _check_tc(ast, renderer, plan, opt)
             continue
         left = plan.remaining(axis)
         amt = left if opt.arg == 0 and opt.op in ("UPCAST", "UNROLL") else opt.arg
@@ -253,6 +264,33 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
     return plan
 
 
+def _check_tc(ast: UOp, renderer: Renderer, plan: KernelPlan, opt: Opt) -> tuple[TensorCore, TCMatmul]:
+    """The tensor core ``opt`` picks and the matmul it computes, or OptError."""
+    from ember.codegen.tc import TCMatmul, match_matmul
+
+    tcs = renderer.tensor_cores
+    _check(len(tcs) > 0, opt, f"{type(renderer).__name__} has no tensor cores")
+    _check(opt.arg < len(tcs), opt, f"the renderer has {len(tcs)} tensor cores (arg indexes them)")
+    _check(len(plan.opts) == 1, opt, "TC is applied alone")
+    tc = tcs[opt.arg]
+    mm = match_matmul(ast, tc)
+    _check(not isinstance(mm, str), opt, f"{tc.name}: {mm}")
+    assert isinstance(mm, TCMatmul)
+    _check(opt.axis == mm.k, opt, f"TC names the reduce axis of the matmul ({mm.k})")
+    shape = plan.full_shape
+    for name, ax, d in (("M", mm.m, tc.dims[0]), ("N", mm.n, tc.dims[1]), ("K", mm.k, tc.dims[2])):
+        _check(shape[ax] % d == 0, opt, f"{tc.name}: {name} (axis {ax}, {shape[ax]}) is not a multiple of {d}")
+    _check(renderer.global_max is None or len(renderer.global_max) >= 2, opt,
+           "the launch grid has no dimension left for the tensor core's work-items")
+    _check(renderer.local_max is None or tc.threads <= renderer.local_max[0], opt,
+           f"{tc.threads} work-items per instruction exceed the work-group limit {renderer.local_max}")
+    try:
+        renderer.tensor_core_layout(tc, "A", 0, 0)
+    except NotImplementedError as e:
+        _check(False, opt, str(e))
+    return tc, mm
+
+
 def _check_group(ast: UOp, renderer: Renderer, plan: KernelPlan) -> None:
     """What a GROUP needs of the whole opt list: the work-group fits the device and the partials fit local
     memory (one slot per work-item, per reduction, per upcast copy)."""
@@ -281,6 +319,8 @@ def _check_group(ast: UOp, renderer: Renderer, plan: KernelPlan) -> None:
 
 def local_size(plan: KernelPlan, renderer: Renderer) -> tuple[int, int, int] | None:
     """The work-group size the LOCAL opts ask for, innermost launch dimension first (None: the driver picks)."""
+    if plan.tc is not None:
+        return (plan.tc[0].threads, 1, 1)
     if not plan.local and plan.group is None:
         return None
     out = [1, 1, 1]

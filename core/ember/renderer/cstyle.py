@@ -206,6 +206,7 @@ class CStyleRenderer(Renderer):
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
         locals_declared = 0
+        wmma_results: dict[tuple[UOp, ...], str] = {}
         address_uops = _address_uops(uops)
         # the accumulators declared for each loop, named again when the loop ends (see render_loop_results)
         range_accs: dict[UOp, list[UOp]] = {}
@@ -283,6 +284,18 @@ class CStyleRenderer(Renderer):
             elif op is Ops.BARRIER:
                 r[u] = ""
                 line(self.barrier)
+            elif op is Ops.WMMA:
+                # one instruction for every element of D it gives this lane (the elements share their sources)
+                if u.src not in wmma_results:
+                    name, lines, head = self.render_wmma(u, [r[s] for s in u.src], fresh)
+                    for s in lines:
+                        line(s)
+                    for s in head:
+                        if "  " + s not in body[:locals_declared]:
+                            body.insert(locals_declared, "  " + s)
+                            locals_declared += 1
+                    wmma_results[u.src] = name
+                r[u] = f"{wmma_results[u.src]}[{u.arg[5]}]"
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 srcs = [r[s] for s in u.src]
                 if op is Ops.CAST:
@@ -323,6 +336,12 @@ class CStyleRenderer(Renderer):
             return f"(({t})(({ut})0 - ({ut}){a[0]}))"
         sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*"}[u.op]
         return f"(({t})(({ut}){a[0]} {sym} ({ut}){a[1]}))"
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """A tensor-core instruction (see :mod:`ember.codegen.tc`): the name of an array holding this lane's
+        elements of D (``name[i]`` is element i), the lines computing it, and declarations for the top of the
+        kernel. ``srcs`` name the lane's elements of A, then of B, then the lane index."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")
 
     def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
         """How a dialect renders an op the shared loop does not handle: the name later uops use for ``u``'s

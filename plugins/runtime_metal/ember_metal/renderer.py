@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes
 
@@ -229,6 +230,7 @@ class MetalRenderer(CStyleRenderer):
             parts.append(_guarded("EMBER_BF16_HELPERS", _BF16_HELPERS))
         if "ember_bf16_from_u64" in code:
             parts.append(_guarded("EMBER_BF16_FROM_U64", _BF16_FROM_U64))
+        parts += [wmma_helper(tc) for tc in self.tensor_cores if f"{wmma_name(tc)}(" in code]
         return "\n".join(parts) + "\n"
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
@@ -257,6 +259,29 @@ class MetalRenderer(CStyleRenderer):
             t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
             return name, [f"const {t} {name} = ({t}){var}.{'xyz'[int(dim)]};"]
         return super().render_extra(u, srcs, fresh)
+
+    # --- tensor cores ------------------------------------------------------------------------
+    def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """Every ``simdgroup_matrix`` tile the same way (see :func:`wmma_helper`): row lane / 4, column
+        2 * (lane % 4) + element."""
+        return lane // 4, lane % 4 * 2 + element
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """A call of the tile's :func:`wmma_helper` (C is zero: the kernel sums the instructions' results), with
+        the SIMD group's threadgroup scratch declared at the top of the kernel. The lane is the launch
+        dimension 0 position: a threadgroup is one SIMD group along it."""
+        tc = next((t for t in self.tensor_cores if (t.intrinsic, t.dims, t.dtype_in, t.dtype_out) ==
+                   (u.arg[0], u.arg[1], u.arg[4], u.dtype)), None)
+        if tc is None:
+            raise NotImplementedError(f"MetalRenderer declares no tensor core {u.arg[:2]} for {u.dtype}")
+        ti, to = _msl_type(tc.dtype_in), _msl_type(tc.dtype_out)
+        scratch = [f"ember_tc_{ti}_a", f"ember_tc_{ti}_b", f"ember_tc_{to}_c"]
+        head = [f"threadgroup {t} {n}[64];" for t, n in zip((ti, ti, to), scratch)]
+        name = fresh("wmma")
+        # bfloat16 values live in float registers: each element converted explicitly
+        a, b = (f"{ti}2(({ti}){srcs[j]}, ({ti}){srcs[j + 1]})" for j in (0, 2))
+        call = f"{wmma_name(tc)}({a}, {b}, {to}2(0, 0), {', '.join(scratch)}, (ushort){srcs[-1]})"
+        return name, [f"const {to}2 {name}_v = {call};", f"const {to} {name}[2] = {{{name}_v.x, {name}_v.y}};"], head
 
     # --- literals and ops ---------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
