@@ -99,3 +99,13 @@ def test_no_tensor_cores_no_tc():
     si = last_kernel(ta @ tb)
     with pytest.raises(OptError, match="TC on axis 2 .*has no tensor cores"):
         apply_opts(si.ast, Device["PYTHON"].renderer, [Opt("TC", 2, 0)])
+
+
+def test_beam_offers_tc_where_declared():
+    from ember.codegen.search import actions
+
+    _, ta = half(8, 12)
+    _, tb = half(12, 16)
+    ast = last_kernel(ta @ tb).ast
+    assert {o for o in actions(ast, ToyTensorCores()) if o.op == "TC"} == {Opt("TC", 2, 0), Opt("TC", 2, 1)}
+    assert not any(o.op == "TC" for o in actions(ast, Device["PYTHON"].renderer))

@@ -2,7 +2,7 @@
 
 Starting from no opts and from the heuristic's choice, each round extends every kept opt list by one action
 (an :class:`~ember.codegen.opts.Opt` that fits; GROUP and GROUPTOP too on work-group targets with local
-memory), renders all the new candidates, compiles them in one batch
+memory, and TC on targets with tensor cores), renders all the new candidates, compiles them in one batch
 (``compile_cached_many``: the batch compiler spreads them over the cores), and times each on scratch buffers
 of the kernel's sizes, filled with random values. A candidate whose output differs from the unoptimized
 kernel's on those buffers is rejected. The ``N`` fastest survive to the next round; the search stops when
@@ -54,6 +54,8 @@ def actions(ast: UOp, renderer: Renderer) -> list[Opt]:
             out += [Opt("UNROLL", axis, a) for a in UNROLL_AMOUNTS if size % a == 0]
             if renderer.parallel_threads > 1 and not renderer.has_local:
                 out += [Opt("THREAD", axis, a) for a in THREAD_AMOUNTS if a <= renderer.parallel_threads * 2]
+            # a matmul on each tensor core (TC stands alone: only the empty list extends to it)
+            out += [Opt("TC", axis, i) for i in range(len(renderer.tensor_cores))]
             if renderer.has_local and renderer.has_shared and renderer.shared_max > 0:
                 # a reduction shared by a work-group: interleaved and in blocks
                 limit = renderer.local_max[0] if renderer.local_max else max(GROUP_AMOUNTS)
