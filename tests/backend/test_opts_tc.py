@@ -109,3 +109,12 @@ def test_beam_offers_tc_where_declared():
     ast = last_kernel(ta @ tb).ast
     assert {o for o in actions(ast, ToyTensorCores()) if o.op == "TC"} == {Opt("TC", 2, 0), Opt("TC", 2, 1)}
     assert not any(o.op == "TC" for o in actions(ast, Device["PYTHON"].renderer))
+
+
+def test_tc_flops_are_estimated():
+    _, ta = half(8, 12)
+    _, tb = half(12, 16)
+    si = last_kernel(ta @ tb)
+    plain = get_program(si.ast, ToyTensorCores(), opts=[])
+    tc = get_program(si.ast, ToyTensorCores(), opts=[Opt("TC", 2, 0)])
+    assert tc.estimated_ops >= 2 * 8 * 12 * 16 and plain.estimated_ops >= 2 * 8 * 12 * 16

@@ -56,6 +56,10 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
             mult = stack.pop()
         elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
             ops += mult
+        elif u.op is Ops.WMMA:
+            # each lane's share of one instruction's multiply-adds, split over the elements of D it holds
+            (m, n, k), threads, counts = u.arg[1], u.arg[2], u.arg[3]
+            ops += mult * 2 * m * n * k // (threads * counts[2])
     mem = sum(u.arg[1] * u.dtype.base.itemsize for u in uops if u.op is Ops.DEFINE_GLOBAL
               and isinstance(u.dtype, PtrDType))
     return ops, mem

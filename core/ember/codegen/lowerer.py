@@ -394,7 +394,8 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             valid = simplify(valid.logical_and(gate).logical_and(is_first))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
-    return _merge_barriers(simplify(UOp(Ops.SINK, None, tuple(stores))))
+    sink = simplify(UOp(Ops.SINK, None, tuple(stores)))
+    return _merge_barriers(sink) if group is not None else sink
 
 
 def _merge_barriers(sink: UOp) -> UOp:
