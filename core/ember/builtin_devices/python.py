@@ -11,6 +11,9 @@ It is slow and complete. :class:`PythonRenderer` writes the linear program (the 
   n-1-d of the n grid axes) cuts the grid into work-groups, and a LOAD or STORE of local memory reaches its
   own work-group's array. Every instruction runs for the whole grid before the next, so a BARRIER holds by
   construction; a BARRIER source of a LOAD only orders it.
+* WMMA (a tensor-core instruction, see :mod:`ember.codegen.tc`) gathers the lanes' elements of A and B along
+  the last grid axis into tiles by the layout its arg carries, multiplies them in float32 and hands each lane
+  its element of D.
 
 Semantics (C renderers mirror these, so that results agree bit for bit where C defines them):
 

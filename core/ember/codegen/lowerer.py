@@ -363,8 +363,11 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if upcast.get(i, 1) > 1 else [b]
                for i, b in enumerate(base)]
     copies: list[tuple[UOp, ...]] = [tuple(g) for g in itertools.product(*choices)]
-    if tc is not None and renderer is not None:
+    if tc is not None:
         from ember.codegen.tc import wmma_arg
+
+        if renderer is None:
+            raise ValueError("a TC plan is lowered with its renderer (which says where the elements live)")
 
         core, mm = tc
         lane = ctx.tc_lane = ctx.new_range(core.threads, "global")  # the last opened: launch dimension 0
