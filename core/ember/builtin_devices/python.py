@@ -7,6 +7,13 @@ It is slow and complete. :class:`PythonRenderer` writes the linear program (the 
 * every "global" RANGE (and SPECIAL, if a program has one) becomes one axis of a numpy grid, so the
   parallel part of a kernel runs vectorized; values are numpy arrays broadcastable to the grid, or scalars;
 * "reduce" and "loop" RANGEs are real Python loops over the instructions up to their ENDRANGE.
+* DEFINE_LOCAL is an array per work-group: the call's ``local_size`` (launch dimension d is grid axis
+  n-1-d of the n grid axes) cuts the grid into work-groups, and a LOAD or STORE of local memory reaches its
+  own work-group's array. Every instruction runs for the whole grid before the next, so a BARRIER holds by
+  construction; a BARRIER source of a LOAD only orders it.
+* WMMA (a tensor-core instruction, see :mod:`ember.codegen.tc`) gathers the lanes' elements of A and B along
+  the last grid axis into tiles by the layout its arg carries, multiplies them in float32 and hands each lane
+  its element of D.
 
 Semantics (C renderers mirror these, so that results agree bit for bit where C defines them):
 
@@ -32,7 +39,8 @@ Semantics (C renderers mirror these, so that results agree bit for bit where C d
   gate is true; an index outside the buffer raises ``IndexError`` naming the kernel and the buffer.
 * transcendental functions are numpy's; they may differ from a C libm in the last bit.
 
-``global_size`` and ``local_size`` are ignored: the iteration space comes from the program's RANGEs.
+``global_size`` is ignored: the iteration space comes from the program's RANGEs. ``local_size`` only shapes
+the work-groups of a program that uses local memory.
 """
 from __future__ import annotations
 
@@ -349,7 +357,7 @@ def _const_value(dt: DType, value: Any) -> Any:
 
 # instruction kinds
 (_K_ALU, _K_ALU1, _K_ALU2, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP,
- _K_SINK) = range(12)
+ _K_SINK, _K_LOCAL, _K_LLOAD, _K_LSTORE, _K_WMMA) = range(16)
 
 _NOP_OPS = frozenset({Ops.BARRIER})
 
@@ -372,6 +380,7 @@ class PythonProgram:
         self._vars: list[tuple[int, DType, str, Any, Any]] = []  # (register, dtype, name, min, max)
         self._code: list[tuple[int, int, tuple[int, ...], Any, Any]] = []  # (kind, out register, srcs, fn, aux)
         self._grid_axes = 0
+        self._uses_local = False
         open_ranges: list[tuple[int, int, bool]] = []  # (uop index, code position, is global)
         params: dict[int, int] = {}  # DEFINE_GLOBAL uop index -> parameter index, for error messages
         dts: list[Any] = [dt for _, dt, _, _ in uops]
@@ -431,6 +440,19 @@ class PythonProgram:
                 reg[i] = rs[0]
                 acc_dt = dts[srcs[0]]
                 self._code.append((_K_ASSIGN, rs[0], rs[1:], None, _reg_np(acc_dt)))
+            elif op is Ops.DEFINE_LOCAL:
+                if not isinstance(dt, PtrDType) or not (isinstance(arg, tuple) and len(arg) == 2
+                                                        and isinstance(arg[1], int) and arg[1] >= 0):
+                    raise fail(i, f"DEFINE_LOCAL needs a pointer dtype and arg (id, size), got {dt!r}, {arg!r}; "
+                                  "other forms are not supported")
+                self._uses_local = True
+                self._code.append((_K_LOCAL, i, (), None, (_reg_np(dt.base), arg[1], prog_name)))
+            elif op is Ops.WMMA:
+                self._code.append((_K_WMMA, i, rs[:-1], None, (*arg, _reg_np(value_dt(i, dt)))))
+            elif (op is Ops.LOAD or op is Ops.STORE) and srcs and uops[srcs[0]][0] is Ops.DEFINE_LOCAL:
+                # local memory holds register values: nothing to convert
+                kept = tuple(r for s, r in zip(srcs, rs) if uops[s][0] is not Ops.BARRIER)
+                self._code.append((_K_LLOAD if op is Ops.LOAD else _K_LSTORE, i, kept, None, prog_name))
             elif op is Ops.LOAD or op is Ops.STORE:
                 if not isinstance(dts[srcs[0]], PtrDType):
                     raise fail(i, f"{op.name} with something that is not a buffer")
@@ -489,13 +511,17 @@ class PythonProgram:
             if not lo <= int(v) <= hi:
                 raise ValueError(f"kernel {self.kernel_name}: variable {vname}={v} is outside [{lo}, {hi}]")
             regs[r] = _const_value(dt, int(v))
+        if self._uses_local and local_size is None:
+            raise ValueError(f"kernel {self.kernel_name} uses local memory: it needs the local_size it was "
+                             "planned with")
         with np.errstate(all="ignore"):
-            self._run(regs)
+            self._run(regs, tuple(local_size) if local_size is not None else ())
         return time.perf_counter() - start if wait else None
 
-    def _run(self, regs: list[Any]) -> None:
+    def _run(self, regs: list[Any], local_size: tuple[int, ...] = ()) -> None:
         code = self._code
         ndim = self._grid_axes
+        extents = [1] * ndim
         loop_end: dict[int, int] = {}
         pc, n = 0, len(code)
         while pc < n:
@@ -542,9 +568,77 @@ class PythonProgram:
                     continue
                 shape = [1] * ndim
                 shape[axis] = rng.size
+                extents[axis] = rng.size
                 regs[out] = rng.reshape(shape)
+            elif kind == _K_LLOAD:
+                mem, group = regs[srcs[0]]
+                idx = regs[srcs[1]]
+                if len(srcs) > 2:
+                    idx = np.where(_as(regs[srcs[2]], _BOOL), idx, 0)
+                _check_bounds(np.asarray(idx), mem.shape[1], "local LOAD", aux, "local memory")
+                v = mem[group, idx]
+                regs[out] = np.where(_as(regs[srcs[2]], _BOOL), v, np.zeros((), mem.dtype)) if len(srcs) > 2 else v
+            elif kind == _K_LSTORE:
+                mem, group = regs[srcs[0]]
+                parts = np.broadcast_arrays(group, regs[srcs[1]], _as(regs[srcs[2]], mem.dtype),
+                                            *([_as(regs[srcs[3]], _BOOL)] if len(srcs) > 3 else []))
+                g, idx, val = (p.reshape(-1) for p in parts[:3])
+                if len(srcs) > 3:
+                    keep = parts[3].reshape(-1)
+                    g, idx, val = g[keep], idx[keep], val[keep]
+                _check_bounds(idx, mem.shape[1], "local STORE", aux, "local memory")
+                mem[g, idx] = val
+            elif kind == _K_LOCAL:
+                regs[out] = _work_groups(extents, local_size, *aux)
+            elif kind == _K_WMMA:
+                regs[out] = _wmma([regs[s] for s in srcs], ndim, *aux)
             elif kind == _K_SINK:
                 return
+
+
+def _wmma(vals: list[Any], ndim: int, _intrinsic: str, dims: tuple[int, int, int], threads: int,
+          counts: tuple[int, int, int], _dtype_in: DType, element: int, maps: tuple, out_np: np.dtype) -> np.ndarray:
+    """Element ``element`` of each lane's D = A @ B for a tensor-core instruction: the lanes are the last grid
+    axis (``threads`` of them); each lane's elements of A and B are placed by the layout ``maps``, the tiles
+    multiplied in float32 (products of 16-bit floats are exact there), and D read back the same way."""
+    m, n, k = dims
+    shape = list(np.broadcast_shapes(*(np.shape(v) for v in vals), (1,) * ndim))
+    if shape[-1] not in (1, threads):
+        raise ValueError(f"a tensor-core instruction needs {threads} lanes along the last grid axis, got {shape[-1]}")
+    shape[-1] = threads
+    tiles = []
+    for operand, (rows, cols), start, count in (("A", (m, k), 0, counts[0]), ("B", (k, n), counts[0], counts[1])):
+        mat = np.zeros((*shape[:-1], rows, cols), np.float32)
+        layout = maps["AB".index(operand)]
+        for i in range(count):
+            r = np.array([layout[lane][i][0] for lane in range(threads)])
+            c = np.array([layout[lane][i][1] for lane in range(threads)])
+            mat[..., r, c] = np.broadcast_to(np.asarray(vals[start + i], np.float32), shape)
+        tiles.append(mat)
+    d = tiles[0] @ tiles[1]
+    r = np.array([maps[2][lane][element][0] for lane in range(threads)])
+    c = np.array([maps[2][lane][element][1] for lane in range(threads)])
+    return d[..., r, c].astype(out_np)
+
+
+def _work_groups(extents: list[int], local_size: tuple[int, ...], npdt: Any, size: int,
+                 kernel: str) -> tuple[np.ndarray, np.ndarray]:
+    """Local memory for a grid of ``extents``: one row of ``size`` values per work-group, and each grid
+    point's row (broadcastable to the grid). Launch dimension d of ``local_size`` is grid axis n-1-d."""
+    n = len(extents)
+    group = np.zeros((1,) * n, np.int64)
+    count = 1
+    for axis in range(n):
+        dim = n - 1 - axis
+        local = int(local_size[dim]) if dim < len(local_size) else 1
+        if local < 1 or extents[axis] % local:
+            raise ValueError(f"kernel {kernel}: work-group size {local} does not divide the grid's {extents[axis]} "
+                             f"along launch dimension {dim}")
+        shape = [1] * n
+        shape[axis] = extents[axis]
+        group = group * (extents[axis] // local) + (np.arange(extents[axis]) // local).reshape(shape)
+        count *= extents[axis] // local
+    return np.zeros((count, size), npdt), group
 
 
 def _scalar_bound(x: Any, kernel: str) -> int:
@@ -635,6 +729,9 @@ class PythonRenderer(Renderer):
     device = "PYTHON"
     supports_float16 = True
     has_local = False
+    #: local memory, so GROUP opts run here too (the work-groups come from the launch's local_size)
+    has_shared = True
+    shared_max = 1 << 20
     global_max = None
     local_max = None
 

@@ -56,6 +56,10 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
             mult = stack.pop()
         elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
             ops += mult
+        elif u.op is Ops.WMMA:
+            # each lane's share of one instruction's multiply-adds, split over the elements of D it holds
+            (m, n, k), threads, counts = u.arg[1], u.arg[2], u.arg[3]
+            ops += mult * 2 * m * n * k // (threads * counts[2])
     mem = sum(u.arg[1] * u.dtype.base.itemsize for u in uops if u.op is Ops.DEFINE_GLOBAL
               and isinstance(u.dtype, PtrDType))
     return ops, mem
@@ -83,7 +87,7 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
     opts = choose_opts(ast, renderer) if opts is None else list(opts)
     plan = apply_opts(ast, renderer, opts)
-    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan)
+    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

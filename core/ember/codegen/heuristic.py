@@ -6,8 +6,10 @@ chosen) and the :class:`~ember.renderer.Renderer`'s capabilities, never a device
 Loop targets (CPU-style): register tiles sized from the register file (``vector_floats`` lanes per register,
 ``vector_registers`` registers): enough independent accumulators to cover the latency of the multiply-adds,
 few enough that they stay in registers. A full reduction is split across the cores (THREAD) and unrolled
-so a max or min has independent chains. Work-group targets: smaller tiles, and LOCAL sizes from the
-renderer's ``local_max``.
+so a max or min has independent chains. Work-group targets: smaller tiles, LOCAL sizes from the
+renderer's ``local_max``, and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for
+reductions with too few outputs to fill the device, or that read across rows; a reduction along a contiguous
+axis is unrolled so each work-item keeps independent chains.
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ from ember.renderer import Renderer
 MAX_TILE_OPS = 1536
 #: a full reduction smaller than this runs on one core
 THREAD_MIN_WORK = 1 << 17
+#: work-group targets: a reduction with fewer outputs than this leaves the device idle unless its work-items
+#: share each reduction (GROUP); one reading across rows (a column sum) is grouped up to GROUP_ACROSS_OUTPUTS
+GROUP_MAX_OUTPUTS = 1024
+GROUP_ACROSS_OUTPUTS = 16384
+#: the shortest reduce axis worth grouping, and the most work-items one work-group gets from the heuristic
+GROUP_MIN_REDUCE = 256
+WORKGROUP_MAX_ITEMS = 256
 
 
 def _view_strides(view: UOp, rank: int) -> dict[int, int]:
@@ -252,14 +261,53 @@ def _workgroup_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
         if n > 1:
             locals_.append(Opt("LOCAL", d, n))
             budget //= n
-    # whatever the shape, never hand the lowerer a list it refuses: drop the LOCALs, then everything
-    for candidate in (locals_ + opts, opts):
+    # whatever the shape, never hand the lowerer a list it refuses: drop the group, the LOCALs, then everything
+    tries = [locals_ + opts, opts]
+    tries = [t + g for t in tries for g in _group_opts(ast, renderer, t)] + tries
+    for candidate in tries:
         try:
             local_size(apply_opts(ast, renderer, candidate), renderer)
             return candidate
         except OptError:
             continue
     return []
+
+
+def _group_opts(ast: UOp, renderer: Renderer, base: list[Opt]) -> list[list[Opt]]:
+    """What to add to ``base`` for a work-group target's reduction, best first (each may still be refused).
+
+    Few outputs (a full sum, a column sum of a tall matrix): the longest reduce axis is shared by a group of
+    work-items, interleaved (GROUP) when the loads run along it so neighbours read neighbours, else in blocks
+    (GROUPTOP), and unrolled. A reduction across rows with more outputs gets a small GROUPTOP. Otherwise a
+    reduction along a contiguous axis is unrolled, for independent chains (a max has no vectorizing combiner
+    on these targets)."""
+    shape, reduce_axes = full_shape(ast)
+    if not reduce_axes:
+        return []
+    outputs = prod(d for i, d in enumerate(shape) if i not in reduce_axes)
+    axis = max(reduce_axes, key=lambda a: shape[a])
+    size = shape[axis]
+    contiguous = any(s.get(axis) == 1 for s in reduce_loads(ast)[0])
+    unroll = [] if any(o.op == "UNROLL" for o in base) else [Opt("UNROLL", axis, 4)]
+    out: list[list[Opt]] = []
+    items = prod(o.arg for o in base if o.op == "LOCAL")
+    room = min(WORKGROUP_MAX_ITEMS // items, (renderer.local_max or (WORKGROUP_MAX_ITEMS,))[0])
+    if renderer.has_shared and renderer.shared_max > 0 and size >= GROUP_MIN_REDUCE and room >= 2:
+        if outputs < GROUP_MAX_OUTPUTS:
+            n = _largest_factor(size, min(64, room))
+            op = "GROUP" if contiguous else "GROUPTOP"
+            if n > 1:
+                grouped = [Opt(op, axis, n)]
+                if size // n % 4 == 0 and size // n >= 16:
+                    out.append(grouped + unroll)
+                out.append(grouped)
+        elif not contiguous and outputs <= GROUP_ACROSS_OUTPUTS:
+            n = _largest_factor(size, min(16, room))
+            if n > 1:
+                out.append([Opt("GROUPTOP", axis, n)])
+    if contiguous and size % 4 == 0 and size >= 16 and unroll:
+        out.append(unroll)
+    return out
 
 
 def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:

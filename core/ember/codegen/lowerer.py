@@ -14,7 +14,7 @@ import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
@@ -24,6 +24,7 @@ from ember.ir.uop import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
     from ember.codegen.opts import KernelPlan
+    from ember.renderer import Renderer
 
 
 def ast_shape(u: UOp, memo: dict[UOp, tuple[int, ...]]) -> tuple[int, ...]:
@@ -65,6 +66,20 @@ class LoweringContext:
     reduce_ranges: dict[tuple[UOp, int], tuple[UOp | None, UOp]] = field(default_factory=dict)
     plan: KernelPlan | None = None
     view_index: dict[tuple, tuple[UOp, UOp]] = field(default_factory=dict)
+    #: a GROUP's work-item id (its launch dimension 0) and this work-item's output's first slot in the
+    #: local memory of its work-group (see _group_combine)
+    group_id: UOp | None = None
+    group_row: UOp | None = None
+    local_count: int = 0
+    combine_ranges: dict[UOp, UOp] = field(default_factory=dict)
+    #: a TC opt: the lane (launch dimension 0), each tile's first output row (M) and column (N), the WMMA
+    #: args per element of D, and the loop over K tiles
+    tc_lane: UOp | None = None
+    tc_origin: dict[int, UOp] = field(default_factory=dict)
+    tc_args: list[tuple] = field(default_factory=list)
+    tc_element: int = 0
+    tc_range: UOp | None = None
+    tc_layout: Callable[..., tuple[Any, Any]] | None = None
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
@@ -131,21 +146,75 @@ def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) ->
 
 def _reduce_indices(ctx: LoweringContext, red: UOp, ax: int, size: int, ranges: list[UOp]) -> list[UOp]:
     """The loops of reduced axis ``ax`` of ``red`` (appended to ``ranges``, outermost first) and the index of
-    each unrolled copy: ``t * (size / threads) + r * unroll + c``."""
+    each unrolled copy: ``t * (size / threads) + r * unroll + c``. A grouped axis splits between the group's
+    work-items ``w`` of ``n``: ``r * (n * unroll) + w * unroll + c`` (GROUP: neighbouring work-items read
+    neighbouring runs) or ``w * (size / n) + r * unroll + c`` (GROUPTOP: a contiguous block each)."""
     unroll, threads = ctx.plan.src_split(ax, size) if ctx.plan is not None else (1, 1)
+    group = ctx.plan.src_group(ax, size) if ctx.plan is not None else None
+    n = group[0] if group is not None else 1
     key = (red, ax)
     if key not in ctx.reduce_ranges:
         # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
         outer = ctx.new_range(threads, "thread") if threads > 1 else None
-        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // unroll, "reduce"))
+        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // n // unroll, "reduce"))
     outer, inner = ctx.reduce_ranges[key]
     if outer is not None:
         ranges.append(outer)
     ranges.append(inner)
+    if group is not None:
+        assert ctx.group_id is not None
+        w = ctx.group_id
+        base = w * (size // n) + inner * unroll if group[1] else inner * (n * unroll) + w * unroll
+        return [simplify(base + c) for c in range(unroll)]
     base = inner * unroll if unroll > 1 else inner
     if outer is not None:
         base = outer * (size // threads) + base
     return [simplify(base + c) if c or outer is not None or unroll > 1 else inner for c in range(unroll)]
+
+
+def _group_combine(ctx: LoweringContext, red: UOp, partial: UOp) -> UOp:
+    """Combine the partial results of a grouped reduction: each work-item writes its own to local memory,
+    and after a barrier every work-item reduces its output's row of partials (so no work-item skips the
+    barrier, and the value is there for whatever the kernel computes from it; one work-item stores)."""
+    assert ctx.plan is not None and ctx.plan.group is not None and ctx.group_id is not None
+    assert ctx.group_row is not None and isinstance(red.dtype, DType)
+    n = ctx.plan.group[1]
+    slots = prod(ctx.plan.local.values()) * n
+    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(), (), (ctx.local_count, slots))
+    ctx.local_count += 1
+    store = UOp(Ops.STORE, None, (buf, simplify(ctx.group_row + ctx.group_id), partial))
+    barrier = UOp(Ops.BARRIER, None, (store,))
+    if red not in ctx.combine_ranges:  # copies of one reduction share the combining loop
+        ctx.combine_ranges[red] = ctx.new_range(n, "reduce")
+    r = ctx.combine_ranges[red]
+    load = UOp(Ops.LOAD, red.dtype, (buf, simplify(ctx.group_row + r), barrier))
+    return UOp(Ops.REDUCE, red.dtype, (load, r), red.arg[0])
+
+
+def _lower_tc(ctx: LoweringContext, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
+    """One element of this lane's tile of a matmul on tensor cores: per K tile, the lane's elements of A and
+    B are loaded where the layout puts them and the instruction's D summed (see :mod:`ember.codegen.tc`)."""
+    assert ctx.plan is not None and ctx.plan.tc is not None and ctx.tc_lane is not None
+    tc, mm = ctx.plan.tc
+    args = ctx.tc_args[ctx.tc_element]
+    if ctx.tc_range is None:
+        ctx.tc_range = ctx.new_range(ctx.plan.full_shape[mm.k] // tc.dims[2], "reduce")
+    k0 = ctx.tc_range * tc.dims[2]
+    lane = ctx.tc_lane
+    zero = UOp.const(ctx.idx_dtype, 0)
+    vals: list[UOp] = []
+    for operand, expr, count in (("A", mm.a, tc.elements_per_thread[0]), ("B", mm.b, tc.elements_per_thread[1])):
+        for i in range(count):
+            assert ctx.tc_layout is not None
+            row, col = ctx.tc_layout(tc, operand, lane, i)
+            at = list(idxs)
+            if operand == "A":
+                at[mm.m], at[mm.k], at[mm.n] = ctx.tc_origin[mm.m] + row, k0 + col, zero
+            else:
+                at[mm.m], at[mm.k], at[mm.n] = zero, k0 + row, ctx.tc_origin[mm.n] + col
+            vals.append(_lower(ctx, expr, tuple(simplify(x) for x in at), gate))
+    wmma = UOp(Ops.WMMA, tc.dtype_out, (*vals, lane), args)
+    return UOp(Ops.REDUCE, tc.dtype_out, (wmma, ctx.tc_range), Ops.ADD)
 
 
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
@@ -184,12 +253,17 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         buf = u.src[0]
         srcs = (buf, idxs[0]) if (gate.op is Ops.CONST and gate.arg) else (buf, idxs[0], gate)
         out = UOp(Ops.LOAD, buf.pointer_dtype.base, srcs)
+    elif u.op is Ops.REDUCE_AXIS and ctx.plan is not None and ctx.plan.tc is not None and \
+            u is ctx.plan.tc[1].reduce:
+        out = _lower_tc(ctx, idxs, gate)
     elif u.op is Ops.REDUCE_AXIS:
         op, axes = u.arg
         src_shape = ast_shape(u.src[0], ctx.shapes)
         ranges: list[UOp] = []
         # per reduced axis, the index of each unrolled copy
         choices: list[list[tuple[int, UOp]]] = []
+        grouped = ctx.plan is not None and any(src_shape[ax] != 1 and ctx.plan.src_group(ax, src_shape[ax])
+                                               for ax in axes)
         for ax in axes:
             if src_shape[ax] == 1:
                 choices.append([(ax, UOp.const(ctx.idx_dtype, 0))])
@@ -210,6 +284,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             # one loop (linearize groups reductions over the same loops); they are combined after it
             out = functools.reduce(lambda a, b: UOp(op, a.dtype, (a, b)),
                                    [UOp(Ops.REDUCE, u.dtype, (v, *ranges), op) for v in vals])
+        if grouped and not any(s == 0 for s in src_shape):
+            out = _group_combine(ctx, u, out)
     elif u.op in GroupOp.Elementwise:
         out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
     else:
@@ -235,14 +311,16 @@ def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: 
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
 
 
-def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None) -> UOp:
+def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None,
+              renderer: Renderer | None = None) -> UOp:
     """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
 
     ``max_global_dims`` limits how many global loops there are (a GPU launch grid has 3).
     ``plan`` (from :func:`ember.codegen.opts.apply_opts`) reshapes the loops: an upcast output dim computes
     several neighbouring outputs per iteration (unrolled, sharing loads and index math, so the compiler keeps
     them in registers and vectorizes), an unrolled reduce dim several elements per step, a padded dim runs
-    past its end with its stores and loads gated off, a threaded reduce dim gets an outer "thread" loop.
+    past its end with its stores and loads gated off, a threaded reduce dim gets an outer "thread" loop, a
+    grouped reduce dim is shared by a group's work-items through local memory (see :func:`_group_combine`).
     """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
     biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
@@ -261,12 +339,50 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     padded = plan.padded if plan is not None else {}
     sizes = tuple(padded.get(i, d) for i, d in enumerate(out_shape))
     loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(sizes))
-    base = _global_indices(ctx, loop_shape, max_global_dims)
+    group = plan.group if plan is not None else None
+    tc = plan.tc if plan is not None else None
+    if tc is not None:
+        # a tile of outputs per tensor-core instruction
+        loop_shape = tuple(d // tc[0].dims[0] if i == tc[1].m else d // tc[0].dims[1] if i == tc[1].n else d
+                           for i, d in enumerate(loop_shape))
+    # a group's (or a tensor core's) work-items take launch dimension 0: the output loops get one dimension less
+    out_dims = max_global_dims - 1 if (group is not None or tc is not None) and max_global_dims is not None \
+        else max_global_dims
+    base = _global_indices(ctx, loop_shape, out_dims)
+    is_first = UOp.const(dtypes.bool, True)
+    if group is not None and plan is not None:
+        # the last global loop opened is the innermost: launch dimension 0
+        ctx.group_id = ctx.new_range(group[1], "global")
+        # this output's row of partials in its work-group's local memory: its position along the LOCAL axes
+        pos: UOp = UOp.const(idx_dtype, 0)
+        for axis, n in plan.local.items():
+            pos = pos * n + base[axis] % n
+        ctx.group_row = simplify(pos * group[1])
+        is_first = UOp(Ops.CMPEQ, dtypes.bool, (ctx.group_id, UOp.const(idx_dtype, 0)))
     # each dim's candidate indices once; a tile copy picks one per dim
     choices = [[simplify(b * upcast[i] + c) for c in range(upcast[i])] if upcast.get(i, 1) > 1 else [b]
                for i, b in enumerate(base)]
+    copies: list[tuple[UOp, ...]] = [tuple(g) for g in itertools.product(*choices)]
+    if tc is not None:
+        from ember.codegen.tc import wmma_arg
+
+        if renderer is None:
+            raise ValueError("a TC plan is lowered with its renderer (which says where the elements live)")
+
+        core, mm = tc
+        lane = ctx.tc_lane = ctx.new_range(core.threads, "global")  # the last opened: launch dimension 0
+        ctx.tc_origin = {mm.m: simplify(base[mm.m] * core.dims[0]), mm.n: simplify(base[mm.n] * core.dims[1])}
+        ctx.tc_args = [wmma_arg(renderer, core, i) for i in range(core.elements_per_thread[2])]
+        ctx.tc_layout = renderer.tensor_core_layout
+        copies = []
+        for i in range(core.elements_per_thread[2]):
+            row, col = renderer.tensor_core_layout(core, "C", lane, i)
+            g = list(base)
+            g[mm.m], g[mm.n] = simplify(ctx.tc_origin[mm.m] + row), simplify(ctx.tc_origin[mm.n] + col)
+            copies.append(tuple(g))
     stores = []
-    for gidx in itertools.product(*choices):
+    for copy, gidx in enumerate(copies):
+        ctx.tc_element = copy
         # past the end of a padded dim nothing is loaded or stored
         gate = UOp.const(dtypes.bool, True)
         for ax in padded:
@@ -277,10 +393,32 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             buf, value = store.src
             val = _lower(ctx, value, gidx, gate)
             idx, valid = view_index(ctx, store.arg, gidx)
-            valid = simplify(valid.logical_and(gate))
+            # a group's work-items all hold the result; the first stores it
+            valid = simplify(valid.logical_and(gate).logical_and(is_first))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
-    return simplify(UOp(Ops.SINK, None, tuple(stores)))
+    sink = simplify(UOp(Ops.SINK, None, tuple(stores)))
+    return _merge_barriers(sink) if group is not None else sink
+
+
+def _merge_barriers(sink: UOp) -> UOp:
+    """One barrier for the partials of every grouped reduction copy (an upcast tile's), instead of one each;
+    left as they are when one reduction's partial needs another's combined result (the barriers then order
+    the two)."""
+    nodes = sink.toposort()
+    barriers = [n for n in nodes if n.op is Ops.BARRIER]
+    if len(barriers) < 2:
+        return sink
+    stores = tuple(s for b in barriers for s in b.src)
+    if any(n.op is Ops.BARRIER for s in stores for n in s.toposort()):
+        return sink
+    merged = UOp(Ops.BARRIER, None, stores)
+    new: dict[UOp, UOp] = {b: merged for b in barriers}
+    for n in nodes:
+        if n not in new:
+            src = tuple(new.get(s, s) for s in n.src)
+            new[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return new[sink]
 
 
 def global_dims(ast: UOp) -> tuple[int, ...]:

@@ -43,8 +43,8 @@ class Ops(Enum):
     REDUCE = auto()        # lowered reduce: src=(value, *ranges), arg=Ops.ADD|MAX|MUL
     DEFINE_ACC = auto()    # src=(init CONST,), arg=id: an accumulator variable
     ASSIGN = auto()        # src=(acc, value): acc = value
-    BARRIER = auto()
-    DEFINE_LOCAL = auto()
+    BARRIER = auto()       # src=(local STOREs...): the work-group waits; a LOAD after it lists it as a last source
+    DEFINE_LOCAL = auto()  # dtype=PtrDType, arg=(id, size): work-group local memory
 
     # elementwise (shared by every level)
     CAST = auto()          # src=(x,), dtype=target: value conversion
@@ -75,6 +75,10 @@ class Ops(Enum):
     SHR = auto()
     POW = auto()           # floats only
     WHERE = auto()         # src=(cond, a, b)
+
+    # linear program, added last so the numbers of the ops above stay as they were
+    WMMA = auto()          # src=(A elements..., B elements..., lane), arg: see ember.codegen.tc.wmma_arg; one
+                           # element of this lane's D = A @ B of a tensor-core instruction
 
 
 class GroupOp:

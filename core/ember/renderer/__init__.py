@@ -13,6 +13,7 @@ re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ember.dtype import DType, dtypes
 from ember.ir.uop import UOp
@@ -97,6 +98,12 @@ class Renderer:
     def render(self, name: str, uops: list[UOp]) -> str:
         """Render the linear program ``uops`` as the source of a kernel called ``name``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement render()")
+
+    def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """(row, col) of element ``element`` of ``operand`` (``"A"``, ``"B"`` or ``"C"``, the latter also D) that
+        work-item ``lane`` of a ``tc`` instruction holds. ``lane`` is an int or an index UOp: only ``+``, ``*``,
+        ``//`` and ``%`` by ints may be applied to it. Renderers that declare :attr:`tensor_cores` define it."""
+        raise NotImplementedError(f"{type(self).__name__} does not say where its tensor cores' elements live")
 
 
 # The facade for renderer authors (see the module docstring). Imported last: cstyle subclasses Renderer.

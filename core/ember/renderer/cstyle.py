@@ -31,6 +31,12 @@ class CStyleRenderer(Renderer):
                                 Ops.LOG2: "log2f", Ops.SIN: "sinf", Ops.TRUNC: "truncf", Ops.POW: "powf",
                                 Ops.MOD: "ember_fmodf"}  # MOD of floats is C fmod (exact at any quotient)
     preamble: str = ""
+    #: how a dialect declares work-group local memory and waits for the work-group at a barrier (renderers
+    #: with ``has_shared``): ``"__local "`` / ``"barrier(CLK_LOCAL_MEM_FENCE);"`` in OpenCL,
+    #: ``"__shared__ "`` / ``"__syncthreads();"`` in CUDA, ``"threadgroup "`` and
+    #: ``"threadgroup_barrier(mem_flags::mem_threadgroup);"`` in Metal
+    local_prefix: str = ""
+    barrier: str = ""
 
     # --- hooks ---------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
@@ -60,6 +66,13 @@ class CStyleRenderer(Renderer):
         if dt == dtypes.bfloat16:
             return f"ember_bf16_to_f32({buf}[{idx}])"
         return f"{buf}[{idx}]"
+
+    def render_local(self, name: str, dt: DType, size: int) -> str:
+        """The declaration of a work-group's local array (at the top of the kernel body: some dialects allow
+        it nowhere else). It holds elements as a buffer does (:meth:`storage_type`), loaded and stored alike."""
+        if not self.has_shared or not self.barrier:
+            raise NotImplementedError(f"{type(self).__name__} has no work-group local memory")
+        return f"{self.local_prefix}{self.storage_type(dt)} {name}[{size}];"
 
     def render_store_value(self, value: str, dt: DType) -> str:
         if dt == dtypes.bfloat16:
@@ -192,6 +205,8 @@ class CStyleRenderer(Renderer):
             if u.op is Ops.RANGE:
                 work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
         first_global = True
+        locals_declared = 0
+        wmma_results: dict[tuple[UOp, ...], str] = {}
         address_uops = _address_uops(uops)
         # the accumulators declared for each loop, named again when the loop ends (see render_loop_results)
         range_accs: dict[UOp, list[UOp]] = {}
@@ -250,16 +265,37 @@ class CStyleRenderer(Renderer):
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
             elif op is Ops.LOAD:
-                buf, idx = r[u.src[0]], r[u.src[1]]
+                # a BARRIER source only orders the load after it
+                ins = [s for s in u.src if s.op is not Ops.BARRIER]
+                buf, idx = r[ins[0]], r[ins[1]]
                 val = self.render_load_value(buf, idx, u.value_dtype)
-                if len(u.src) > 2:
-                    val = f"({r[u.src[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
+                if len(ins) > 2:
+                    val = f"({r[ins[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
                 stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
+            elif op is Ops.DEFINE_LOCAL:
+                r[u] = f"temp{u.arg[0]}"
+                body.insert(locals_declared, "  " + self.render_local(r[u], u.pointer_dtype.base, u.arg[1]))
+                locals_declared += 1
+            elif op is Ops.BARRIER:
+                r[u] = ""
+                line(self.barrier)
+            elif op is Ops.WMMA:
+                # one instruction for every element of D it gives this lane (the elements share their sources)
+                if u.src not in wmma_results:
+                    name, lines, head = self.render_wmma(u, [r[s] for s in u.src], fresh)
+                    for s in lines:
+                        line(s)
+                    for s in head:
+                        if "  " + s not in body[:locals_declared]:
+                            body.insert(locals_declared, "  " + s)
+                            locals_declared += 1
+                    wmma_results[u.src] = name
+                r[u] = f"{wmma_results[u.src]}[{u.arg[5]}]"
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 srcs = [r[s] for s in u.src]
                 if op is Ops.CAST:
@@ -300,6 +336,12 @@ class CStyleRenderer(Renderer):
             return f"(({t})(({ut})0 - ({ut}){a[0]}))"
         sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*"}[u.op]
         return f"(({t})(({ut}){a[0]} {sym} ({ut}){a[1]}))"
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """A tensor-core instruction (see :mod:`ember.codegen.tc`): the name of an array holding this lane's
+        elements of D (``name[i]`` is element i), the lines computing it, and declarations for the top of the
+        kernel. ``srcs`` name the lane's elements of A, then of B, then the lane index."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")
 
     def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
         """How a dialect renders an op the shared loop does not handle: the name later uops use for ``u``'s

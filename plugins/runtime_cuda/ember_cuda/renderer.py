@@ -29,6 +29,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.ir import Ops, UOp
@@ -71,6 +72,16 @@ _BITCAST_HELPER = """#ifndef EMBER_CUDA_BITCAST
 template <class D, class S> static __device__ __forceinline__ D ember_bitcast(S s) {
   static_assert(sizeof(D) == sizeof(S), "bitcast between types of different sizes");
   D d; memcpy(&d, &s, sizeof(D)); return d; }
+#endif"""
+
+#: two 16-bit floats packed into the 32-bit register an ``mma.sync`` operand takes (the lower-numbered element in
+#: the low half)
+_PACK_HELPERS = """#ifndef EMBER_CUDA_PACK
+#define EMBER_CUDA_PACK
+static __device__ __forceinline__ unsigned ember_pack_f16x2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi); return *reinterpret_cast<unsigned*>(&h); }
+static __device__ __forceinline__ unsigned ember_pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); return *reinterpret_cast<unsigned*>(&h); }
 #endif"""
 
 _BASE_TYPES: dict[DType, str] = {
@@ -170,6 +181,10 @@ class CUDARenderer(CStyleRenderer):
     restrict = "__restrict__"
     has_local = True
     has_shared = True
+    local_prefix = "__shared__ "
+    # every thread of a block reaches it: a kernel with a barrier is launched with its LOCAL/GROUP sizes as
+    # the block, which divide the global size, so each grid-stride loop runs the same trips in every thread
+    barrier = "__syncthreads();"
     parallel_threads = 1
     supports_float16 = True
     #: compute :data:`WIDE_MATH_OPS` of float32 (and 16-bit floats) in float64, rounded once
@@ -264,6 +279,8 @@ class CUDARenderer(CStyleRenderer):
             parts.append(_BF16_HELPERS)
         if "ember_bitcast" in code:
             parts.append(_BITCAST_HELPER)
+        if "ember_pack_" in code:
+            parts += [p for p in (_F16_HELPERS, _BF16_HELPERS) if p not in parts] + [_PACK_HELPERS]
         return "\n".join(parts) + "\n" if parts else ""
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
@@ -285,6 +302,34 @@ class CUDARenderer(CStyleRenderer):
 
     def render_range_close(self, u: UOp) -> list[str]:
         return ["}"]
+
+    # --- tensor cores ------------------------------------------------------------------------
+    def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """The ``mma.sync`` fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16" and m16n8k8, see
+        :data:`_MMA_LAYOUT`): lane = 4 * group + t."""
+        group, t, i = lane // 4, lane % 4, element
+        if operand == "A":
+            return group + 8 * (i >> 1 & 1), t * 2 + (i & 1) + 8 * (i >> 2 & 1)
+        if operand == "B":
+            return t * 2 + (i & 1) + 8 * (i >> 1 & 1), group
+        return group + 8 * (i >> 1 & 1), t * 2 + (i & 1)
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """``mma.sync`` as inline PTX: A and B packed two 16-bit floats per register, D into a float array
+        (C is zero: the kernel sums the instructions' results)."""
+        intrinsic, _dims, _threads, (na, nb, nc), dtype_in = u.arg[:5]
+        pack = "ember_pack_bf16x2" if dtype_in == dtypes.bfloat16 else "ember_pack_f16x2"
+        regs = [f"{pack}({srcs[j]}, {srcs[j + 1]})" for j in range(0, na + nb, 2)]
+        name = fresh("wmma")
+        outs = ", ".join(f"%{j}" for j in range(nc))
+        a_ops = ", ".join(f"%{nc + j}" for j in range(na // 2))
+        b_ops = ", ".join(f"%{nc + na // 2 + j}" for j in range(nb // 2))
+        c_ops = ", ".join(f"%{nc + (na + nb) // 2 + j}" for j in range(nc))
+        constraints = ", ".join(f'"=f"({name}[{j}])' for j in range(nc))
+        inputs = ", ".join([f'"r"({r})' for r in regs] + ['"f"(0.0f)'] * nc)
+        return name, [f"float {name}[{nc}];",
+                      f'asm volatile("{intrinsic} {{{outs}}}, {{{a_ops}}}, {{{b_ops}}}, {{{c_ops}}};" : {constraints} '
+                      f": {inputs});"], []
 
     # --- loads and stores ---------------------------------------------------------------------
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes
 
@@ -142,6 +143,8 @@ class MetalRenderer(CStyleRenderer):
     restrict = ""
     has_local = True
     has_shared = True
+    local_prefix = "threadgroup "
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     parallel_threads = 1
     math_fns = {Ops.SQRT: "precise::sqrt", Ops.EXP: "precise::exp", Ops.LOG: "precise::log",
                 Ops.EXP2: "precise::exp2", Ops.LOG2: "precise::log2", Ops.SIN: "precise::sin", Ops.TRUNC: "trunc",
@@ -227,6 +230,7 @@ class MetalRenderer(CStyleRenderer):
             parts.append(_guarded("EMBER_BF16_HELPERS", _BF16_HELPERS))
         if "ember_bf16_from_u64" in code:
             parts.append(_guarded("EMBER_BF16_FROM_U64", _BF16_FROM_U64))
+        parts += [wmma_helper(tc) for tc in self.tensor_cores if f"{wmma_name(tc)}(" in code]
         return "\n".join(parts) + "\n"
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
@@ -243,7 +247,8 @@ class MetalRenderer(CStyleRenderer):
     # --- hardware ids, threadgroup memory, barriers --------------------------------------------
     def render_extra(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str]]:
         """SPECIAL ids (``lidxN``: position in the threadgroup, ``gidxN``: the threadgroup's position, ``idxN``:
-        position in the grid; N is the launch dimension), DEFINE_LOCAL (a ``threadgroup`` array) and BARRIER."""
+        position in the grid; N is the launch dimension). DEFINE_LOCAL and BARRIER are the shared renderer's,
+        spelled by :attr:`local_prefix` and :attr:`barrier`."""
         if u.op is Ops.SPECIAL:
             name, _size = u.arg[0], u.arg[1]
             kind = name.rstrip("0123456789")
@@ -253,14 +258,30 @@ class MetalRenderer(CStyleRenderer):
                 raise ValueError(f"SPECIAL {name}: expected lidx0-2, gidx0-2 or idx0-2")
             t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
             return name, [f"const {t} {name} = ({t}){var}.{'xyz'[int(dim)]};"]
-        if u.op is Ops.DEFINE_LOCAL:
-            assert isinstance(u.dtype, PtrDType), f"DEFINE_LOCAL needs a pointer dtype, got {u.dtype!r}"
-            ident, size = u.arg[0], u.arg[1]
-            name = ident if isinstance(ident, str) else f"temp{ident}"
-            return name, [f"threadgroup {self.storage_type(u.dtype.base)} {name}[{size}];"]
-        if u.op is Ops.BARRIER:
-            return "", ["threadgroup_barrier(mem_flags::mem_threadgroup);"]
         return super().render_extra(u, srcs, fresh)
+
+    # --- tensor cores ------------------------------------------------------------------------
+    def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """Every ``simdgroup_matrix`` tile the same way (see :func:`wmma_helper`): row lane / 4, column
+        2 * (lane % 4) + element."""
+        return lane // 4, lane % 4 * 2 + element
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """A call of the tile's :func:`wmma_helper` (C is zero: the kernel sums the instructions' results), with
+        the SIMD group's threadgroup scratch declared at the top of the kernel. The lane is the launch
+        dimension 0 position: a threadgroup is one SIMD group along it."""
+        tc = next((t for t in self.tensor_cores if (t.intrinsic, t.dims, t.dtype_in, t.dtype_out) ==
+                   (u.arg[0], u.arg[1], u.arg[4], u.dtype)), None)
+        if tc is None:
+            raise NotImplementedError(f"MetalRenderer declares no tensor core {u.arg[:2]} for {u.dtype}")
+        ti, to = _msl_type(tc.dtype_in), _msl_type(tc.dtype_out)
+        scratch = [f"ember_tc_{ti}_a", f"ember_tc_{ti}_b", f"ember_tc_{to}_c"]
+        head = [f"threadgroup {t} {n}[64];" for t, n in zip((ti, ti, to), scratch)]
+        name = fresh("wmma")
+        # bfloat16 values live in float registers: each element converted explicitly
+        a, b = (f"{ti}2(({ti}){srcs[j]}, ({ti}){srcs[j + 1]})" for j in (0, 2))
+        call = f"{wmma_name(tc)}({a}, {b}, {to}2(0, 0), {', '.join(scratch)}, (ushort){srcs[-1]})"
+        return name, [f"const {to}2 {name}_v = {call};", f"const {to} {name}[2] = {{{name}_v.x, {name}_v.y}};"], head
 
     # --- literals and ops ---------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:

@@ -81,6 +81,8 @@ class CLRenderer(CStyleRenderer):
     restrict = "restrict"
     has_local = True
     has_shared = True
+    local_prefix = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     parallel_threads = 1
     math_fns = {Ops.SQRT: "sqrt", Ops.EXP: "exp", Ops.LOG: "log", Ops.EXP2: "exp2", Ops.LOG2: "log2",
                 Ops.SIN: "sin", Ops.TRUNC: "trunc", Ops.POW: "pow"}
