@@ -76,7 +76,12 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[dict[int, int], int]], i
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
     if not reduces or not reduce_axes:
         return [], 1
-    rank = len(ast_shape(reduces[0].src[0], {}))
+    # the kernel's axes are those of its first reduction's input; a second reduction over another shape
+    # (fused beside it, e.g. a mean over one view and a min over another) has no such mapping: left out
+    memo: dict[UOp, tuple[int, ...]] = {}
+    first = ast_shape(reduces[0].src[0], memo)
+    reduces = [r for r in reduces if ast_shape(r.src[0], memo) == first]
+    rank = len(first)
     out: list[tuple[dict[int, int], int]] = []
     ops = 0
     seen: set[UOp] = set()

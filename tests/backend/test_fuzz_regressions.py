@@ -1,0 +1,34 @@
+"""Graphs the random-graph fuzzer (``bench/fuzz.py``) found failing, kept as plain tests.
+
+Each is the fuzzer's shrunk reproducer, checked on the device under test against the PYTHON reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ember import Tensor, dtypes
+
+
+def _grads(device: str) -> list[np.ndarray]:
+    # found on CL, gradients (seed 156): two reductions over different shapes fused into one backward kernel
+    # (a mean over one broadcast view, a min over another) made the tiling heuristic index the second with
+    # the first's axes, and lowering raised StopIteration
+    x = Tensor(np.array([1.0, 0.0]), dtype=dtypes.float64, device=device, requires_grad=True)
+    h = Tensor(np.array([-0.416, 1.9]), dtype=dtypes.float16, device=device, requires_grad=True)
+    b = Tensor(np.array([1.75, 2.25, -2.0, 3.75, -2.25]).reshape(1, 1, 1, 5, 1), dtype=dtypes.bfloat16,
+               device=device, requires_grad=True)
+    v6 = x.reshape(2, 1, 1, 1).unsqueeze(2).expand(2, 1, 5, 1, 1)
+    outs = [x - h, (b < 1).where(v6.permute(1, 3, 0, 2, 4), b), x.unsqueeze(0).expand(3, 2).min(1),
+            v6.mean(4, keepdim=True)]
+    rng = np.random.default_rng([156, 999])
+    loss = sum((o * Tensor(rng.standard_normal(o.shape), dtype=o.dtype, device=device)).float().sum() for o in outs)
+    return [g.numpy().astype(np.float64) for g in loss.gradient(x, h, b)]
+
+
+def test_fused_reductions_over_different_shapes(device: str = "") -> None:
+    from ember import Device
+
+    ours = _grads(device or Device.DEFAULT)
+    ref = _grads("PYTHON")
+    for got, want in zip(ours, ref):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
