@@ -348,6 +348,11 @@ class CPURenderer(CStyleRenderer):
             return ["#pragma omp simd", loop]
         accs = self.loop_accs or self._thread_accs
         self._thread_accs = []
+        if not accs and u.arg[1] == "reduce":
+            # the inner loop of a reduction over several axes (a convolution's weight gradient: batch, rows,
+            # columns): its accumulators were opened before the outermost of them, and it is the loop that walks
+            # memory with unit stride
+            accs = self.live_accs
         floats = all(op in (Ops.ADD, Ops.MAX) and dt in (dtypes.float32, dtypes.float64) for _, op, dt in accs)
         if u.arg[1] == "reduce" and accs and floats and u in self.unit_stride_ranges:
             # let the compiler reorder this float sum or max into vector lanes (as BLAS and numpy do)
