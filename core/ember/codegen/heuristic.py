@@ -12,7 +12,7 @@ renderer's ``local_max``.
 from __future__ import annotations
 
 from ember.codegen.lowerer import ast_shape
-from ember.codegen.opts import Opt, full_shape, kernel_shape
+from ember.codegen.opts import MAX_UPCAST, Opt, full_shape, kernel_shape
 from ember.helpers import prod
 from ember.ir.symbolic import simplify, split_terms, term_coeff
 from ember.ir.uop import GroupOp, Ops, UOp
@@ -142,6 +142,35 @@ def _indexed_loads(reduces: list[UOp], rank: int) -> tuple[list[tuple[dict[int, 
     return out, ops
 
 
+def broadcast_axes(ast: UOp) -> list[int]:
+    """The output axes of a reduction kernel that its stored values do not depend on (an output gradient that
+    is a constant, broadcast over output channels): every output along such an axis is the same value.
+
+    The values are lowered once with one variable per output axis; an axis whose variable appears nowhere in
+    them (no index, no gate) is one. Kernels whose reduction input is not indexed like the output are left
+    alone (an empty list)."""
+    from ember.codegen.lowerer import LoweringContext, _lower
+    from ember.dtype import dtypes
+
+    ks = kernel_shape(ast)
+    out_shape = ast.src[0].arg.shape
+    if not ks.reduce_axes or len(ks.full_shape) != len(out_shape):
+        return []
+    # only an axis no load of the reductions moves along can be one: most kernels stop here, unlowered
+    loads, _ = reduce_loads(ast)
+    if not any(d > 1 and i not in ks.reduce_axes and all(s.get(i, 0) == 0 for s in loads)
+               for i, d in enumerate(out_shape)):
+        return []
+    ctx = LoweringContext(dtypes.int32)
+    vars_ = tuple(UOp(Ops.DEFINE_VAR, dtypes.int32, (), (f"o{i}", 0, d - 1)) if d > 1 and i not in ks.reduce_axes
+                  else UOp.const(dtypes.int32, 0) for i, d in enumerate(out_shape))
+    true = UOp.const(dtypes.bool, True)
+    used: set[UOp] = set()
+    for store in ast.src:
+        used.update(n for n in _lower(ctx, store.src[1], vars_, true).toposort() if n.op is Ops.DEFINE_VAR)
+    return [i for i, v in enumerate(vars_) if v.op is Ops.DEFINE_VAR and v not in used]
+
+
 def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
     """The largest divisor of ``size`` in [smallest, limit], or 1."""
     for amt in range(min(limit, size), smallest - 1, -1):
@@ -157,13 +186,15 @@ def _whole_vectors(width: int, lanes: int) -> bool:
     return width % lanes == 0 or (width & (width - 1)) == 0
 
 
-def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> list[Opt]:
-    """UPCASTs of output axes for a reduction: a tile of outputs per loop iteration sharing its loads."""
+def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip: frozenset[int] = frozenset()
+                   ) -> list[Opt]:
+    """UPCASTs of output axes (but those in ``skip``) for a reduction: a tile of outputs per loop iteration
+    sharing its loads."""
     shape, reduce_axes = full_shape(ast)
     out_shape = ast.src[0].arg.shape
     weighted, body_ops = weighted_reduce_loads(ast)
     loads = [s for s, _ in weighted]
-    dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes]
+    dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes and i not in skip]
     strides = {d: {s.get(d, 0) for s in loads} for d in dims}
     max_tile = max(1, MAX_TILE_OPS // body_ops)
     opts: list[Opt] = []
@@ -279,7 +310,14 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
         return _full_reduction(ast, renderer)
     # three quarters of the registers hold accumulators; the rest carry the loads
     acc_regs = max(2, renderer.vector_registers * 3 // 4)
-    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs)
+    same = broadcast_axes(ast)
+    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs, frozenset(same))
+    # outputs that differ only along an axis the value does not depend on are computed once per tile: a whole
+    # such axis in the tile divides the kernel's work by its size
+    for axis in same:
+        tile = prod(o.arg for o in opts)
+        if tile * out_shape[axis] <= MAX_UPCAST:
+            opts.append(Opt("UPCAST", axis, out_shape[axis]))
     if not opts:
         # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
         # the reduction so non-sum reductions get independent chains
