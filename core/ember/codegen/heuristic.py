@@ -202,8 +202,13 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
     #    which the compiler turns into vector multiply-adds (matmul: a row of B times a broadcast element of A)
     for d in sorted(strides, reverse=True):
         if 1 in strides[d]:
-            amt = max([a for a in range(4, min(2 * lanes, max_tile, out_shape[d]) + 1, 4)
-                       if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
+            cap = min(2 * lanes, max_tile, out_shape[d])
+            if any(e != d and 0 in strides[e] and out_shape[e] > 1 for e in strides):
+                # a costly body (a fused softmax gradient recomputed per step) leaves room for few outputs: keep
+                # room for two rows, which share the body's work; one 32-wide row ran 4x slower than 16 x 2
+                cap = min(cap, max(4, max_tile // 2))
+            amt = max([a for a in range(4, cap + 1, 4) if out_shape[d] % a == 0 and _whole_vectors(a, lanes)],
+                      default=1)
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
             break
