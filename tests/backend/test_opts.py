@@ -255,3 +255,21 @@ def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
     np.testing.assert_allclose(run_opts(si, "CPU", []), x.sum((0, 2)), rtol=1e-5)
     short = last_kernel(Tensor(randf(4, 6, 3), device="CPU").realize().sum((0, 2)))
     assert "omp simd" not in get_program(short.ast, renderer, opts=[]).src
+
+
+def test_large_column_sum_gets_a_wide_row():
+    """A column sum of 2048^2 (past WIDE_SUM_MIN_WORK) may take a row wider than the register file; whatever the
+    heuristic picks, and the widest such row, match numpy."""
+    from ember.codegen.heuristic import WIDE_SUM_MIN_WORK, heuristic_opts
+    from ember.codegen.opts import MAX_UPCAST
+
+    x = randf(2048, 2048)
+    assert x.size >= WIDE_SUM_MIN_WORK
+    si = last_kernel(Tensor(x, device="CPU").realize().sum(0))
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    assert len(opts) == 1 and opts[0].op == "UPCAST" and opts[0].arg <= MAX_UPCAST // 4, opts
+    if renderer.parallel_threads <= 4:
+        assert opts[0].arg == 256, opts
+    for o in (opts, [Opt("UPCAST", opts[0].axis, MAX_UPCAST // 4)]):
+        np.testing.assert_allclose(run_opts(si, "CPU", o), x.sum(0), rtol=1e-4, atol=1e-3)

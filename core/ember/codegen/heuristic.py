@@ -23,6 +23,8 @@ from ember.renderer import Renderer
 MAX_TILE_OPS = 1536
 #: a full reduction smaller than this runs on one core
 THREAD_MIN_WORK = 1 << 17
+#: a column sum over at least this many elements gets a row wider than the register file
+WIDE_SUM_MIN_WORK = 1 << 22
 
 
 def _view_strides(view: UOp, rank: int) -> dict[int, int]:
@@ -227,7 +229,15 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
             # no loads to share across rows (a column sum or max): spend the registers on a wider row, so each
             # reduction step reads a longer contiguous run
             d = opts[0].axis
-            wide = max([a for a in range(4, min(acc_regs // 2 * lanes, max_tile, out_shape[d]) + 1, 4)
+            limit = acc_regs // 2 * lanes
+            if {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS} == {Ops.ADD} and \
+                    prod(shape) >= WIDE_SUM_MIN_WORK:
+                # a large column sum streams memory: a row of 256 (past the register file; gcc keeps the sums in
+                # vectors it spills) took 0.7x the CPU time of 128 on a 4096^2 column mean (512: 0.55x, but a
+                # 1.3 s first compile against 0.4 s). A max is not vectorized across the row by gcc, so its row
+                # stays within the registers; every core still gets two tiles
+                limit = max(limit, min(MAX_UPCAST // 4, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
+            wide = max([a for a in range(4, min(limit, max_tile, out_shape[d]) + 1, 4)
                         if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
             if wide > opts[0].arg:
                 opts[0] = Opt("UPCAST", d, wide)
