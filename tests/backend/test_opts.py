@@ -273,3 +273,19 @@ def test_large_column_sum_gets_a_wide_row():
         assert opts[0].arg == 256, opts
     for o in (opts, [Opt("UPCAST", opts[0].axis, MAX_UPCAST // 4)]):
         np.testing.assert_allclose(run_opts(si, "CPU", o), x.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_float_times_one_is_folded_exactly():
+    """``x * 1.0`` is dropped from float kernels (a gradient's ones times a value) and gives x for nan, inf and
+    -0.0 too."""
+    from ember.dtype import dtypes
+    from ember.ir.symbolic import simplify
+    from ember.ir.uop import Ops, UOp
+
+    v = UOp(Ops.DEFINE_VAR, dtypes.float32, (), ("v", 0, 1))
+    for expr in (v * UOp.const(dtypes.float32, 1.0), UOp.const(dtypes.float32, 1.0) * v):
+        assert simplify(expr) is v
+    x = np.array([np.nan, -0.0, np.inf, -np.inf, 2.5], dtype=np.float32)
+    got = (Tensor(x, device="CPU") * 1.0).numpy()
+    np.testing.assert_array_equal(got, x)
+    assert np.signbit(got[1])
