@@ -109,6 +109,43 @@ def test_conv2d_kernel_counts(device):
     assert GlobalCounters.kernel_count == 1
 
 
+def test_conv2d_cropping_padding_gradients(device):
+    """Negative (cropping) padding with strides, groups and dilation: the input gradient convolves the spread
+    output gradient and crops back to the input, which must land every gradient where torch puts it."""
+    for pad, kw in [((-1, 2, 1, -2), {"stride": (2, 1), "groups": 2, "dilation": (1, 2)}),
+                    ((0, -1, -1, 0), {"stride": 3, "groups": 2})]:
+        compare(device, lambda x, w, pad=pad, kw=kw: x.conv2d(w, padding=pad, **kw),
+                lambda x, w, pad=pad, kw=kw: F.conv2d(F.pad(x, pad), w, **kw), [q(2, 4, 9, 8), q(6, 2, 3, 2)])
+
+
+def test_conv2d_second_order_gradient(device):
+    """The convolution's own gradient rule is built from convolutions, so it is differentiable again."""
+    x, w = q(2, 4, 6, 5), q(6, 2, 3, 3)
+    tx, tw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    out = tx.conv2d(tw, padding=1, groups=2, stride=(1, 2))
+    (gx,) = (out * out).sum().gradient(tx)
+    (gw,) = (gx * gx).sum().gradient(tw)
+    px, pw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    pout = F.conv2d(px, pw, padding=1, groups=2, stride=(1, 2))
+    (pgx,) = torch.autograd.grad((pout * pout).sum(), px, create_graph=True)
+    (pgw,) = torch.autograd.grad((pgx * pgx).sum(), pw)
+    np.testing.assert_allclose(gw.numpy(), pgw.numpy(), rtol=1e-5, atol=1e-3)
+
+
+def test_conv2d_backward_kernels(device):
+    """Each gradient of a 3x3 convolution is one reduction kernel reading only its inputs: no kernel-sized (9x)
+    intermediate is written and summed back."""
+    x = Tensor(q(2, 3, 8, 8), device=device, requires_grad=True)
+    w = Tensor(q(4, 3, 3, 3), device=device, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    (out * Tensor(q(2, 4, 8, 8), device=device)).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    for grad in (x.grad, w.grad):
+        GlobalCounters.reset()
+        grad.realize()
+        assert GlobalCounters.kernel_count == 1
+
+
 CONV_ERRORS = [
     ((1, 5, 6, 6), (4, 3, 3, 3), {}),                     # channel mismatch
     ((1, 3, 2, 2), (4, 3, 3, 3), {}),                     # kernel larger than the input

@@ -206,3 +206,87 @@ def test_vectorized_and_threaded_max_keep_nan(opts: list[Opt]):
     rows = Tensor(x.reshape(64, 64), device="CPU").realize()
     got = rows.max(1).numpy()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x.reshape(64, 64).max(1)))
+
+
+def test_broadcast_axes_are_computed_once():
+    """An output axis the stored value does not depend on (a reduction of a tensor expanded along it) is found,
+    and the heuristic puts all of it in the register tile: the result still matches numpy."""
+    from ember.codegen.heuristic import broadcast_axes, heuristic_opts
+
+    x = randf(6, 16)
+    t = Tensor(x, device="CPU").realize()
+    out = t.reshape(1, 6, 16).expand(8, 6, 16).sum(2)      # (8, 6): the same row 8 times
+    si = last_kernel(out)
+    assert broadcast_axes(si.ast) == [0]
+    opts = heuristic_opts(si.ast, Device["CPU"].renderer)
+    assert Opt("UPCAST", 0, 8) in opts
+    got = run_opts(si, "CPU", opts).reshape(8, 6)
+    np.testing.assert_allclose(got, np.broadcast_to(x.sum(1), (8, 6)), rtol=1e-5, atol=1e-6)
+    # a plain matmul depends on every output axis
+    assert broadcast_axes(last_kernel(Tensor(randf(8, 5)) @ Tensor(randf(5, 4))).ast) == []
+
+
+def test_register_tile_rows_are_whole_vectors():
+    """The heuristic's contiguous tile row is a multiple of the vector width or a power of two below it (a row
+    of 28 floats is built from scalar inserts by gcc); a 3x3 convolution over 56 columns gets 8."""
+    from ember.codegen.heuristic import _whole_vectors, heuristic_opts
+
+    assert _whole_vectors(8, 16) and _whole_vectors(32, 16) and _whole_vectors(4, 8)
+    assert not _whole_vectors(28, 16) and not _whole_vectors(12, 8)
+    torch = pytest.importorskip("torch")
+    x, w = randf(1, 8, 56, 56), randf(16, 8, 3, 3)
+    t = Tensor(x, device="CPU").realize().conv2d(Tensor(w, device="CPU").realize(), padding=1)
+    si = last_kernel(t)
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    row = [o for o in opts if o.axis == 4]
+    assert row and _whole_vectors(row[0].arg, renderer.vector_floats), opts
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
+    np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
+    """A sum over several axes whose innermost runs with unit stride gets ``omp simd`` on that loop (its
+    accumulators live outside the outer reduce loops); a short inner loop does not."""
+    renderer = Device["CPU"].renderer
+    x = randf(4, 6, 40)
+    si = last_kernel(Tensor(x, device="CPU").realize().sum((0, 2)))
+    src = get_program(si.ast, renderer, opts=[]).src
+    assert "#pragma omp simd reduction(+:" in src
+    np.testing.assert_allclose(run_opts(si, "CPU", []), x.sum((0, 2)), rtol=1e-5)
+    short = last_kernel(Tensor(randf(4, 6, 3), device="CPU").realize().sum((0, 2)))
+    assert "omp simd" not in get_program(short.ast, renderer, opts=[]).src
+
+
+def test_large_column_sum_gets_a_wide_row():
+    """A column sum of 2048^2 (past WIDE_SUM_MIN_WORK) may take a row wider than the register file; whatever the
+    heuristic picks, and the widest such row, match numpy."""
+    from ember.codegen.heuristic import WIDE_SUM_MIN_WORK, heuristic_opts
+    from ember.codegen.opts import MAX_UPCAST
+
+    x = randf(2048, 2048)
+    assert x.size >= WIDE_SUM_MIN_WORK
+    si = last_kernel(Tensor(x, device="CPU").realize().sum(0))
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    assert len(opts) == 1 and opts[0].op == "UPCAST" and opts[0].arg <= MAX_UPCAST // 4, opts
+    if renderer.parallel_threads <= 4:
+        assert opts[0].arg == 256, opts
+    for o in (opts, [Opt("UPCAST", opts[0].axis, MAX_UPCAST // 4)]):
+        np.testing.assert_allclose(run_opts(si, "CPU", o), x.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_float_times_one_is_folded_exactly():
+    """``x * 1.0`` is dropped from float kernels (a gradient's ones times a value) and gives x for nan, inf and
+    -0.0 too."""
+    from ember.dtype import dtypes
+    from ember.ir.symbolic import simplify
+    from ember.ir.uop import Ops, UOp
+
+    v = UOp(Ops.DEFINE_VAR, dtypes.float32, (), ("v", 0, 1))
+    for expr in (v * UOp.const(dtypes.float32, 1.0), UOp.const(dtypes.float32, 1.0) * v):
+        assert simplify(expr) is v
+    x = np.array([np.nan, -0.0, np.inf, -np.inf, 2.5], dtype=np.float32)
+    got = (Tensor(x, device="CPU") * 1.0).numpy()
+    np.testing.assert_array_equal(got, x)
+    assert np.signbit(got[1])

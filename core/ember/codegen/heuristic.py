@@ -14,7 +14,7 @@ axis is unrolled so each work-item keeps independent chains.
 from __future__ import annotations
 
 from ember.codegen.lowerer import ast_shape
-from ember.codegen.opts import Opt, full_shape, kernel_shape
+from ember.codegen.opts import MAX_UPCAST, Opt, full_shape, kernel_shape
 from ember.helpers import prod
 from ember.ir.symbolic import simplify, split_terms, term_coeff
 from ember.ir.uop import GroupOp, Ops, UOp
@@ -32,6 +32,8 @@ GROUP_ACROSS_OUTPUTS = 16384
 #: the shortest reduce axis worth grouping, and the most work-items one work-group gets from the heuristic
 GROUP_MIN_REDUCE = 256
 WORKGROUP_MAX_ITEMS = 256
+#: a column sum over at least this many elements gets a row wider than the register file
+WIDE_SUM_MIN_WORK = 1 << 22
 
 
 def _view_strides(view: UOp, rank: int) -> dict[int, int]:
@@ -156,6 +158,35 @@ def _indexed_loads(reduces: list[UOp], rank: int) -> tuple[list[tuple[dict[int, 
     return out, ops
 
 
+def broadcast_axes(ast: UOp) -> list[int]:
+    """The output axes of a reduction kernel that its stored values do not depend on (an output gradient that
+    is a constant, broadcast over output channels): every output along such an axis is the same value.
+
+    The values are lowered once with one variable per output axis; an axis whose variable appears nowhere in
+    them (no index, no gate) is one. Kernels whose reduction input is not indexed like the output are left
+    alone (an empty list)."""
+    from ember.codegen.lowerer import LoweringContext, _lower
+    from ember.dtype import dtypes
+
+    ks = kernel_shape(ast)
+    out_shape = ast.src[0].arg.shape
+    if not ks.reduce_axes or len(ks.full_shape) != len(out_shape):
+        return []
+    # only an axis no load of the reductions moves along can be one: most kernels stop here, unlowered
+    loads, _ = reduce_loads(ast)
+    if not any(d > 1 and i not in ks.reduce_axes and all(s.get(i, 0) == 0 for s in loads)
+               for i, d in enumerate(out_shape)):
+        return []
+    ctx = LoweringContext(dtypes.int32)
+    vars_ = tuple(UOp(Ops.DEFINE_VAR, dtypes.int32, (), (f"o{i}", 0, d - 1)) if d > 1 and i not in ks.reduce_axes
+                  else UOp.const(dtypes.int32, 0) for i, d in enumerate(out_shape))
+    true = UOp.const(dtypes.bool, True)
+    used: set[UOp] = set()
+    for store in ast.src:
+        used.update(n for n in _lower(ctx, store.src[1], vars_, true).toposort() if n.op is Ops.DEFINE_VAR)
+    return [i for i, v in enumerate(vars_) if v.op is Ops.DEFINE_VAR and v not in used]
+
+
 def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
     """The largest divisor of ``size`` in [smallest, limit], or 1."""
     for amt in range(min(limit, size), smallest - 1, -1):
@@ -164,13 +195,22 @@ def _largest_factor(size: int, limit: int, smallest: int = 2) -> int:
     return 1
 
 
-def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> list[Opt]:
-    """UPCASTs of output axes for a reduction: a tile of outputs per loop iteration sharing its loads."""
+def _whole_vectors(width: int, lanes: int) -> bool:
+    """Whether a row of ``width`` floats is whole vectors of one size: a multiple of the register's ``lanes``,
+    or a power of two below it. gcc builds a row of another width (28 = 16 + 8 + 4) from scalar inserts and
+    stack spills; a 3x3 convolution's 28-wide tile ran 3x slower than an 8-wide one with twice the rows."""
+    return width % lanes == 0 or (width & (width - 1)) == 0
+
+
+def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip: frozenset[int] = frozenset()
+                   ) -> list[Opt]:
+    """UPCASTs of output axes (but those in ``skip``) for a reduction: a tile of outputs per loop iteration
+    sharing its loads."""
     shape, reduce_axes = full_shape(ast)
     out_shape = ast.src[0].arg.shape
     weighted, body_ops = weighted_reduce_loads(ast)
     loads = [s for s, _ in weighted]
-    dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes]
+    dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes and i not in skip]
     strides = {d: {s.get(d, 0) for s in loads} for d in dims}
     max_tile = max(1, MAX_TILE_OPS // body_ops)
     opts: list[Opt] = []
@@ -178,8 +218,12 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> l
     #    which the compiler turns into vector multiply-adds (matmul: a row of B times a broadcast element of A)
     for d in sorted(strides, reverse=True):
         if 1 in strides[d]:
-            # a multiple of 4 wide, so it splits into whole vectors
-            amt = max([a for a in range(4, min(2 * lanes, max_tile, out_shape[d]) + 1, 4) if out_shape[d] % a == 0],
+            cap = min(2 * lanes, max_tile, out_shape[d])
+            if any(e != d and 0 in strides[e] and out_shape[e] > 1 for e in strides):
+                # a costly body (a fused softmax gradient recomputed per step) leaves room for few outputs: keep
+                # room for two rows, which share the body's work; one 32-wide row ran 4x slower than 16 x 2
+                cap = min(cap, max(4, max_tile // 2))
+            amt = max([a for a in range(4, cap + 1, 4) if out_shape[d] % a == 0 and _whole_vectors(a, lanes)],
                       default=1)
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
@@ -199,8 +243,16 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int) -> l
             # no loads to share across rows (a column sum or max): spend the registers on a wider row, so each
             # reduction step reads a longer contiguous run
             d = opts[0].axis
-            wide = max([a for a in range(4, min(acc_regs // 2 * lanes, max_tile, out_shape[d]) + 1, 4)
-                        if out_shape[d] % a == 0], default=1)
+            limit = acc_regs // 2 * lanes
+            if {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS} == {Ops.ADD} and \
+                    prod(shape) >= WIDE_SUM_MIN_WORK:
+                # a large column sum streams memory: a row of 256 (past the register file; gcc keeps the sums in
+                # vectors it spills) took 0.7x the CPU time of 128 on a 4096^2 column mean (512: 0.55x, but a
+                # 1.3 s first compile against 0.4 s). A max is not vectorized across the row by gcc, so its row
+                # stays within the registers; every core still gets two tiles
+                limit = max(limit, min(MAX_UPCAST // 4, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
+            wide = max([a for a in range(4, min(limit, max_tile, out_shape[d]) + 1, 4)
+                        if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
             if wide > opts[0].arg:
                 opts[0] = Opt("UPCAST", d, wide)
         return opts
@@ -326,7 +378,14 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
         return _full_reduction(ast, renderer)
     # three quarters of the registers hold accumulators; the rest carry the loads
     acc_regs = max(2, renderer.vector_registers * 3 // 4)
-    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs)
+    same = broadcast_axes(ast)
+    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs, frozenset(same))
+    # outputs that differ only along an axis the value does not depend on are computed once per tile: a whole
+    # such axis in the tile divides the kernel's work by its size
+    for axis in same:
+        tile = prod(o.arg for o in opts)
+        if tile * out_shape[axis] <= MAX_UPCAST:
+            opts.append(Opt("UPCAST", axis, out_shape[axis]))
     if not opts:
         # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
         # the reduction so non-sum reductions get independent chains

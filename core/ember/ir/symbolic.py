@@ -152,6 +152,10 @@ symbolic = PatternMatcher([
     # identities (ints and bools only: for floats x*0 is not 0 when x is nan or inf)
     (UPat(Ops.ADD, src=(UPat.var("x"), UPat(Ops.CONST, arg=0)), kinds=_I), lambda x: x),
     (UPat(Ops.MUL, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), kinds=_I), lambda x: x),
+    # x * 1.0 is x for every float, nan, inf and -0.0 included (a gradient's ones times a value: without it the
+    # compiler cannot fuse the remaining multiply and add)
+    (UPat(Ops.MUL, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), kinds="f"), lambda x: x),
+    (UPat(Ops.MUL, src=(UPat(Ops.CONST, arg=1), UPat.var("x")), kinds="f"), lambda x: x),
     (UPat(Ops.MUL, src=(UPat.var("x", kinds=_I), UPat(Ops.CONST, arg=0)), name="m"),
      lambda x, m: UOp.const(m.dtype, 0)),
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1))), lambda x: x),

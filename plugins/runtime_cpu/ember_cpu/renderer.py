@@ -348,6 +348,13 @@ class CPURenderer(CStyleRenderer):
             return ["#pragma omp simd", loop]
         accs = self.loop_accs or self._thread_accs
         self._thread_accs = []
+        if not accs and u.arg[1] == "reduce" and u.src[1].op is Ops.CONST and u.src[0].op is Ops.CONST and \
+                u.src[1].arg - u.src[0].arg >= self.simd_min_trip:
+            # the inner loop of a reduction over several axes (a convolution's weight gradient: batch, rows,
+            # columns): its accumulators were opened before the outermost of them, and it is the loop that walks
+            # memory with unit stride. A short one (a 3-wide kernel row inside a register tile) stays as it is:
+            # lanes over 3 steps would only break up the tile's own vectors
+            accs = self.live_accs
         floats = all(op in (Ops.ADD, Ops.MAX) and dt in (dtypes.float32, dtypes.float64) for _, op, dt in accs)
         if u.arg[1] == "reduce" and accs and floats and u in self.unit_stride_ranges:
             # let the compiler reorder this float sum or max into vector lanes (as BLAS and numpy do)
