@@ -1,0 +1,207 @@
+"""OpenCL C helper functions the AMD kernels use in place of an OpenCL library.
+
+Kernels are built with ``-nogpulib``: no ROCm device libraries, so OpenCL's library functions
+(``exp``, ``log``, ``sin``, ``pow``, ``fmod``, ``vload_half`` ...) do not exist, and the AMDGPU
+backend has no instruction for double-precision ``exp``/``log``/``sin`` ("no libcall available").
+What the kernels need is written here in plain OpenCL C: arithmetic, ``as_type`` reinterpretation
+and the clang builtins that become single LLVM intrinsics (``sqrt``, ``trunc``, ``rint``,
+``fabs``), so the same text also builds for a CPU (the mock GPU compiles kernels with PoCL).
+
+Accuracy: double-precision ``exp``, ``exp2``, ``log`` and ``log2`` are within about 2 ulp, ``sin``
+likewise for ``|x| < 1e6`` (3-part Cody-Waite reduction; larger arguments lose bits), ``pow`` is
+``exp(y*log|x|)`` (its relative error grows with ``|y*log x|``: up to ~1e-13 for float64, far below
+float32's ulp). float32 functions are computed by these in double and rounded once, so they are
+within 1 ulp of the exact result. ``fmod`` is exact.
+
+Each helper sits under an include guard (kernels of a batch are joined into one program); the
+renderer includes the blocks a kernel names, with their dependencies (:data:`DEPENDS`).
+"""
+from __future__ import annotations
+
+#: the text of each helper block, by the function names that select it
+HELPERS: dict[str, str] = {}
+#: blocks a block needs first
+DEPENDS: dict[str, tuple[str, ...]] = {}
+
+
+def _block(name: str, code: str, needs: tuple[str, ...] = ()) -> None:
+    HELPERS[name] = f"#ifndef EMBER_AMD_{name.upper()}\n#define EMBER_AMD_{name.upper()}\n{code.strip()}\n#endif"
+    DEPENDS[name] = needs
+
+
+_block("ldexp", """
+/* x * 2**n by exact power-of-two factors (two steps cover the subnormal range) */
+static inline double ember_ldexp(double x, int n) {
+  n = n > 2200 ? 2200 : (n < -2200 ? -2200 : n);
+  while (n > 1023) { x *= 8.98846567431158e307; n -= 1023; }
+  while (n < -1022) { x *= 2.2250738585072014e-308; n += 1022; }
+  return x * as_double((long)(n + 1023) << 52); }
+""")
+
+_block("exp", """
+/* e**r for |r| <= 0.35 (Taylor series to r**13: truncation below 1e-17) */
+static inline double ember_exp_poly(double r) {
+  return 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040
+    + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600
+    + r * (1.0 / 6227020800.0))))))))))))); }
+static inline double ember_exp(double x) {
+  if (x != x) return x;
+  if (x > 709.79) return as_double(0x7ff0000000000000L);
+  if (x < -745.2) return 0.0;
+  double k = __builtin_rint(x * 1.4426950408889634);
+  /* ln 2 in two parts: k * hi is exact for |k| < 2**11 */
+  double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+  return ember_ldexp(ember_exp_poly(r), (int)k); }
+static inline double ember_exp2(double x) {
+  if (x != x) return x;
+  if (x > 1024.0) return as_double(0x7ff0000000000000L);
+  if (x < -1075.0) return 0.0;
+  double k = __builtin_rint(x);
+  return ember_ldexp(ember_exp_poly((x - k) * 6.93147180559945309417e-01), (int)k); }
+""", ("ldexp",))
+
+_block("log", """
+/* log|x| = e*ln2 + log(m), m in [sqrt(1/2), sqrt(2)): log(m) = 2*atanh(s), s = (m-1)/(m+1), |s| < 0.172 */
+static inline double ember_log_parts(double x, double* e_out) {
+  double e = 0.0;
+  if (x < 2.2250738585072014e-308) { x *= 18014398509481984.0; e = -54.0; }
+  long bits = as_long(x);
+  e += (double)((int)((bits >> 52) & 0x7ff) - 1023);
+  double m = as_double((bits & 0x000fffffffffffffL) | 0x3ff0000000000000L);
+  if (m > 1.4142135623730951) { m *= 0.5; e += 1.0; }
+  double s = (m - 1.0) / (m + 1.0), z = s * s;
+  *e_out = e;
+  return 2.0 * s * (1.0 + z * (1.0 / 3 + z * (1.0 / 5 + z * (1.0 / 7 + z * (1.0 / 9 + z * (1.0 / 11 + z * (1.0 / 13
+    + z * (1.0 / 15 + z * (1.0 / 17 + z * (1.0 / 19 + z * (1.0 / 21 + z * (1.0 / 23)))))))))))); }
+static inline double ember_log_special(double x) {
+  if (x != x) return x;
+  if (x < 0.0) return as_double(0x7ff8000000000000L);
+  if (x == 0.0) return as_double(0xfff0000000000000L);
+  return x; /* +inf */ }
+static inline double ember_log(double x) {
+  if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
+  double e, p = ember_log_parts(x, &e);
+  return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + p); }
+static inline double ember_log2(double x) {
+  if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
+  double e, p = ember_log_parts(x, &e);
+  return e + p * 1.4426950408889634; }
+""")
+
+_block("sin", """
+/* sin(x): x = k*pi/2 + r with pi/2 in three 33-bit parts, |r| <= pi/4, then sin or cos of r by quadrant */
+static inline double ember_sin(double x) {
+  if (x != x || x - x != 0.0) return as_double(0x7ff8000000000000L); /* nan, +-inf */
+  double k = __builtin_rint(x * 6.36619772367581382433e-01);
+  double r = ((x - k * 1.57079632673412561417e+00) - k * 6.07710050630396597660e-11) - k * 2.02226624871116645580e-21;
+  double z = r * r;
+  double s = r + r * z * (-1.0 / 6 + z * (1.0 / 120 + z * (-1.0 / 5040 + z * (1.0 / 362880 + z * (-1.0 / 39916800
+    + z * (1.0 / 6227020800.0 + z * (-1.0 / 1307674368000.0 + z * (1.0 / 355687428096000.0))))))));
+  double c = 1.0 + z * (-0.5 + z * (1.0 / 24 + z * (-1.0 / 720 + z * (1.0 / 40320 + z * (-1.0 / 3628800
+    + z * (1.0 / 479001600.0 + z * (-1.0 / 87178291200.0 + z * (1.0 / 20922789888000.0))))))));
+  long q = (long)k & 3;
+  double v = (q & 1) ? c : s;
+  return (q & 2) ? -v : v; }
+""")
+
+_block("pow", """
+static inline double ember_pow(double x, double y) {
+  if (y == 0.0 || x == 1.0) return 1.0;
+  if (x != x || y != y) return x + y;
+  int neg = as_long(x) < 0;
+  int yint = __builtin_trunc(y) == y;
+  int yodd = yint && __builtin_fabs(y) < 9007199254740992.0 && ((long)y & 1);
+  if (neg && !yint) return as_double(0x7ff8000000000000L);
+  double ax = __builtin_fabs(x);
+  if (ax == 1.0) return (neg && yodd) ? -1.0 : 1.0; /* (-1)**(+-inf) == 1 */
+  double r = ax == 0.0 ? (y > 0.0 ? 0.0 : as_double(0x7ff0000000000000L)) : ember_exp(y * ember_log(ax));
+  return (neg && yodd) ? -r : r; }
+""", ("exp", "log"))
+
+_block("fmod", """
+/* exact remainders: subtract |b| scaled by the largest power of two that fits, one exponent step at a time */
+static inline double ember_fmod(double a, double b) {
+  if (a != a || b != b || a - a != 0.0 || b == 0.0) return as_double(0x7ff8000000000000L);
+  double x = __builtin_fabs(a), y = __builtin_fabs(b);
+  if (x < y) return a;
+  while (x >= y) {
+    int ex = (int)((as_long(x) >> 52) & 0x7ff), ey = (int)((as_long(y) >> 52) & 0x7ff);
+    double t = (ey == 0 || ex == ey) ? y : ember_ldexp(y, ex - ey);
+    while (t + t <= x) t += t; /* y subnormal: doubling is exact */
+    if (t > x) t *= 0.5;
+    x -= t;
+  }
+  return a < 0.0 ? -x : x; }
+/* float: |a / b| < 2**29 makes trunc(q) * b exact in double (one |b| corrects a quotient that rounded up) */
+static inline float ember_fmodf(float a, float b) {
+  double q = (double)a / (double)b;
+  if (!(__builtin_fabs(q) < 536870912.0)) return (float)ember_fmod((double)a, (double)b);
+  double t = __builtin_trunc(q);
+  if (t == 0.0) return a;
+  double r = (double)a - t * (double)b;
+  if (r != 0.0 && ((r < 0.0) != (a < 0.0))) r += (a < 0.0) ? -__builtin_fabs((double)b) : __builtin_fabs((double)b);
+  return r == 0.0 ? (a < 0.0 ? -0.0f : 0.0f) : (float)r; }
+""", ("ldexp",))
+
+_block("f16", """
+/* float16 in ushort storage; round to nearest even; a NaN keeps its sign and top payload bits */
+static inline float ember_f16_to_f32(ushort h) {
+  uint s = ((uint)h & 0x8000u) << 16, e = ((uint)h >> 10) & 0x1fu, m = (uint)h & 0x3ffu;
+  if (e == 0u) { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }
+  if (e == 31u) return as_float(s | 0x7f800000u | (m << 13));
+  return as_float(s | ((e + 112u) << 23) | (m << 13)); }
+static inline ushort ember_f32_to_f16(float f) {
+  uint u = as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) { uint h = sign | 0x7c00u | ((a >> 13) & 0x3ffu); return (ushort)((h & 0x3ffu) ? h : (h | 1u)); }
+  if (a >= 0x477ff000u) return (ushort)(sign | 0x7c00u); /* 65520 and up round to infinity */
+  if (a < 0x38800000u) return (ushort)(sign | (uint)__builtin_rintf(as_float(a) * 16777216.0f)); /* subnormal */
+  uint r = a - 0x38000000u, h = r >> 13, rem = r & 0x1fffu;
+  h += (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ? 1u : 0u;
+  return (ushort)(sign | h); }
+static inline float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
+/* double to half with one rounding: narrow to float rounding to odd, then to half */
+static inline ushort ember_f64_to_f16(double d) {
+  float f = (float)d; uint u = as_uint(f);
+  if (f == f && (double)f != d) { if (__builtin_fabs((double)f) > __builtin_fabs(d)) u -= 1u; u |= 1u; }
+  return ember_f32_to_f16(as_float(u)); }
+""")
+
+_block("bf16", """
+static inline float ember_bf16_to_f32(ushort b) { return as_float(((uint)b) << 16); }
+static inline ushort ember_f32_to_bf16(float f) { uint u = as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u));
+  return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+static inline float ember_bf16_round(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+/* float64 and wide integers to bfloat16 with one rounding (round to odd into float, then to nearest even) */
+static inline float ember_bf16_from_f64(double d) { float f = (float)d; uint u = as_uint(f);
+  if (f == f && (double)f != d) { if (__builtin_fabs((double)f) > __builtin_fabs(d)) u -= 1u; u |= 1u; }
+  return ember_bf16_round(as_float(u)); }
+static inline float ember_bf16_from_u64(ulong m, int neg) { int s = (m >> 24) ? 40 - (int)__builtin_clzl(m) : 0;
+  ulong q = (m >> s) | (ulong)((m & ((((ulong)1) << s) - (ulong)1)) != (ulong)0);
+  float f = (float)q * as_float((uint)(127 + s) << 23); return ember_bf16_round(neg ? -f : f); }
+""")
+
+#: which block defines each helper function a kernel may call
+PROVIDES: dict[str, str] = {
+    "ember_ldexp": "ldexp", "ember_exp": "exp", "ember_exp2": "exp", "ember_log": "log", "ember_log2": "log",
+    "ember_sin": "sin", "ember_pow": "pow", "ember_fmod": "fmod", "ember_fmodf": "fmod",
+    "ember_f16_": "f16", "ember_f32_to_f16": "f16", "ember_f64_to_f16": "f16",
+    "ember_bf16_": "bf16", "ember_f32_to_bf16": "bf16",
+}
+
+
+def helpers_for(code: str) -> str:
+    """The helper blocks ``code`` calls, dependencies first, each once."""
+    wanted = [block for prefix, block in PROVIDES.items() if prefix in code]
+    order: list[str] = []
+
+    def visit(block: str) -> None:
+        if block in order:
+            return
+        for dep in DEPENDS[block]:
+            visit(dep)
+        order.append(block)
+
+    for block in wanted:
+        visit(block)
+    return "\n".join(HELPERS[b] for b in order)
