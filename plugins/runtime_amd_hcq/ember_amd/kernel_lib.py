@@ -8,7 +8,7 @@ and the clang builtins that become single LLVM intrinsics (``sqrt``, ``trunc``, 
 ``fabs``), so the same text also builds for a CPU (the mock GPU compiles kernels with PoCL).
 
 Accuracy: double-precision ``exp``, ``exp2``, ``log`` and ``log2`` are within about 2 ulp, ``sin``
-likewise for ``|x| < 1e6`` (3-part Cody-Waite reduction; larger arguments lose bits), ``pow`` is
+likewise (Cody-Waite reduction by pi/2 below 2**19, Payne-Hanek above), ``pow`` is
 ``exp(y*log|x|)`` (its relative error grows with ``|y*log x|``: up to ~1e-13 for float64, far below
 float32's ulp). float32 functions are computed by these in double and rounded once, so they are
 within 1 ulp of the exact result. ``fmod`` is exact.
@@ -88,21 +88,78 @@ static inline double ember_log2(double x) {
   return e + p * 1.4426950408889634; }
 """)
 
-_block("sin", """
-/* sin(x): x = k*pi/2 + r with pi/2 in three 33-bit parts, |r| <= pi/4, then sin or cos of r by quadrant */
-static inline double ember_sin(double x) {
+def _two_over_pi_chunks(count: int = 56) -> list[int]:
+    """The first ``24 * count`` bits of 2/pi after the binary point, 24 bits per chunk (pi by Machin's formula
+    in integer fixed point with 40 guard bits)."""
+    bits = 24 * count + 40
+    one = 1 << bits
+
+    def atan_inv(n: int) -> int:  # atan(1/n) * 2**bits
+        total = term = one // n
+        k, sign = 1, -1
+        while term:
+            term //= n * n
+            k += 2
+            total += sign * (term // k)
+            sign = -sign
+        return total
+
+    pi = 16 * atan_inv(5) - 4 * atan_inv(239)
+    frac = (2 * one * one // pi) >> 40
+    return [(frac >> (24 * (count - i - 1))) & 0xFFFFFF for i in range(count)]
+
+
+_block("sin", f"""
+__constant double ember_two_over_pi[56] = {{{", ".join(f"{c}.0" for c in _two_over_pi_chunks())}}};
+/* x = n*pi/2 + r for |x| >= 2**19 (Payne-Hanek): x * 2/pi from the 24-bit chunks of x and of 2/pi, with the
+   products whose weight makes them multiples of 4 left out; every partial sum is exact in double */
+static inline double ember_rem_pio2_large(double x, long* quadrant) {{
+  long bits = as_long(x);
+  int ex = (int)((bits >> 52) & 0x7ff) - 1023;
+  long m = (bits & 0x000fffffffffffffL) | 0x0010000000000000L;
+  double xs[3] = {{(double)(m >> 29), (double)((m >> 5) & 0xffffff), (double)((m & 31) << 19)}};
+  int e0 = ex - 23;
+  int t0 = e0 >= 2 ? (e0 - 2) / 24 : 0;
+  double q[7];
+  for (int j = 0; j < 7; j++) {{
+    int t = t0 + j; double acc = 0.0;
+    for (int k = 0; k < 3; k++) if (t - k >= 0) acc += xs[k] * ember_two_over_pi[t - k];
+    q[j] = acc;
+  }}
+  for (int j = 6; j > 0; j--) {{ double c = __builtin_floor(q[j] * 5.9604644775390625e-08); q[j] -= c * 16777216.0;
+    q[j - 1] += c; }}
+  int s0 = e0 - 24 * (t0 + 1);
+  double hi = ember_ldexp(q[0], s0);
+  hi -= 4.0 * __builtin_floor(hi * 0.25);
+  double n = __builtin_floor(hi), f = hi - n;
+  f += ember_ldexp(q[1], s0 - 24);
+  double n2 = __builtin_floor(f); n += n2; f -= n2;
+  if (f >= 0.5) {{ f -= 1.0; n += 1.0; }} /* exact: the digits below are added after any cancellation */
+  f += ember_ldexp(q[2] + (q[3] + (q[4] + (q[5] + q[6] * 5.9604644775390625e-08) * 5.9604644775390625e-08)
+                            * 5.9604644775390625e-08) * 5.9604644775390625e-08, s0 - 48);
+  *quadrant = (long)n & 3;
+  return f * 1.57079632679489655800e+00 + f * 6.12323399573676603587e-17; }}
+/* sin(x): x = k*pi/2 + r, |r| <= pi/4 (three-part Cody-Waite below 2**19, else the reduction above), then the
+   sin or cos series of r by quadrant */
+static inline double ember_sin(double x) {{
   if (x != x || x - x != 0.0) return as_double(0x7ff8000000000000L); /* nan, +-inf */
-  double k = __builtin_rint(x * 6.36619772367581382433e-01);
-  double r = ((x - k * 1.57079632673412561417e+00) - k * 6.07710050630396597660e-11) - k * 2.02226624871116645580e-21;
+  double r; long q;
+  if (__builtin_fabs(x) < 524288.0) {{
+    double k = __builtin_rint(x * 6.36619772367581382433e-01);
+    r = ((x - k * 1.57079632673412561417e+00) - k * 6.07710050630396597660e-11) - k * 2.02226624871116645580e-21;
+    q = (long)k & 3;
+  }} else {{
+    r = ember_rem_pio2_large(__builtin_fabs(x), &q);
+    if (x < 0.0) {{ r = -r; q = (4 - q) & 3; }}
+  }}
   double z = r * r;
   double s = r + r * z * (-1.0 / 6 + z * (1.0 / 120 + z * (-1.0 / 5040 + z * (1.0 / 362880 + z * (-1.0 / 39916800
     + z * (1.0 / 6227020800.0 + z * (-1.0 / 1307674368000.0 + z * (1.0 / 355687428096000.0))))))));
   double c = 1.0 + z * (-0.5 + z * (1.0 / 24 + z * (-1.0 / 720 + z * (1.0 / 40320 + z * (-1.0 / 3628800
     + z * (1.0 / 479001600.0 + z * (-1.0 / 87178291200.0 + z * (1.0 / 20922789888000.0))))))));
-  long q = (long)k & 3;
   double v = (q & 1) ? c : s;
-  return (q & 2) ? -v : v; }
-""")
+  return (q & 2) ? -v : v; }}
+""", ("ldexp",))
 
 _block("pow", """
 static inline double ember_pow(double x, double y) {
