@@ -378,7 +378,8 @@ class AMDKernelArgs(KernelArgs):
     (work-group sizes and counts, grid dimensions) written when the launch is encoded, then a dispatch packet."""
 
     def __init__(self, kernel: AMDKernel, dev: AMDDevice, bufs: Sequence[AMDBuffer], vals: Sequence[int] = ()):
-        if len(bufs) != len(kernel.buffer_args) or len(vals) != len(kernel.value_args):
+        # buffers past the kernel's parameters are ones its code never touches (the renderer left them out)
+        if len(bufs) < len(kernel.buffer_args) or len(vals) != len(kernel.value_args):
             raise ValueError(f"kernel {kernel.name} takes {len(kernel.buffer_args)} buffers and "
                              f"{len(kernel.value_args)} values, got {len(bufs)} and {len(vals)}")
         super().__init__(bufs, vals)
@@ -399,8 +400,9 @@ class AMDKernelArgs(KernelArgs):
         if not 0 <= index < len(self.bufs):
             raise IndexError(f"kernel {self.kernel.name} has {len(self.bufs)} buffers, no buffer {index}")
         super().update_buffer(index, buf)
-        a = self.kernel.buffer_args[index]
-        self._put(a.offset, a.size, buf.va)
+        if index < len(self.kernel.buffer_args):
+            a = self.kernel.buffer_args[index]
+            self._put(a.offset, a.size, buf.va)
 
     def update_var(self, index: int, value: int) -> None:
         if not 0 <= index < len(self.vals):
