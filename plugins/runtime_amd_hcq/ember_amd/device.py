@@ -24,7 +24,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,9 +93,15 @@ class KFDContext:
         self.lock = threading.Lock()
 
 
-@functools.cache
-def kfd_context() -> KFDContext:
-    return KFDContext(os_interface())
+_contexts: dict[int, KFDContext] = {}
+
+
+def kfd_context(osif: kfd.OSInterface) -> KFDContext:
+    """The KFD context of ``osif`` (one per OS interface object: the real one, or each mock)."""
+    ctx = _contexts.get(id(osif))
+    if ctx is None or ctx.os is not osif:
+        ctx = _contexts[id(osif)] = KFDContext(osif)
+    return ctx
 
 
 def device_index(device: str) -> int:
@@ -480,9 +486,9 @@ class HWRing:
                 time.sleep(1e-5)
             start = self.wptr % cap
             first = min(n, cap - start)
-            self.words[start:start + first] = words[:first]
+            self.words[start:start + first] = words[:first]  # type: ignore[assignment]  # ctypes takes ints
             if first < n:
-                self.words[0:n - first] = words[first:]
+                self.words[0:n - first] = words[first:]  # type: ignore[assignment]
             self.wptr += n
             self.wptr_mem.value = self.wptr * self.unit
             self.doorbell.value = self.wptr * self.unit
@@ -506,13 +512,17 @@ class AMDQueue(HWQueue):
 
 # --- the device ---------------------------------------------------------------------------------------------
 class AMDDevice(Compiled, HCQDevice):
-    """``AMD`` (the first GPU of the KFD topology) or ``AMD:N``, driven through KFD ioctls and HCQ queues."""
+    """``AMD`` (the first GPU of the KFD topology) or ``AMD:N``, driven through KFD ioctls and HCQ queues.
 
-    def __init__(self, device: str = "AMD"):
+    ``osif`` is the OS interface to drive (default: :func:`os_interface`, the real OS or ``AMD_MOCK=1``'s mock);
+    tests pass their own :class:`~ember_amd.mock_kfd.MockKFD`.
+    """
+
+    def __init__(self, device: str = "AMD", osif: kfd.OSInterface | None = None):
         from ember_amd.compiler import AMDCompiler
         from ember_amd.renderer import AMDRenderer
 
-        self.ctx = kfd_context()
+        self.ctx = kfd_context(osif if osif is not None else os_interface())
         self.os = self.ctx.os
         nodes = kfd.gpu_nodes(self.os)
         index = device_index(device)
@@ -736,7 +746,7 @@ class AMDDevice(Compiled, HCQDevice):
 
     def finalize(self) -> None:
         """Destroy the queues, free every allocation, close the render node (each step on its own)."""
-        steps = [*(ring.destroy for ring in self.rings.values()),
+        steps: list[Callable[[], Any]] = [*(ring.destroy for ring in self.rings.values()),
                  lambda: self.ioctl("DESTROY_EVENT", event_id=self.event_id),
                  *(functools.partial(self.mem_free, m) for m in list(self._memory) if m is not self.ctx.event_page),
                  lambda: self.os.close(self.drm_fd)]

@@ -210,7 +210,7 @@ class RealOS:
         os.close(fd)
 
     def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> None:
-        fcntl.ioctl(fd, request, arg, True)  # type: ignore[call-overload]  # ctypes structures are writable buffers
+        fcntl.ioctl(fd, request, arg, True)  # ctypes structures are writable buffers: the driver fills them in place
 
     def mmap(self, addr: int, size: int, prot: int, flags: int, fd: int, offset: int) -> int:
         return libc_mmap(addr, size, prot, flags, fd, offset)

@@ -138,9 +138,11 @@ class MockKFD:
         self.event_page: Allocation | None = None
         self.events: dict[int, Event] = {}
         self.errors: list[str] = []
-        self.code_objects: dict[int, tuple[Any, bytes]] = {}  # kernel entry address -> (KernelInfo-ish, lib)
+        # kernel entry address -> (code object, kernel info, image address, kernel descriptor bytes)
+        self.code_objects: dict[int, tuple[Any, Any, int, bytes]] = {}
         self._images: list[tuple[int, bytes]] = []
-        self.dispatches = 0
+        self.dispatches = 0  # kernels run
+        self.copied = 0  # bytes moved by SDMA copies
 
     # --- files and sysfs --------------------------------------------------------------------------
     def open(self, path: str, flags: int) -> int:
@@ -577,6 +579,7 @@ class MockKFD:
                 self.check(src, count, "SDMA copy source")
                 self.check(dst, count, "SDMA copy destination")
                 ctypes.memmove(dst, src, count)
+                self.copied += count
             elif op == gfx.SDMA_OP_FENCE:
                 addr = p[1] | (p[2] << 32)
                 self.check(addr, 4, "SDMA fence")
@@ -697,7 +700,7 @@ def run_on_cpu(mock: MockKFD, co: Any, info: Any, block: bytes, groups: tuple[in
     gsize = tuple(g * n for g, n in zip(groups, local))
     cl.enqueue_nd_range_kernel(queue, kernel, gsize, local)
     for ptr, (buf, size) in buffers.items():  # the kernel must have written the mock's memory itself
-        view, _ = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ, 0, (size,), np.uint8)
+        view, _ = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ, 0, (size,), np.dtype(np.uint8))
         mapped = view.__array_interface__["data"][0]
         view.base.release(queue)
         if mapped != ptr:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import grp
 import os
+from typing import Any
 
 from ember.device import DeviceSpec, getenv, hookimpl
 
@@ -25,11 +26,16 @@ def _group_of(path: str) -> str:
 def probe() -> str | None:
     """``None`` when KFD shows a supported GPU this user may open and clang builds for it, else why not and
     what to install or change."""
-    from ember_amd import gfx, kfd
     from ember_amd.device import os_interface
+
+    return problem(os_interface())
+
+
+def problem(osif: Any) -> str | None:
+    """:func:`probe` for the OS interface ``osif`` (the real OS or a mock)."""
+    from ember_amd import gfx, kfd
     from ember_amd.toolchain import toolchain_problem
 
-    osif = os_interface()
     prefix = f"{MOCK_NOTE}: " if osif.mock else ""
     if not osif.exists(kfd.KFD_PATH):
         return ("no /dev/kfd: the amdgpu kernel driver with KFD is not loaded (no AMD GPU, or a kernel built "
