@@ -112,6 +112,27 @@ def device_index(device: str) -> int:
     return int(rest or 0)
 
 
+def context_save_sizes(arch: str, props: dict[str, int]) -> tuple[int, int, int]:
+    """:meth:`AMDDevice.context_save_sizes` for gfx target ``arch`` and topology ``props``."""
+    xccs = max(1, props.get("num_xcc", 1))
+    cus = max(1, props.get("simd_count", 0) // max(1, props.get("simd_per_cu", 2)) // xccs)
+    gfx9 = arch.startswith("gfx9")
+    if gfx9:
+        engines = max(1, props.get("array_count", 1) // max(1, props.get("simd_arrays_per_engine", 1)) // xccs)
+        waves = min(cus * 40, engines * xccs * 512)
+    else:
+        waves = cus * props.get("max_waves_per_simd", 16) * props.get("simd_per_cu", 2)
+    if "ctl_stack_size" in props and "cwsr_size" in props:
+        ctl, ctx = props["ctl_stack_size"], props["cwsr_size"]
+    else:
+        vgprs = 0x60000 if arch in ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201") else \
+            0x80000 if gfx9 else 0x40000
+        ctl = _round_up((8 if gfx9 else 12) * waves + 8 + 40, PAGE)
+        ctx = ctl + _round_up((vgprs + 0x4000 + 0x10000 + 0x1000) * cus, PAGE)
+    debug = _round_up(waves * 32, 64)
+    return ctl, ctx, _round_up((ctx + debug) * xccs, PAGE)
+
+
 # --- memory ---------------------------------------------------------------------------------------------
 @dataclass(eq=False)
 class GPUMemory:
@@ -459,10 +480,11 @@ class HWRing:
         extra: dict[str, int] = {}
         if queue_type == kfd.QUEUE_TYPE_COMPUTE:
             self.eop = dev.mem_alloc(PAGE, vram=True, host=False)
-            ctl, total = dev.context_save_sizes()
+            ctl, ctx_size, total = dev.context_save_sizes()
             self.ctx = dev.mem_alloc(total, vram=True, host=False)
             extra = {"eop_buffer_address": self.eop.va, "eop_buffer_size": PAGE,
-                     "ctx_save_restore_address": self.ctx.va, "ctx_save_restore_size": total, "ctl_stack_size": ctl}
+                     "ctx_save_restore_address": self.ctx.va, "ctx_save_restore_size": ctx_size,
+                     "ctl_stack_size": ctl}
         q = dev.ioctl("CREATE_QUEUE", ring_base_address=self.ring.va, ring_size=RING_BYTES, gpu_id=dev.node.gpu_id,
                       queue_type=queue_type, queue_percentage=kfd.MAX_QUEUE_PERCENTAGE,
                       queue_priority=7, write_pointer_address=self.pointers.va + 8,
@@ -600,19 +622,15 @@ class AMDDevice(Compiled, HCQDevice):
                                                  self.ctx.fd, page)
         return self._doorbells[page] + (doorbell_offset & 0x1FFF)
 
-    def context_save_sizes(self) -> tuple[int, int]:
-        """``(control stack bytes, whole context-save area bytes)`` a compute queue needs for wave preemption.
+    def context_save_sizes(self) -> tuple[int, int, int]:
+        """``(control stack, context-save area, allocation)`` bytes a compute queue needs for wave save/restore.
 
-        After libhsakmt's sizing (ROCT-Thunk-Interface, queues.c): a control stack of 8 (gfx10+) or
-        12 bytes per wave behind a 40-byte header, plus per-CU VGPR/SGPR/LDS/register save space.
+        The driver checks them against its own numbers: kernels that export ``ctl_stack_size`` and
+        ``cwsr_size`` in the topology give them; otherwise they are computed the way amdkfd's
+        ``kfd_queue.c`` sizes them (a control stack of 12 bytes per wave, 8 on gfx9, behind a 48-byte
+        header; per-CU VGPR/SGPR/LDS/register save space; 32 bytes of debugger memory per wave).
         """
-        n = self.node
-        cus = max(1, n.prop("simd_count") // max(1, n.prop("simd_per_cu", 2)))
-        gfx9 = self.table.generation == "gfx9"
-        waves = cus * (40 if gfx9 else 32)
-        ctl = _round_up(40 + waves * (12 if gfx9 else 8) + 8, PAGE)
-        per_cu = (0x40000 if gfx9 else 0x60000) + 0x4000 + 0x10000 + 0x1000
-        return ctl, ctl + _round_up(cus * per_cu, PAGE) + _round_up(waves * 32, PAGE)
+        return context_save_sizes(self.arch, self.node.properties)
 
     def _setup_event(self) -> None:
         with self.ctx.lock:

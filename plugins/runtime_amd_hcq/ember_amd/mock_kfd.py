@@ -53,6 +53,12 @@ MOCK_PROPERTIES = {
 }
 
 
+#: what the mock's gfx1100 driver reports (and then requires) for the context-save area: 96 CUs * 32 waves
+#: * 12 bytes + 48 rounded to pages; plus (0x60000 + 0x4000 + 0x10000 + 0x1000) per CU
+MOCK_CTL_STACK = 0xA000
+MOCK_CWSR = MOCK_CTL_STACK + 96 * 0x75000
+
+
 class MockFault(RuntimeError):
     """A packet the mock GPU cannot execute (what a GPU would report as a fault or a hang)."""
 
@@ -122,6 +128,8 @@ class MockKFD:
         self.arch = arch
         self.table = gfx.gfx_table(arch)
         self.properties = {**MOCK_PROPERTIES[arch], "drm_render_minor": RENDER_MINOR}
+        if arch == "gfx1100":  # a kernel recent enough to export the context-save sizes it insists on
+            self.properties.update(ctl_stack_size=MOCK_CTL_STACK, cwsr_size=MOCK_CWSR)
         self.render_path = f"/dev/dri/renderD{RENDER_MINOR}"
         self.lock = threading.RLock()
         self.event_cond = threading.Condition(self.lock)
@@ -362,6 +370,10 @@ class MockKFD:
                     or self.find(a.ctx_save_restore_address, a.ctx_save_restore_size) is None):
                 raise self._fail(errno.EINVAL, f"context save area 0x{a.ctx_save_restore_address:x}"
                                                f"+{a.ctx_save_restore_size} (control stack {a.ctl_stack_size})")
+            want = (self.properties.get("ctl_stack_size"), self.properties.get("cwsr_size"))
+            if want[0] is not None and (a.ctl_stack_size, a.ctx_save_restore_size) != want:
+                raise self._fail(errno.EINVAL, f"control stack {a.ctl_stack_size} and context-save size "
+                                               f"{a.ctx_save_restore_size} differ from the topology's {want}")
         qid = next(i for i in range(len(self.doorbells)) if i not in self.queues)
         q = MockQueue(qid, a.queue_type, a.ring_base_address, a.ring_size, a.read_pointer_address,
                       a.write_pointer_address, ctypes.addressof(self.doorbells) + 8 * qid)

@@ -185,3 +185,34 @@ def test_signals_of_another_device_are_refused(dev):
     with pytest.raises(TypeError, match="this device's AMDSignal"):
         dev.compute_queue().signal(other, 1).submit(dev)
     other_dev.finalize()
+
+
+def test_context_save_sizes_follow_the_drivers_formula():
+    """Without the sizes in the topology, the runtime computes what the driver requires (worked by hand in
+    the mock: 96 CUs of 32 waves on gfx1100)."""
+    from ember_amd.device import context_save_sizes
+    from ember_amd.mock_kfd import MOCK_CTL_STACK, MOCK_CWSR, MOCK_PROPERTIES
+
+    ctl, ctx, total = context_save_sizes("gfx1100", dict(MOCK_PROPERTIES["gfx1100"]))
+    assert (ctl, ctx) == (MOCK_CTL_STACK, MOCK_CWSR)
+    assert total == ctx + 96 * 32 * 32  # plus 32 bytes of debugger memory per wave
+
+
+def test_wave64_target_dispatches():
+    """gfx942 (wave64, gfx9 packets: 6-dword ACQUIRE_MEM, no SDMA GCR) through the same runtime."""
+    problem = toolchain_problem("gfx942")
+    if problem:
+        pytest.skip(problem)
+    from ember_amd.compiler import AMDCompiler
+
+    d = AMDDevice("AMD", osif=MockKFD("gfx942"))
+    try:
+        prg = d._program("scale_add", AMDCompiler("gfx942").compile(KERNEL))
+        assert not prg.kernel.wave32
+        x = np.arange(300, dtype=np.int32)
+        a, out = _upload(d, x), d.allocator.alloc(x.nbytes)
+        prg(out, a, global_size=(300, 1, 1), vals=(-2,))
+        np.testing.assert_array_equal(_download(d, out, x), x * -2 + np.arange(300))
+        assert d.os.errors == []
+    finally:
+        d.finalize()
