@@ -44,7 +44,7 @@ static inline double ember_exp_poly(double r) {
   return 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040
     + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600
     + r * (1.0 / 6227020800.0))))))))))))); }
-static inline double ember_exp(double x) {
+__attribute__((noinline)) static double ember_exp(double x) {
   if (x != x) return x;
   if (x > 709.79) return as_double(0x7ff0000000000000L);
   if (x < -745.2) return 0.0;
@@ -52,7 +52,7 @@ static inline double ember_exp(double x) {
   /* ln 2 in two parts: k * hi is exact for |k| < 2**11 */
   double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
   return ember_ldexp(ember_exp_poly(r), (int)k); }
-static inline double ember_exp2(double x) {
+__attribute__((noinline)) static double ember_exp2(double x) {
   if (x != x) return x;
   if (x > 1024.0) return as_double(0x7ff0000000000000L);
   if (x < -1075.0) return 0.0;
@@ -78,11 +78,11 @@ static inline double ember_log_special(double x) {
   if (x < 0.0) return as_double(0x7ff8000000000000L);
   if (x == 0.0) return as_double(0xfff0000000000000L);
   return x; /* +inf */ }
-static inline double ember_log(double x) {
+__attribute__((noinline)) static double ember_log(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
   double e, p = ember_log_parts(x, &e);
   return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + p); }
-static inline double ember_log2(double x) {
+__attribute__((noinline)) static double ember_log2(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
   double e, p = ember_log_parts(x, &e);
   return e + p * 1.4426950408889634; }
@@ -113,7 +113,7 @@ _block("sin", f"""
 __constant double ember_two_over_pi[56] = {{{", ".join(f"{c}.0" for c in _two_over_pi_chunks())}}};
 /* x = n*pi/2 + r for |x| >= 2**19 (Payne-Hanek): x * 2/pi from the 24-bit chunks of x and of 2/pi, with the
    products whose weight makes them multiples of 4 left out; every partial sum is exact in double */
-static inline double ember_rem_pio2_large(double x, long* quadrant) {{
+__attribute__((noinline)) static double ember_rem_pio2_large(double x, long* quadrant) {{
   long bits = as_long(x);
   int ex = (int)((bits >> 52) & 0x7ff) - 1023;
   long m = (bits & 0x000fffffffffffffL) | 0x0010000000000000L;
@@ -141,7 +141,7 @@ static inline double ember_rem_pio2_large(double x, long* quadrant) {{
   return f * 1.57079632679489655800e+00 + f * 6.12323399573676603587e-17; }}
 /* sin(x): x = k*pi/2 + r, |r| <= pi/4 (three-part Cody-Waite below 2**19, else the reduction above), then the
    sin or cos series of r by quadrant */
-static inline double ember_sin(double x) {{
+__attribute__((noinline)) static double ember_sin(double x) {{
   if (x != x || x - x != 0.0) return as_double(0x7ff8000000000000L); /* nan, +-inf */
   double r; long q;
   if (__builtin_fabs(x) < 524288.0) {{
@@ -162,7 +162,7 @@ static inline double ember_sin(double x) {{
 """, ("ldexp",))
 
 _block("pow", """
-static inline double ember_pow(double x, double y) {
+__attribute__((noinline)) static double ember_pow(double x, double y) {
   if (y == 0.0 || x == 1.0) return 1.0;
   if (x != x || y != y) return x + y;
   int neg = as_long(x) < 0;
@@ -177,7 +177,7 @@ static inline double ember_pow(double x, double y) {
 
 _block("fmod", """
 /* exact remainders: subtract |b| scaled by the largest power of two that fits, one exponent step at a time */
-static inline double ember_fmod(double a, double b) {
+__attribute__((noinline)) static double ember_fmod(double a, double b) {
   if (a != a || b != b || a - a != 0.0 || b == 0.0) return as_double(0x7ff8000000000000L);
   double x = __builtin_fabs(a), y = __builtin_fabs(b);
   if (x < y) return a;
