@@ -168,8 +168,8 @@ __attribute__((noinline)) static double ember_pow(double x, double y) {
   int neg = as_long(x) < 0;
   int yint = __builtin_trunc(y) == y;
   int yodd = yint && __builtin_fabs(y) < 9007199254740992.0 && ((long)y & 1);
-  if (neg && !yint) return as_double(0x7ff8000000000000L);
   double ax = __builtin_fabs(x);
+  if (neg && !yint && ax != as_double(0x7ff0000000000000L)) return as_double(0x7ff8000000000000L);
   if (ax == 1.0) return (neg && yodd) ? -1.0 : 1.0; /* (-1)**(+-inf) == 1 */
   double r = ax == 0.0 ? (y > 0.0 ? 0.0 : as_double(0x7ff0000000000000L)) : ember_exp(y * ember_log(ax));
   return (neg && yodd) ? -r : r; }
