@@ -7,14 +7,17 @@ What the kernels need is written here in plain OpenCL C: arithmetic, ``as_type``
 and the clang builtins that become single LLVM intrinsics (``sqrt``, ``trunc``, ``rint``,
 ``fabs``), so the same text also builds for a CPU (the mock GPU compiles kernels with PoCL).
 
-Accuracy: double-precision ``exp``, ``exp2``, ``log`` and ``log2`` are within about 2 ulp, ``sin``
-likewise (Cody-Waite reduction by pi/2 below 2**19, Payne-Hanek above), ``pow`` is
+Accuracy (measured against numpy in the tests): double-precision ``exp`` and ``exp2`` within 1 ulp,
+``log`` and ``log2`` within 3, ``sin`` within 2 (Cody-Waite reduction by pi/2 below 2**19,
+Payne-Hanek above), ``pow`` is
 ``exp(y*log|x|)`` (its relative error grows with ``|y*log x|``: up to ~1e-13 for float64, far below
 float32's ulp). float32 functions are computed by these in double and rounded once, so they are
 within 1 ulp of the exact result. ``fmod`` is exact.
 
-Each helper sits under an include guard (kernels of a batch are joined into one program); the
-renderer includes the blocks a kernel names, with their dependencies (:data:`DEPENDS`).
+The helpers are inlined; a kernel with many math calls calls the out-of-line ``*_call`` entry points
+instead (see :data:`ember_amd.renderer.MAX_INLINE_MATH`). Each helper sits under an include guard
+(kernels of a batch are joined into one program); the renderer includes the blocks a kernel names,
+with their dependencies (:data:`DEPENDS`).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ static inline double ember_exp_poly(double r) {
   return 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040
     + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600
     + r * (1.0 / 6227020800.0))))))))))))); }
-__attribute__((noinline)) static double ember_exp(double x) {
+static inline double ember_exp(double x) {
   if (x != x) return x;
   if (x > 709.79) return as_double(0x7ff0000000000000L);
   if (x < -745.2) return 0.0;
@@ -52,7 +55,7 @@ __attribute__((noinline)) static double ember_exp(double x) {
   /* ln 2 in two parts: k * hi is exact for |k| < 2**11 */
   double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
   return ember_ldexp(ember_exp_poly(r), (int)k); }
-__attribute__((noinline)) static double ember_exp2(double x) {
+static inline double ember_exp2(double x) {
   if (x != x) return x;
   if (x > 1024.0) return as_double(0x7ff0000000000000L);
   if (x < -1075.0) return 0.0;
@@ -78,11 +81,11 @@ static inline double ember_log_special(double x) {
   if (x < 0.0) return as_double(0x7ff8000000000000L);
   if (x == 0.0) return as_double(0xfff0000000000000L);
   return x; /* +inf */ }
-__attribute__((noinline)) static double ember_log(double x) {
+static inline double ember_log(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
   double e, p = ember_log_parts(x, &e);
   return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + p); }
-__attribute__((noinline)) static double ember_log2(double x) {
+static inline double ember_log2(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
   double e, p = ember_log_parts(x, &e);
   return e + p * 1.4426950408889634; }
@@ -113,7 +116,7 @@ _block("sin", f"""
 __constant double ember_two_over_pi[56] = {{{", ".join(f"{c}.0" for c in _two_over_pi_chunks())}}};
 /* x = n*pi/2 + r for |x| >= 2**19 (Payne-Hanek): x * 2/pi from the 24-bit chunks of x and of 2/pi, with the
    products whose weight makes them multiples of 4 left out; every partial sum is exact in double */
-__attribute__((noinline)) static double ember_rem_pio2_large(double x, long* quadrant) {{
+static inline double ember_rem_pio2_large(double x, long* quadrant) {{
   long bits = as_long(x);
   int ex = (int)((bits >> 52) & 0x7ff) - 1023;
   long m = (bits & 0x000fffffffffffffL) | 0x0010000000000000L;
@@ -141,7 +144,7 @@ __attribute__((noinline)) static double ember_rem_pio2_large(double x, long* qua
   return f * 1.57079632679489655800e+00 + f * 6.12323399573676603587e-17; }}
 /* sin(x): x = k*pi/2 + r, |r| <= pi/4 (three-part Cody-Waite below 2**19, else the reduction above), then the
    sin or cos series of r by quadrant */
-__attribute__((noinline)) static double ember_sin(double x) {{
+static inline double ember_sin(double x) {{
   if (x != x || x - x != 0.0) return as_double(0x7ff8000000000000L); /* nan, +-inf */
   double r; long q;
   if (__builtin_fabs(x) < 524288.0) {{
@@ -162,7 +165,7 @@ __attribute__((noinline)) static double ember_sin(double x) {{
 """, ("ldexp",))
 
 _block("pow", """
-__attribute__((noinline)) static double ember_pow(double x, double y) {
+static inline double ember_pow(double x, double y) {
   if (y == 0.0 || x == 1.0) return 1.0;
   if (x != x || y != y) return x + y;
   int neg = as_long(x) < 0;
@@ -177,7 +180,7 @@ __attribute__((noinline)) static double ember_pow(double x, double y) {
 
 _block("fmod", """
 /* exact remainders: subtract |b| scaled by the largest power of two that fits, one exponent step at a time */
-__attribute__((noinline)) static double ember_fmod(double a, double b) {
+static inline double ember_fmod(double a, double b) {
   if (a != a || b != b || a - a != 0.0 || b == 0.0) return as_double(0x7ff8000000000000L);
   double x = __builtin_fabs(a), y = __builtin_fabs(b);
   if (x < y) return a;
@@ -238,8 +241,19 @@ static inline float ember_bf16_from_u64(ulong m, int neg) { int s = (m >> 24) ? 
   float f = (float)q * as_float((uint)(127 + s) << 23); return ember_bf16_round(neg ? -f : f); }
 """)
 
+_OUT_OF_LINE = (("ember_exp", "double x", "x"), ("ember_exp2", "double x", "x"), ("ember_log", "double x", "x"),
+                ("ember_log2", "double x", "x"), ("ember_sin", "double x", "x"),
+                ("ember_pow", "double x, double y", "x, y"), ("ember_fmod", "double x, double y", "x, y"))
+_block("calls", """
+/* out-of-line entry points: a kernel with many math calls (an unrolled loop) calls these instead of inlining
+   each helper at every use, which would take clang seconds; calls need a stack, so such kernels use scratch */
+""" + "\n".join(f"__attribute__((noinline)) static double {fn}_call({params}) {{ return {fn}({args}); }}"
+                for fn, params, args in _OUT_OF_LINE), ("exp", "log", "sin", "pow", "fmod"))
+
+
 #: which block defines each helper function a kernel may call
 PROVIDES: dict[str, str] = {
+    "_call(": "calls",
     "ember_ldexp": "ldexp", "ember_exp": "exp", "ember_exp2": "exp", "ember_log": "log", "ember_log2": "log",
     "ember_sin": "sin", "ember_pow": "pow", "ember_fmod": "fmod", "ember_fmodf": "fmod",
     "ember_f16_": "f16", "ember_f32_to_f16": "f16", "ember_f64_to_f16": "f16",

@@ -54,7 +54,12 @@ _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 _LIB_MATH = {Ops.EXP: "ember_exp", Ops.LOG: "ember_log", Ops.EXP2: "ember_exp2", Ops.LOG2: "ember_log2",
              Ops.SIN: "ember_sin", Ops.POW: "ember_pow", Ops.MOD: "ember_fmod"}
 
-# state of the render in progress on this thread: the launch dimension each global RANGE runs along
+#: a kernel with more math-helper calls than this calls them out of line (``ember_exp_call``): inlining hundreds
+#: of copies (unrolled loops) makes clang take seconds per kernel, and one call per use costs a stack in scratch
+MAX_INLINE_MATH = 8
+
+# state of the render in progress on this thread: the launch dimension each global RANGE runs along, and
+# whether math helpers are called out of line
 _render_state = threading.local()
 
 
@@ -192,10 +197,12 @@ class AMDRenderer(CStyleRenderer):
                              f"{len(_DIMS)} dimensions")
         n = len(global_ranges)
         _render_state.dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
+        calls = sum(1 for u in uops if u.op in _LIB_MATH and isinstance(u.dtype, DType) and u.dtype.kind == "f")
+        _render_state.out_of_line = calls > MAX_INLINE_MATH
         try:
             return super().render(name, uops)
         finally:
-            del _render_state.dims
+            del _render_state.dims, _render_state.out_of_line
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -276,9 +283,10 @@ class AMDRenderer(CStyleRenderer):
             fn = "__builtin_sqrt" if op is Ops.SQRT else "__builtin_trunc"
             return (lambda *a: f"{fn}({', '.join(a)})") if dt == dtypes.float64 else \
                 (lambda *a: f"{fn}f({', '.join(a)})")
-        if op is Ops.MOD and dt != dtypes.float64:
+        out_of_line = getattr(_render_state, "out_of_line", False)
+        if op is Ops.MOD and dt != dtypes.float64 and not out_of_line:
             return lambda *a: f"ember_fmodf({', '.join(a)})"
-        fn = _LIB_MATH[op]
+        fn = _LIB_MATH[op] + ("_call" if out_of_line else "")
         if dt == dtypes.float64:
             return lambda *a: f"{fn}({', '.join(a)})"
         return lambda *a: f"((float){fn}({', '.join(f'(double){x}' for x in a)}))"

@@ -18,7 +18,14 @@ from ember_amd import elf
 from ember_amd.compiler import KERNEL_PATTERN, AMDCompiler
 from ember_amd.kernel_lib import helpers_for
 from ember_amd.msgpack_decode import unpackb
-from ember_amd.renderer import PRELUDE_BEGIN, PRELUDE_END, AMDRenderer, host_opencl_source, wave_size_for
+from ember_amd.renderer import (
+    MAX_INLINE_MATH,
+    PRELUDE_BEGIN,
+    PRELUDE_END,
+    AMDRenderer,
+    host_opencl_source,
+    wave_size_for,
+)
 
 from ember import Tensor, dtypes
 from ember.codegen import get_program
@@ -365,7 +372,19 @@ def _run_cl_multi(ctx, src: str, inputs: list[np.ndarray], outs: list[tuple[int,
     return results
 
 
-@pytest.mark.parametrize("case", ["math", "half", "sum", "matmul", "int"])
+def test_many_math_calls_go_out_of_line():
+    require_clang("gfx1100")
+    x = _x()
+    many = sum(((x * (i + 1)).exp() for i in range(MAX_INLINE_MATH + 1)), x)
+    src = _program(many).src
+    assert src.split("EMBER_KERNEL void")[1].count("ember_exp_call(") == MAX_INLINE_MATH + 1
+    few = _program(x.exp() + x.sin()).src
+    assert "_call(" not in few.split(PRELUDE_END)[1].split("EMBER_KERNEL")[1]
+    for s in (src, few):
+        elf.read_code_object(AMDCompiler("gfx1100").compile(s))
+
+
+@pytest.mark.parametrize("case", ["math", "half", "sum", "matmul", "int", "many_calls"])
 def test_rendered_kernels_on_the_cpu_match_numpy(cl_cpu_context, case):
     """The AMD kernel text, built for the CPU (host_opencl_source), computes what numpy does."""
     import pyopencl as cl
@@ -379,6 +398,8 @@ def test_rendered_kernels_on_the_cpu_match_numpy(cl_cpu_context, case):
         "sum": (x.sum(axis=1), a.sum(axis=1)),
         "matmul": (x @ x.T, a @ a.T),
         "int": ((x.cast(dtypes.int32) * 7) // 3 % 5, (a.astype(np.int32) * 7) // 3 % 5),
+        "many_calls": (sum(((x * (i + 1)).sin() for i in range(MAX_INLINE_MATH + 1)), x),
+                       sum((np.sin(a * np.float32(i + 1)) for i in range(MAX_INLINE_MATH + 1)), a)),
     }[case]
     [si] = [si for si in t.schedule() if si.ast.op is not Ops.COPY]
     spec = get_program(si.ast, AMDRenderer("gfx1100"), "k")
