@@ -143,7 +143,12 @@ def test_dispatch_runs_the_kernel_with_hidden_args_checked(dev, kernel_lib):
     np.testing.assert_array_equal(_download(dev, out, x), x * 3 + np.arange(1024))
     prg(out, a, global_size=(1024, 1, 1), vals=(5,))  # the runtime picks the work-group size
     np.testing.assert_array_equal(_download(dev, out, x), x * 5 + np.arange(1024))
-    assert dev.os.dispatches == 2 and dev.os.errors == []
+    # the same argument block in another launch shape: its hidden arguments are rewritten (the mock checks them)
+    dev.allocator.copyin(out, memoryview(np.zeros_like(x)))
+    prg(out, a, global_size=(512, 1, 1), local_size=(32, 1, 1), vals=(5,))
+    np.testing.assert_array_equal(_download(dev, out, x)[:512], x[:512] * 5 + np.arange(512))
+    assert (_download(dev, out, x)[512:] == 0).all()
+    assert dev.os.dispatches == 3 and dev.os.errors == []
 
 
 def test_graph_replay_with_patched_args(dev, kernel_lib):
