@@ -8,13 +8,14 @@ instructions (nothing here runs on an AMD GPU).
 """
 from __future__ import annotations
 
+import os
 import re
 import struct
 
 import numpy as np
 import pytest
 from amd_test_tools import llvm_tool_output, require_clang
-from ember_amd import elf
+from ember_amd import elf, toolchain
 from ember_amd.compiler import KERNEL_PATTERN, AMDCompiler
 from ember_amd.kernel_lib import helpers_for
 from ember_amd.msgpack_decode import unpackb
@@ -419,3 +420,36 @@ def test_rendered_kernels_on_the_cpu_match_numpy(cl_cpu_context, case):
     cl.enqueue_copy(queue, out, out_buf)
     queue.finish()
     np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+# --- toolchain ----------------------------------------------------------------------------------
+
+def test_clang_15_builds_gfx1100_with_a_newer_lld(monkeypatch):
+    """clang-15 links code-object v5 through a newer lld (Debian's default ld.lld 14 rejects it)."""
+
+    clang15 = "/usr/lib/llvm-15/bin/clang"
+    if not os.path.isfile(clang15):
+        pytest.skip("no clang-15 at /usr/lib/llvm-15/bin/clang (apt install clang-15)")
+    monkeypatch.setenv("EMBER_AMD_CLANG", clang15)
+    toolchain.find_toolchain.cache_clear()
+    try:
+        try:
+            tc = toolchain.find_toolchain("gfx1100")
+        except toolchain.ToolchainError as e:
+            pytest.skip(str(e))
+        if tc.clang != clang15:
+            pytest.skip(f"clang-15 cannot link code-object v5 here: {tc}")
+        assert tc.link_options[0] == "-B" and "clang version 15" in tc.version
+        comp = AMDCompiler("gfx1100")
+        assert comp.toolchain == tc and comp.cachekey is not None and "15" in comp.cachekey
+        k = elf.read_code_object(comp.compile(_program(_x() + 1).src)).kernels["k"]
+        assert k.arg("hidden_group_size_x") is not None and k.wavefront_size == 32
+    finally:
+        toolchain.find_toolchain.cache_clear()
+
+
+def test_unknown_targets_say_what_to_install():
+    problem = toolchain.toolchain_problem("gfx950")  # clang-19 rejects it; a newer clang may know it
+    assert problem is None or ("gfx950" in problem and "apt install clang-19" in problem)
+    with pytest.raises(toolchain.ToolchainError, match="invalid AMD GPU target"):
+        toolchain.find_toolchain("sm_80")
