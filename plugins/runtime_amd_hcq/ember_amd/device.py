@@ -415,6 +415,7 @@ class AMDKernelArgs(KernelArgs):
         weakref.finalize(self, _release_kernargs, dev, self.address, size)
         ctypes.memset(self.address, 0, kernel.block_bytes)
         self.launch: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+        self.last_use = 0  # the timeline value of the latest submission that launches with this block
         for i, b in enumerate(bufs):
             self.update_buffer(i, b)
         for i, v in enumerate(vals):
@@ -442,8 +443,8 @@ class AMDKernelArgs(KernelArgs):
         """Write the hidden arguments and the dispatch packet for this launch shape (once per shape)."""
         if self.launch == (groups, local):
             return
-        if self.launch is not None:
-            self.dev.synchronize()  # a queued launch of another shape may still read this block
+        if self.launch is not None and self.last_use:  # a queued launch of another shape may still read this block
+            self.dev.timeline.signal.wait(self.last_use, timeout=self.dev.timeout)
         self.launch = (groups, local)
         values: dict[str, int] = {"hidden_grid_dims": 3}
         for i, axis in enumerate("xyz"):
@@ -673,6 +674,9 @@ class AMDDevice(Compiled, HCQDevice):
         """The compute queue's packets for ``cmds`` (raises before anything is submitted)."""
         t = self.table
         out = pm4.acquire_mem(t)  # see what the host and the other queue wrote before this submission
+        last = cmds[-1] if cmds else None
+        use = last.value if isinstance(last, SignalCmd) and last.signal is self.timeline.signal else \
+            self.timeline.last
         for cmd in cmds:
             if isinstance(cmd, Wait):
                 out += pm4.wait_reg_mem_ge(self._signal_address(cmd.signal), cmd.value) + pm4.acquire_mem(t)
@@ -684,6 +688,8 @@ class AMDDevice(Compiled, HCQDevice):
                 out += pm4.release_mem(t, self._signal_address(cmd.signal) + 8, gfx.DATA_SEL_GPU_CLOCK)
             elif isinstance(cmd, Exec):
                 out += self._exec_words(cmd)
+                if isinstance(cmd.args, AMDKernelArgs):
+                    cmd.args.last_use = use
             elif isinstance(cmd, MemoryBarrier):
                 out += pm4.acquire_mem(t)
             else:
