@@ -683,7 +683,7 @@ class AMDDevice(Compiled, HCQDevice):
             elif isinstance(cmd, SignalCmd):
                 out += pm4.release_mem(t, self._signal_address(cmd.signal), gfx.DATA_SEL_64, cmd.value)
                 out += pm4.release_mem(t, self.mailbox, gfx.DATA_SEL_32, self.event_id,
-                                       gfx.INT_SEL_AFTER_WRITE_CONFIRM, self.event_id)
+                                       gfx.INT_SEL_AFTER_WRITE_CONFIRM, self.event_id if t.interrupt_ctxid else 0)
             elif isinstance(cmd, Timestamp):
                 out += pm4.release_mem(t, self._signal_address(cmd.signal) + 8, gfx.DATA_SEL_GPU_CLOCK)
             elif isinstance(cmd, Exec):
@@ -723,8 +723,7 @@ class AMDDevice(Compiled, HCQDevice):
         t = self.table
         out = pm4.set_sh_reg(t.compute_pgm_lo, kernel.entry >> 8, kernel.entry >> 40)
         out += pm4.set_sh_reg(t.compute_pgm_rsrc1, kernel.rsrc1, kernel.rsrc2)
-        if t.compute_pgm_rsrc3 is not None:
-            out += pm4.set_sh_reg(t.compute_pgm_rsrc3, kernel.rsrc3)
+        out += pm4.set_sh_reg(t.compute_pgm_rsrc3, kernel.rsrc3)
         out += pm4.set_sh_reg(t.compute_tmpring_size, 0)
         out += pm4.set_sh_reg(t.compute_resource_limits, 0)
         out += pm4.set_sh_reg(t.compute_static_thread_mgmt_se0, 0xFFFFFFFF, 0xFFFFFFFF)
@@ -744,9 +743,9 @@ class AMDDevice(Compiled, HCQDevice):
             if isinstance(cmd, Wait):
                 out += sdma.poll_regmem_ge(self._signal_address(cmd.signal), cmd.value) + gcr
             elif isinstance(cmd, SignalCmd):
-                addr = self._signal_address(cmd.signal)
-                out += sdma.fence(addr + 4, cmd.value >> 32) + sdma.fence(addr, cmd.value)
-                out += sdma.fence(self.mailbox, self.event_id) + sdma.trap(self.event_id)
+                addr, flags = self._signal_address(cmd.signal), self.table.sdma_fence_flags
+                out += sdma.fence(addr + 4, cmd.value >> 32, flags) + sdma.fence(addr, cmd.value, flags)
+                out += sdma.fence(self.mailbox, self.event_id, flags) + sdma.trap(self.event_id)
             elif isinstance(cmd, Timestamp):
                 out += sdma.timestamp(self._signal_address(cmd.signal) + 8)
             elif isinstance(cmd, Copy):

@@ -5,8 +5,9 @@ One table per gfx generation, looked up by :func:`gfx_table` from the gfx target
 ``drivers/gpu/drm/amd/include/asic_reg/gc/gc_9_4_3_offset.h`` and ``gc_11_0_0_offset.h``
 (``regCOMPUTE_*`` offsets plus the GC base 0x1260 for gfx11, 0x2000 for gfx9: the absolute dword
 offsets below), the PM4 packet definitions ``drivers/gpu/drm/amd/amdgpu/soc15d.h`` and ``nvd.h``,
-the SDMA packet headers ``sdma_v4_4_2`` / ``sdma_v6_0_0_pkt_open.h``, and Mesa's
-``src/amd/common/sid.h`` for field positions. None of this has been checked against a GPU.
+the SDMA packet headers ``sdma_v4_4_2`` / ``sdma_v6_0_0_pkt_open.h``, Mesa's ``src/amd/common/sid.h``
+for field positions, ROCm's kfdtest (``Dispatch.cpp``) and AMD's PAL for COMPUTE_PGM_RSRC3. None of
+this has been checked against a GPU.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class GfxTable:
     generation: str
     compute_pgm_lo: int
     compute_pgm_rsrc1: int
-    compute_pgm_rsrc3: int | None  # gfx10+ only
+    compute_pgm_rsrc3: int  # at a different offset on gfx9 (gfx90a+ keep the accumulation-VGPR offset there)
     compute_num_thread_x: int
     compute_start_x: int
     compute_resource_limits: int
@@ -63,6 +64,11 @@ class GfxTable:
     release_mem_cache: int
     #: SDMA has a GCR_REQ packet (gfx10+) to invalidate caches before reading memory another engine wrote
     sdma_gcr: bool
+    #: SDMA FENCE header bits: MTYPE 3 (uncached) on gfx10+, so the host sees the write at once
+    sdma_fence_flags: int
+    #: RELEASE_MEM's last dword carries the interrupt context id (the KFD event id); gfx9 leaves it 0 and the
+    #: driver scans the event page instead
+    interrupt_ctxid: bool
     #: GPU timestamp counter frequency (RELEASE_MEM GPU clock / SDMA global timestamp)
     timestamp_hz: int
     #: compute wave size the compiler uses by default
@@ -73,17 +79,22 @@ _COMMON = {"compute_pgm_lo": 0x2E0C, "compute_pgm_rsrc1": 0x2E12, "compute_num_t
            "compute_start_x": 0x2E04, "compute_resource_limits": 0x2E15, "compute_static_thread_mgmt_se0": 0x2E16,
            "compute_static_thread_mgmt_se2": 0x2E19, "compute_tmpring_size": 0x2E18, "compute_user_data_0": 0x2E40}
 
-GFX9 = GfxTable("gfx9", compute_pgm_rsrc3=None, acquire_mem_dwords=6,
+# COMPUTE_PGM_RSRC3: 0x2E2D on gfx9 (ROCm's kfdtest Dispatch.cpp), 0x2E28 on gfx10+ (GC base + 0x1bc8 in
+# gc_11_0_0_offset.h; PAL's Gfx10Plus::mmCOMPUTE_PGM_RSRC3)
+GFX9 = GfxTable("gfx9", compute_pgm_rsrc3=0x2E2D, acquire_mem_dwords=6,
                 # COHER_CNTL: TC_ACTION_ENA | TC_WB_ACTION_ENA | TCL1_ACTION_ENA | SH_KCACHE/ICACHE_ACTION_ENA
                 acquire_mem_cntl=(1 << 23) | (1 << 18) | (1 << 22) | (1 << 27) | (1 << 29),
                 release_mem_cache=(1 << 15) | (1 << 17),  # TC_WB_ACTION_ENA | TC_ACTION_ENA
-                sdma_gcr=False, timestamp_hz=100_000_000, wave_size=64, **_COMMON)
-GFX11 = GfxTable("gfx11", compute_pgm_rsrc3=0x2E2D, acquire_mem_dwords=7,
+                sdma_gcr=False, sdma_fence_flags=0, interrupt_ctxid=False, timestamp_hz=100_000_000, wave_size=64,
+                **_COMMON)
+GFX11 = GfxTable("gfx11", compute_pgm_rsrc3=0x2E28, acquire_mem_dwords=7,
                  # GCR_CNTL: GLI_INV(all) | GLK_INV | GLV_INV | GL1_INV | GL2_INV | GL2_WB | GLM_INV | GLM_WB
                  acquire_mem_cntl=(1 << 0) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 14) | (1 << 15) | (1 << 5)
                  | (1 << 4),
-                 release_mem_cache=(1 << 12) | (1 << 14) | (1 << 16),  # GCR_CNTL: GLM_WB | GL2_INV-ish | GL2_WB
-                 sdma_gcr=True, timestamp_hz=100_000_000, wave_size=32, **_COMMON)
+                 # GCR_SEQ | GL2_WB | GLM_INV | GLM_WB, as amdgpu's gfx11 end-of-pipe fence
+                 release_mem_cache=(1 << 22) | (1 << 21) | (1 << 13) | (1 << 12),
+                 sdma_gcr=True, sdma_fence_flags=3 << 16, interrupt_ctxid=True, timestamp_hz=100_000_000,
+                 wave_size=32, **_COMMON)
 
 #: gfx targets this runtime has tables for (major version -> table)
 _TABLES = {9: GFX9, 10: GFX11, 11: GFX11}

@@ -435,17 +435,28 @@ class MockKFD:
             self.event_cond.wait(left)  # releases the lock while waiting
 
     def interrupt(self, ctxid: int) -> None:
-        """What the driver does on an end-of-pipe / trap interrupt: set the event whose slot was written."""
+        """What the driver does on an end-of-pipe / trap interrupt: set the event the context id names when its
+        slot was written, else (gfx9 sends no id) every event whose slot was written."""
         with self.lock:
-            event = self.events.get(ctxid)
             page = self.event_page
-            if event is None or page is None:
+            if page is None:
                 return
-            slot = page.va + 8 * event.slot
-            if _u64(slot) != 0xFFFFFFFFFFFFFFFF:
-                _put64(slot, 0xFFFFFFFFFFFFFFFF)
-                event.signaled = True
-                self.event_cond.notify_all()
+            named = self.events.get(ctxid)
+            if named is not None and self._take_slot(page, named):
+                named.signaled = True
+            else:
+                for event in self.events.values():
+                    if self._take_slot(page, event):
+                        event.signaled = True
+            self.event_cond.notify_all()
+
+    @staticmethod
+    def _take_slot(page: Allocation, event: Event) -> bool:
+        slot = page.va + 8 * event.slot
+        if _u64(slot) == 0xFFFFFFFFFFFFFFFF:
+            return False
+        _put64(slot, 0xFFFFFFFFFFFFFFFF)
+        return True
 
     # --- the mock-only hook ---------------------------------------------------------------------
     def register_code_object(self, address: int, lib: bytes) -> None:
@@ -568,7 +579,7 @@ class MockKFD:
 
     # SDMA (write pointer in bytes)
     _SDMA_LENGTHS = {gfx.SDMA_OP_NOP: 1, gfx.SDMA_OP_COPY: 7, gfx.SDMA_OP_FENCE: 4, gfx.SDMA_OP_TRAP: 2,
-                     gfx.SDMA_OP_POLL_REGMEM: 6, gfx.SDMA_OP_TIMESTAMP: 3, gfx.SDMA_OP_GCR: 6}
+                     gfx.SDMA_OP_POLL_REGMEM: 6, gfx.SDMA_OP_TIMESTAMP: 3, gfx.SDMA_OP_GCR: 5}
 
     def _run_sdma(self, q: MockQueue, wptr: int) -> None:
         if wptr % 4:

@@ -27,11 +27,12 @@ def copy(dest: int, src: int, nbytes: int) -> list[int]:
     return out
 
 
-def fence(addr: int, value: int) -> list[int]:
-    """Write the 32-bit ``value`` to ``addr`` (4-byte aligned) after every earlier packet."""
+def fence(addr: int, value: int, flags: int = 0) -> list[int]:
+    """Write the 32-bit ``value`` to ``addr`` (4-byte aligned) after every earlier packet (``flags``: header
+    bits such as the memory type, :attr:`ember_amd.gfx.GfxTable.sdma_fence_flags`)."""
     if addr % 4:
         raise ValueError(f"SDMA FENCE address 0x{addr:x} is not 4-byte aligned")
-    return [gfx.SDMA_OP_FENCE, *_lo_hi(addr), value & 0xFFFFFFFF]
+    return [gfx.SDMA_OP_FENCE | flags, *_lo_hi(addr), value & 0xFFFFFFFF]
 
 
 def poll_regmem_ge(addr: int, value: int) -> list[int]:
@@ -54,7 +55,14 @@ def trap(ctxid: int) -> list[int]:
     return [gfx.SDMA_OP_TRAP, ctxid & 0x0FFFFFFF]
 
 
+#: GCR_REQ control: GLI_INV, GLM_WB/INV, GLK_INV, GLV_INV, GL1_INV, GL2_INV/WB (the GCR_CNTL bits of ACQUIRE_MEM)
+GCR_CONTROL = 1 | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 14) | (1 << 15)
+
+
 def gcr_invalidate() -> list[int]:
-    """(gfx10+) write back and invalidate the L2 over all memory, so the copy reads what other engines wrote."""
-    # GCR_REQ: base and limit over the whole address space, GL2 invalidate + write back
-    return [gfx.SDMA_OP_GCR, 0, (0xFFFF << 16) | 0, 0xFFFFFFFF, (1 << 14) | (1 << 15), 0]
+    """(gfx10+) write back and invalidate the caches over all memory, so the copy reads what others wrote.
+
+    GCR_REQ: base address bits 31:7 and 47:32 (here 0), the 19 control bits split 15:0 / 18:16 around
+    them, the limit's bits 31:7 and 47:32 (here the top of the 48-bit space).
+    """
+    return [gfx.SDMA_OP_GCR, 0, (GCR_CONTROL & 0xFFFF) << 16, 0xFFFFFF80 | (GCR_CONTROL >> 16), 0xFFFF]

@@ -221,3 +221,20 @@ def test_wave64_target_dispatches():
         assert d.os.errors == []
     finally:
         d.finalize()
+
+
+@pytest.mark.parametrize("arch", ["gfx1100", "gfx942"])
+def test_signal_writes_raise_the_kfd_event(arch):
+    """Host waits sleep in WAIT_EVENTS: each signal write must raise the device's event (gfx9 interrupts carry
+    no event id, so the driver finds it by its slot in the event page)."""
+    d = AMDDevice("AMD", osif=MockKFD(arch))
+    try:
+        s = d.new_signal("s")
+        assert not d.wait_event(20)  # nothing pending: the wait times out
+        d.compute_queue().signal(s, 1).submit(d)
+        assert d.wait_event(5000) and s.value == 1
+        d.copy_queue().signal(s, 2).submit(d)
+        assert d.wait_event(5000) and s.value == 2
+        assert not d.wait_event(20)  # auto-reset: one interrupt, one wake-up
+    finally:
+        d.finalize()
