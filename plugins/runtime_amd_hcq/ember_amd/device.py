@@ -643,6 +643,10 @@ class AMDDevice(Compiled, HCQDevice):
                 self.ctx.event_page = self.mem_alloc(kfd.SIGNAL_EVENT_LIMIT * 8, vram=False, host=True, uncached=True)
             page = self.ctx.event_page
             assert page is not None
+            if not first:  # another GPU writes its mailbox slot too: map the page to it
+                ids = (ctypes.c_uint32 * 1)(self.node.gpu_id)
+                self.ioctl("MAP_MEMORY_TO_GPU", handle=page.handle, device_ids_array_ptr=ctypes.addressof(ids),
+                           n_devices=1)
             e = self.ioctl("CREATE_EVENT", event_page_offset=page.handle if first else 0, event_type=kfd.EVENT_SIGNAL,
                            auto_reset=1, node_id=self.node.node)
         self.event_id = e.event_id
