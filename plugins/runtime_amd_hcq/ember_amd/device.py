@@ -17,6 +17,7 @@ Nothing here has run on an AMD GPU; see ``docs/amd.md`` for exactly what has.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import hashlib
 import os
@@ -588,7 +589,7 @@ class AMDDevice(Compiled, HCQDevice):
             a = self.ioctl("ALLOC_MEMORY_OF_GPU", va_addr=va, size=size, gpu_id=self.node.gpu_id, flags=flags)
         except kfd.KFDError as e:
             self.os.munmap(va, size)
-            if e.errno == 12:  # ENOMEM: let the allocator free its cache and retry
+            if e.errno == errno.ENOMEM:  # let the allocator free its cache and retry
                 raise MemoryError(f"{self.device}: {e}") from e
             raise
         mem = GPUMemory(va, size, a.handle, flags, host)

@@ -137,6 +137,7 @@ class MockKFD:
         self._next_fd = 1000
         self.vm_fd: int | None = None
         self.allocs: dict[int, Allocation] = {}
+        self.vram_used = 0
         self._starts: list[int] = []  # sorted va of the allocations, for lookups by address
         self._by_start: dict[int, Allocation] = {}
         self.reservations: dict[int, int] = {}  # anonymous mappings made through the mock: va -> size
@@ -297,6 +298,9 @@ class MockKFD:
             raise self._fail(errno.EINVAL, f"va 0x{a.va_addr:x} size {a.size}: both must be non-zero page multiples")
         if any(x.va < a.va_addr + a.size and a.va_addr < x.end for x in self.allocs.values()):
             raise self._fail(errno.EINVAL, f"va range 0x{a.va_addr:x}+{a.size} overlaps an allocation")
+        if kinds == kfd.MEM_VRAM and self.vram_used + a.size > self.properties["local_mem_size"]:
+            raise self._fail(errno.ENOMEM, f"out of VRAM: {self.vram_used} of {self.properties['local_mem_size']} "
+                                           f"bytes in use, {a.size} more asked")
         if kinds == kfd.MEM_USERPTR:
             if a.mmap_offset != a.va_addr:
                 raise self._fail(errno.EINVAL, "userptr: the CPU address (mmap_offset) must equal va_addr here")
@@ -310,6 +314,7 @@ class MockKFD:
         self._next_handle += 1
         offset = a.mmap_offset if kinds == kfd.MEM_USERPTR else handle << 16
         self.allocs[handle] = alloc = Allocation(a.va_addr, a.size, a.flags, handle, offset)
+        self.vram_used += a.size if kinds == kfd.MEM_VRAM else 0
         self._by_start[alloc.va] = alloc
         bisect.insort(self._starts, alloc.va)
         a.handle, a.mmap_offset = handle, offset
@@ -327,6 +332,7 @@ class MockKFD:
         if self.event_page is alloc:
             raise self._fail(errno.EBUSY, f"handle {a.handle} is the event page")
         del self.allocs[a.handle], self._by_start[alloc.va]
+        self.vram_used -= alloc.size if alloc.flags & kfd.MEM_VRAM else 0
         self._starts.remove(alloc.va)
 
     def _device_ids(self, a: Any) -> None:

@@ -238,3 +238,11 @@ def test_signal_writes_raise_the_kfd_event(arch):
         assert not d.wait_event(20)  # auto-reset: one interrupt, one wake-up
     finally:
         d.finalize()
+
+
+def test_out_of_vram_is_a_memory_error_naming_the_ioctl(dev):
+    too_big = dev.node.prop("local_mem_size") + (1 << 30)
+    with pytest.raises(MemoryError, match="AMDKFD_IOC_ALLOC_MEMORY_OF_GPU failed: errno 12 ENOMEM.*out of VRAM"):
+        dev.allocator.alloc(too_big)
+    buf = dev.allocator.alloc(1 << 20)  # the failed attempt left nothing behind
+    dev.allocator.free(buf, 1 << 20)
