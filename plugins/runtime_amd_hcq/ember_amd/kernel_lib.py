@@ -146,6 +146,7 @@ static inline double ember_rem_pio2_large(double x, long* quadrant) {{
    sin or cos series of r by quadrant */
 static inline double ember_sin(double x) {{
   if (x != x || x - x != 0.0) return as_double(0x7ff8000000000000L); /* nan, +-inf */
+  if (x == 0.0) return x; /* keeps the sign of -0.0, which the reduction would lose */
   double r; long q;
   if (__builtin_fabs(x) < 524288.0) {{
     double k = __builtin_rint(x * 6.36619772367581382433e-01);
