@@ -177,3 +177,33 @@ def test_probe_without_a_gpu_node():
 
     reason = problem(CPUOnly("gfx1100"))
     assert reason is not None and "no GPU node" in reason
+
+
+# --- the real OS side that runs without a GPU ------------------------------------------------------------
+def test_ioctl_structures_and_numbers_follow_the_header():
+    """Sizes summed by hand from kfd_ioctl.h's fields (no padding in any of them), and request numbers as
+    _IOWR('K', nr, struct) encodes them."""
+    sizes = {"GET_VERSION": 8, "CREATE_QUEUE": 88, "DESTROY_QUEUE": 8, "CREATE_EVENT": 32, "DESTROY_EVENT": 8,
+             "WAIT_EVENTS": 24, "ACQUIRE_VM": 8, "ALLOC_MEMORY_OF_GPU": 40, "FREE_MEMORY_OF_GPU": 8,
+             "MAP_MEMORY_TO_GPU": 24, "UNMAP_MEMORY_FROM_GPU": 24}
+    assert {name: ctypes.sizeof(struct) for name, (_, struct) in kfd.IOCTLS.items()} == sizes
+    assert ctypes.sizeof(kfd.EventData) == 48
+    assert kfd.IOCTLS["ALLOC_MEMORY_OF_GPU"][0] == 0xC0284B16  # read|write, 40 bytes, 'K', 0x16
+    assert kfd.IOCTLS["GET_VERSION"][0] == 0x80084B01  # read, 8 bytes, 'K', 0x01
+    assert kfd.IOCTLS["ACQUIRE_VM"][0] == 0x40084B15  # write, 8 bytes, 'K', 0x15
+
+
+def test_real_os_maps_memory():
+    real = kfd.RealOS()
+    va = real.mmap(0, 2 * kfd.PAGE, kfd.PROT_READ | kfd.PROT_WRITE, kfd.MAP_PRIVATE | kfd.MAP_ANONYMOUS, -1, 0)
+    ctypes.memset(va, 7, 2 * kfd.PAGE)
+    assert ctypes.string_at(va + kfd.PAGE, 4) == b"\x07" * 4
+    real.munmap(va, 2 * kfd.PAGE)
+    with pytest.raises(OSError, match="mmap of .* failed"):
+        real.mmap(0, kfd.PAGE, kfd.PROT_READ, kfd.MAP_SHARED, 987654, 0)  # not an open file
+
+
+def test_errors_name_the_ioctl_errno_and_meaning():
+    e = kfd.kfd_error("CREATE_QUEUE", errno.ENOSPC)
+    assert e.errno == errno.ENOSPC
+    assert e.strerror == "AMDKFD_IOC_CREATE_QUEUE failed: errno 28 ENOSPC: no free slot (too many queues or events)"
