@@ -99,6 +99,7 @@ class MockQueue:
     thread: threading.Thread | None = None
     regs: dict[int, int] = field(default_factory=dict)
     in_flight: bool = False  # a dispatch started and no flush since: the next one could overlap it
+    stale: bool = False  # a wait returned and no cache invalidation since: reads may see stale cache lines
 
 
 def _u32(addr: int) -> int:
@@ -527,6 +528,7 @@ class MockKFD:
         elif op == gfx.PM4_ACQUIRE_MEM:
             if len(body) != t.acquire_mem_dwords:
                 raise MockFault(f"ACQUIRE_MEM of {len(body)} dwords, {t.generation} takes {t.acquire_mem_dwords}")
+            q.stale = False
         elif op == gfx.PM4_EVENT_WRITE:
             if len(body) != 1 or body[0] & 0x3F != gfx.EVENT_CS_PARTIAL_FLUSH:
                 raise MockFault(f"EVENT_WRITE {body}: the compute queue only needs CS_PARTIAL_FLUSH")
@@ -537,12 +539,16 @@ class MockKFD:
             addr = body[1] | (body[2] << 32)
             self.check(addr, 4, "WAIT_REG_MEM address")
             self._poll(q, addr, body[3], body[4])
+            q.stale = True
         elif op == gfx.PM4_RELEASE_MEM:
             self._release_mem(q, body)
         elif op == gfx.PM4_DISPATCH_DIRECT:
             if len(body) != 4 or not body[3] & gfx.DISPATCH_COMPUTE_SHADER_EN:
                 raise MockFault(f"DISPATCH_DIRECT {body}: expected 3 group counts and an initiator with "
                                 f"COMPUTE_SHADER_EN")
+            if q.stale:
+                raise MockFault("DISPATCH_DIRECT after WAIT_REG_MEM with no ACQUIRE_MEM between them: the kernel may "
+                                "read cache lines older than what the awaited signal announced")
             if q.in_flight:
                 raise MockFault("DISPATCH_DIRECT right after another dispatch with no CS_PARTIAL_FLUSH or RELEASE_MEM "
                                 "between them: the two could overlap, but commands of one queue must run in order")
@@ -599,7 +605,12 @@ class MockKFD:
             if q.rptr + 4 * n > wptr:
                 raise MockFault(f"SDMA packet {op} of {n} dwords runs past the write pointer")
             p = self._ring_dwords(q, q.rptr, n, 4)
+            if op == gfx.SDMA_OP_GCR:
+                q.stale = False
             if op == gfx.SDMA_OP_COPY:
+                if q.stale:
+                    raise MockFault("SDMA copy after POLL_REGMEM with no GCR_REQ between them: it may read stale L2 "
+                                    "lines")
                 if sub != gfx.SDMA_SUBOP_COPY_LINEAR:
                     raise MockFault(f"SDMA copy sub-opcode {sub}: only COPY_LINEAR is used")
                 count, src, dst = p[1] + 1, p[3] | (p[4] << 32), p[5] | (p[6] << 32)
@@ -619,6 +630,7 @@ class MockKFD:
                     raise MockFault(f"SDMA POLL_REGMEM header 0x{head:08x}: expected 'memory >= reference'")
                 self.check(addr, 4, "SDMA poll")
                 self._poll(q, addr, p[3], p[4])
+                q.stale = self.table.sdma_gcr  # gfx9's SDMA has no GCR packet (and reads through memory)
             elif op == gfx.SDMA_OP_TIMESTAMP:
                 addr = p[1] | (p[2] << 32)
                 if sub != gfx.SDMA_SUBOP_TIMESTAMP_GET_GLOBAL or addr % 8:

@@ -207,3 +207,17 @@ def test_errors_name_the_ioctl_errno_and_meaning():
     e = kfd.kfd_error("CREATE_QUEUE", errno.ENOSPC)
     assert e.errno == errno.ENOSPC
     assert e.strerror == "AMDKFD_IOC_CREATE_QUEUE failed: errno 28 ENOSPC: no free slot (too many queues or events)"
+
+
+def test_copy_after_a_wait_without_cache_invalidation_faults(mock, dev):
+    """On gfx10+ a copy behind a wait must invalidate the caches first (GCR_REQ), or it may copy stale data."""
+    sig = dev.new_signal("ready", 1)
+    src = dev.mem_alloc(4096, vram=False, host=True)
+    dev.rings["copy"].submit(sdma.poll_regmem_ge(sig.address, 1) + sdma.copy(src.va + 2048, src.va, 64))
+    assert "SDMA copy after POLL_REGMEM with no GCR_REQ" in _wait_for_error(mock)
+
+
+def test_dispatch_after_a_wait_without_acquire_mem_faults(mock, dev):
+    sig = dev.new_signal("ready", 1)
+    dev.rings["compute"].submit(pm4.wait_reg_mem_ge(sig.address, 1) + pm4.dispatch_direct((1, 1, 1), 1))
+    assert "DISPATCH_DIRECT after WAIT_REG_MEM with no ACQUIRE_MEM" in _wait_for_error(mock)
