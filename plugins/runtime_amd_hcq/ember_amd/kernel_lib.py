@@ -173,7 +173,7 @@ static inline double ember_pow(double x, double y) {
   int yint = __builtin_trunc(y) == y;
   int yodd = yint && __builtin_fabs(y) < 9007199254740992.0 && ((long)y & 1);
   double ax = __builtin_fabs(x);
-  if (neg && !yint && ax != as_double(0x7ff0000000000000L)) return as_double(0x7ff8000000000000L);
+  if (x < 0.0 && !yint && ax != as_double(0x7ff0000000000000L)) return as_double(0x7ff8000000000000L);
   if (ax == 1.0) return (neg && yodd) ? -1.0 : 1.0; /* (-1)**(+-inf) == 1 */
   double r = ax == 0.0 ? (y > 0.0 ? 0.0 : as_double(0x7ff0000000000000L)) : ember_exp(y * ember_log(ax));
   return (neg && yodd) ? -r : r; }

@@ -308,6 +308,8 @@ def test_math_helpers_against_numpy(cl_cpu_context):
     x = np.concatenate([special, rng.uniform(-60, 60, 4000), rng.standard_normal(4000) * 3,
                         np.exp(rng.uniform(-700, 700, 4000)), -np.exp(rng.uniform(-700, 700, 2000))])
     y = np.concatenate([special[::-1], rng.uniform(-6, 6, len(x) - len(special))])
+    x = np.concatenate([x, [-0.0, -0.0, -0.0, -0.0, -np.inf, -np.inf]])  # pow(-0.0 or -inf, y): signs by C's rules
+    y = np.concatenate([y, [1.7, -1.7, 3.0, -3.0, 1.7, 3.0]])
     out = _run_cl(cl_cpu_context, src, "t", [x, y], len(fns) * len(x), np.float64, extra=[np.int64(len(x))])
     out = out.reshape(len(fns), len(x))
     with np.errstate(all="ignore"):
