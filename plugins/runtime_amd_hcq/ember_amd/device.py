@@ -258,23 +258,31 @@ SIGNAL_BYTES = 32  # value (u64), timestamp ticks (u64), padding: 8-byte aligned
 
 
 class SignalPool:
-    """Signals in host-visible, uncached GTT memory; slots are reused once their signal is gone."""
+    """Signals in host-visible, uncached GTT memory. The slot of a signal that is gone is reused only once the
+    timeline passed every submission made before it went (a queued command may still write it)."""
 
     def __init__(self, dev: AMDDevice):
         self.dev = dev
         self.free: list[int] = []
+        self.retired: list[tuple[int, int]] = []  # (address, timeline value to wait for)
         self.lock = threading.Lock()
 
     def take(self) -> int:
         with self.lock:
+            timeline = getattr(self.dev, "timeline", None)
+            if self.retired and timeline is not None:
+                done = timeline.signal.value
+                self.free += [addr for addr, tag in self.retired if tag <= done]
+                self.retired = [(addr, tag) for addr, tag in self.retired if tag > done]
             if not self.free:
                 mem = self.dev.mem_alloc(64 * 1024, vram=False, host=True, uncached=True)
                 self.free = list(range(mem.va, mem.va + mem.size, SIGNAL_BYTES))[::-1]
             return self.free.pop()
 
     def give(self, addr: int) -> None:
+        timeline = getattr(self.dev, "timeline", None)
         with self.lock:
-            self.free.append(addr)
+            self.retired.append((addr, timeline.last if timeline is not None else 0))
 
 
 class AMDSignal(Signal):

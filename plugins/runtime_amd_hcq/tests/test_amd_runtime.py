@@ -246,3 +246,20 @@ def test_out_of_vram_is_a_memory_error_naming_the_ioctl(dev):
         dev.allocator.alloc(too_big)
     buf = dev.allocator.alloc(1 << 20)  # the failed attempt left nothing behind
     dev.allocator.free(buf, 1 << 20)
+
+
+def test_a_dropped_signal_is_not_reused_while_queued_work_may_write_it(dev):
+    gate = dev.new_signal("gate")
+    doomed = dev.new_signal("doomed")
+    address = doomed.address
+    q = dev.compute_queue().wait(gate, 1).signal(doomed, 5)
+    value = dev.submit_and_signal(q)
+    del q, doomed
+    import gc
+
+    gc.collect()
+    fresh = [dev.new_signal(f"fresh {i}") for i in range(4)]
+    assert address not in {s.address for s in fresh}  # the queue may still write the old slot
+    gate.set(1)
+    dev.timeline.signal.wait(value, timeout=10)
+    assert address in {dev.new_signal(f"later {i}").address for i in range(4)}  # reused once it passed
