@@ -1,15 +1,13 @@
-"""The AMD device on KFD: GPU memory, a PM4 compute queue and an SDMA copy queue, signals, programs, graphs.
+"""The AMD device on KFD: the process's KFD context, the two hardware queues, and the device object.
 
-Layers (each below only uses the one under it):
+Layers (each uses the ones before it):
 
 - :class:`KFDContext`: the process's ``/dev/kfd`` file and event page, through the OS interface
   (:class:`ember_amd.kfd.RealOS`, or the mock with ``AMD_MOCK=1``).
-- :class:`GPUMemory`: one KFD allocation: an address range reserved with ``mmap``, allocated in
-  VRAM or GTT at that address, mapped to the GPU and, when the host needs it, into the process
-  through the render node (GPU address == host address).
-- :class:`HWRing`: one KFD user-mode queue: ring, read/write pointers, doorbell.
-- :class:`AMDSignal`, :class:`AMDKernelArgs`, :class:`AMDQueue`: the HCQ layer's pieces
-  (``ember.device.hcq``), encoded as PM4 packets (compute) or SDMA packets (copy).
+- :mod:`ember_amd.memory`: GPU memory (VRAM and GTT at GPU address == host address) and the allocator.
+- :mod:`ember_amd.signals`, :mod:`ember_amd.kernel`: the HCQ layer's signals and argument blocks.
+- :class:`HWRing`: one KFD user-mode queue (ring, read/write pointers, doorbell); :class:`AMDQueue`
+  encodes HCQ commands as PM4 packets (compute) or SDMA packets (copy).
 - :class:`AMDDevice`: ``Compiled`` + ``HCQDevice``; programs are ``HCQProgram`` and graphs ``HCQGraph``.
 
 Nothing here has run on an AMD GPU; see ``docs/amd.md`` for exactly what has.
@@ -21,17 +19,13 @@ import errno
 import functools
 import hashlib
 import os
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ember.device import (
-    DEFAULT_TIMEOUT_S,
-    BufferSpec,
     Compiled,
     Copy,
     Exec,
@@ -39,33 +33,23 @@ from ember.device import (
     HCQGraph,
     HCQProgram,
     HWQueue,
-    KernelArgs,
-    LRUAllocator,
     MemoryBarrier,
     Signal,
     SignalCmd,
     Timeline,
     Timestamp,
     Wait,
-    copyin_source,
-    copyout_dest,
     getenv,
-    profiled_copy,
 )
 from ember_amd import gfx, kfd, pm4, sdma
 from ember_amd.gfx import GfxTable
+from ember_amd.kernel import USER_SGPRS, AMDKernel, AMDKernelArgs, KernargPool
+from ember_amd.memory import AMDAllocator, AMDBuffer, GPUMemory, round_up
+from ember_amd.signals import AMDSignal, SignalPool
 
 PAGE = kfd.PAGE
 #: bytes of each queue's ring (a power of two)
 RING_BYTES = 1 << 20
-#: bytes of host-visible staging one copy to or from the host goes through at a time
-STAGING_BYTES = 16 << 20
-#: a host wait blocks in WAIT_EVENTS for at most this long before it checks the signal again
-EVENT_WAIT_SLICE_MS = 50
-
-
-def _round_up(n: int, align: int) -> int:
-    return -(-n // align) * align
 
 
 # --- the OS interface and the process's KFD context ----------------------------------------------------
@@ -128,353 +112,10 @@ def context_save_sizes(arch: str, props: dict[str, int]) -> tuple[int, int, int]
     else:
         vgprs = 0x60000 if arch in ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201") else \
             0x80000 if gfx9 else 0x40000
-        ctl = _round_up((8 if gfx9 else 12) * waves + 8 + 40, PAGE)
-        ctx = ctl + _round_up((vgprs + 0x4000 + 0x10000 + 0x1000) * cus, PAGE)
-    debug = _round_up(waves * 32, 64)
-    return ctl, ctx, _round_up((ctx + debug) * xccs, PAGE)
-
-
-# --- memory ---------------------------------------------------------------------------------------------
-@dataclass(eq=False)
-class GPUMemory:
-    """One KFD allocation at GPU address ``va`` (== its host address when ``host`` is true)."""
-
-    va: int
-    size: int  # page-rounded
-    handle: int
-    flags: int
-    host: bool
-
-    def view(self, nbytes: int | None = None, offset: int = 0) -> memoryview:
-        """The host's view of the memory (host-visible allocations only)."""
-        assert self.host, "not mapped into the process"
-        n = self.size - offset if nbytes is None else nbytes
-        return memoryview((ctypes.c_char * n).from_address(self.va + offset)).cast("B")
-
-
-class AMDBuffer:
-    """An opaque AMD buffer: GPU address ``va``, ``nbytes``, and the allocation it lies in."""
-
-    __slots__ = ("mem", "nbytes", "va")
-
-    def __init__(self, mem: GPUMemory, va: int, nbytes: int):
-        self.mem, self.va, self.nbytes = mem, va, nbytes
-
-    def __repr__(self) -> str:
-        return f"<AMDBuffer {self.nbytes} bytes at 0x{self.va:x}>"
-
-
-class AMDAllocator(LRUAllocator):
-    """Device memory in VRAM; ``BufferSpec(host_visible / cpu_access)`` memory in GTT, mapped into the process.
-
-    Copies to and from the host go through host-visible staging and the SDMA copy queue, ordered
-    after earlier work by the device's timeline.
-    """
-
-    oom_errors = (MemoryError,)
-
-    def __init__(self, dev: AMDDevice):
-        super().__init__()
-        self.dev = dev
-        self._staging: GPUMemory | None = None
-
-    def _alloc(self, nbytes: int, options: Any) -> AMDBuffer:
-        host = isinstance(options, BufferSpec) and (options.host_visible or options.cpu_access)
-        mem = self.dev.mem_alloc(max(nbytes, 1), vram=not host, host=host, uncached=bool(host and options.uncached))
-        return AMDBuffer(mem, mem.va, nbytes)
-
-    def _free(self, opaque: AMDBuffer, nbytes: int, options: Any) -> None:
-        self.dev.synchronize()  # queued work may still use it
-        self.dev.mem_free(opaque.mem)
-
-    def offset(self, opaque: AMDBuffer, byte_offset: int, nbytes: int) -> AMDBuffer:
-        """A view of ``nbytes`` at ``byte_offset`` inside ``opaque`` (same memory, never freed itself)."""
-        if byte_offset < 0 or nbytes < 0 or byte_offset + nbytes > opaque.nbytes:
-            raise ValueError(f"offset view [{byte_offset}, {byte_offset + nbytes}) is outside a buffer of "
-                             f"{opaque.nbytes} bytes")
-        return AMDBuffer(opaque.mem, opaque.va + byte_offset, nbytes)
-
-    def as_buffer(self, opaque: AMDBuffer) -> memoryview:
-        """A zero-copy host view, for host-visible buffers only (VRAM is not mapped into the process)."""
-        if not opaque.mem.host:
-            raise NotImplementedError("VRAM buffers are not mapped into the process: copy them out")
-        self.dev.synchronize()
-        return opaque.mem.view(opaque.nbytes, opaque.va - opaque.mem.va)
-
-    def staging(self) -> GPUMemory:
-        if self._staging is None:
-            self._staging = self.dev.mem_alloc(STAGING_BYTES, vram=False, host=True, uncached=False)
-        return self._staging
-
-    def _copy(self, dest_va: int, src_va: int, nbytes: int) -> None:
-        dev = self.dev
-        q = dev.copy_queue()
-        profiled_copy(dev, q, _Span(dest_va, nbytes), _Span(src_va, nbytes), nbytes)
-        value = dev.submit_and_signal(q)
-        dev.timeline.signal.wait(value, timeout=dev.timeout)
-
-    def copyin(self, dest: AMDBuffer, src: memoryview) -> None:
-        """Copy ``src`` into the start of ``dest`` through staging and the SDMA queue."""
-        data = _bytes_view(copyin_source(src, dest.nbytes))
-        staging = self.staging()
-        for off in range(0, data.nbytes, STAGING_BYTES):
-            n = min(STAGING_BYTES, data.nbytes - off)
-            staging.view(n)[:] = data[off:off + n]
-            self._copy(dest.va + off, staging.va, n)
-
-    def copyout(self, dest: memoryview, src: AMDBuffer) -> None:
-        """Fill ``dest`` from the start of ``src`` through the SDMA queue and staging."""
-        out = _bytes_view(copyout_dest(dest, src.nbytes))
-        staging = self.staging()
-        for off in range(0, out.nbytes, STAGING_BYTES):
-            n = min(STAGING_BYTES, out.nbytes - off)
-            self._copy(staging.va, src.va + off, n)
-            out[off:off + n] = staging.view(n)
-
-    def transfer(self, dest: AMDBuffer, src: AMDBuffer, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-        """Device-to-device on one GPU: one SDMA copy. Between GPUs core goes through the host."""
-        if src_dev is not dest_dev:
-            raise NotImplementedError("copies between AMD GPUs go through the host")
-        if nbytes > src.nbytes or nbytes > dest.nbytes:
-            raise ValueError(f"transfer of {nbytes} bytes between buffers of {src.nbytes} and {dest.nbytes} bytes")
-        if nbytes:
-            self._copy(dest.va, src.va, nbytes)
-
-
-def _bytes_view(view: memoryview) -> memoryview:
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-@dataclass(frozen=True)
-class _Span:
-    """An address and size a copy command reads or writes (what :class:`~ember.device.hcq.Copy` carries)."""
-
-    va: int
-    nbytes: int
-
-
-# --- signals ---------------------------------------------------------------------------------------------
-SIGNAL_BYTES = 32  # value (u64), timestamp ticks (u64), padding: 8-byte aligned for RELEASE_MEM and SDMA
-
-
-class SignalPool:
-    """Signals in host-visible, uncached GTT memory. The slot of a signal that is gone is reused only once the
-    timeline passed every submission made before it went (a queued command may still write it)."""
-
-    def __init__(self, dev: AMDDevice):
-        self.dev = dev
-        self.free: list[int] = []
-        self.retired: list[tuple[int, int]] = []  # (address, timeline value to wait for)
-        self.lock = threading.Lock()
-
-    def take(self) -> int:
-        with self.lock:
-            timeline = getattr(self.dev, "timeline", None)
-            if self.retired and timeline is not None:
-                done = timeline.signal.value
-                self.free += [addr for addr, tag in self.retired if tag <= done]
-                self.retired = [(addr, tag) for addr, tag in self.retired if tag > done]
-            if not self.free:
-                mem = self.dev.mem_alloc(64 * 1024, vram=False, host=True, uncached=True)
-                self.free = list(range(mem.va, mem.va + mem.size, SIGNAL_BYTES))[::-1]
-            return self.free.pop()
-
-    def give(self, addr: int) -> None:
-        timeline = getattr(self.dev, "timeline", None)
-        with self.lock:
-            self.retired.append((addr, timeline.last if timeline is not None else 0))
-
-
-class AMDSignal(Signal):
-    """A signal in GPU-visible host memory: the queues write it with RELEASE_MEM / SDMA FENCE and raise the
-    device's KFD event, on which host waits block (``WAIT_EVENTS``) instead of spinning."""
-
-    def __init__(self, dev: AMDDevice, name: str = "signal", value: int = 0):
-        self.dev = dev
-        self.address = dev.signals.take()
-        weakref.finalize(self, dev.signals.give, self.address)
-        self._words = (ctypes.c_uint64 * 2).from_address(self.address)
-        super().__init__(dev.device, name, value)
-
-    def _read(self) -> tuple[int, int]:
-        return int(self._words[0]), int(self._words[1]) * 1_000_000_000 // self.dev.table.timestamp_hz
-
-    def _write(self, value: int, timestamp_ns: int) -> None:
-        self._words[1] = timestamp_ns * self.dev.table.timestamp_hz // 1_000_000_000
-        self._words[0] = value
-
-    def wait(self, value: int, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._raise_if_failed()
-            if self._words[0] >= value:
-                return
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise self._timeout(value, timeout)
-            slice_ms = EVENT_WAIT_SLICE_MS if left is None else max(1, min(EVENT_WAIT_SLICE_MS, int(left * 1000)))
-            self.dev.wait_event(slice_ms)
-
-
-# --- kernels and their argument blocks --------------------------------------------------------------------
-#: kernel_code_properties bits of the kernel descriptor -> user SGPRs they take, in the order the hardware loads them
-_USER_SGPRS = ((0, "private_segment_buffer", 4), (1, "dispatch_ptr", 2), (2, "queue_ptr", 2),
-               (3, "kernarg_segment_ptr", 2), (4, "dispatch_id", 2), (5, "flat_scratch_init", 2),
-               (6, "private_segment_size", 1))
-DISPATCH_PACKET_BYTES = 64
-
-
-class AMDKernel:
-    """One kernel of a code object uploaded to GPU memory: its descriptor's registers and argument layout."""
-
-    def __init__(self, dev: AMDDevice, name: str, lib: bytes):
-        from ember_amd.elf import read_code_object
-
-        co = read_code_object(lib)
-        if name not in co.kernels:
-            raise ValueError(f"code object has no kernel {name!r} (it has {', '.join(co.kernels) or 'none'})")
-        if co.arch != dev.arch:
-            raise ValueError(f"kernel {name!r} was built for {co.arch}, the device is {dev.arch}")
-        self.name, self.info = name, co.kernels[name]
-        self.image_mem = dev.upload_code_object(lib, co.image)
-        desc = co.image[self.info.descriptor_offset:self.info.descriptor_offset + 64]
-        entry_offset = struct.unpack_from("<q", desc, 16)[0]
-        self.rsrc3, self.rsrc1, self.rsrc2, self.properties = struct.unpack_from("<IIIH", desc, 44)
-        self.entry = self.image_mem.va + self.info.descriptor_offset + entry_offset
-        if self.entry % 256:
-            raise ValueError(f"kernel {name!r}: entry 0x{self.entry:x} is not 256-byte aligned (COMPUTE_PGM_LO "
-                             f"holds address >> 8)")
-        if self.info.private_segment_fixed_size and not dev.os.mock:
-            raise NotImplementedError(f"kernel {name!r} needs {self.info.private_segment_fixed_size} bytes of scratch "
-                                      f"per work-item: scratch memory is not set up by this runtime yet")
-        self.wave32 = self.info.wavefront_size == 32
-        self.args_bytes = _round_up(self.info.kernarg_size, 64)
-        self.block_bytes = self.args_bytes + DISPATCH_PACKET_BYTES
-        self.buffer_args = [a for a in self.info.explicit_args if a.value_kind == "global_buffer"]
-        self.value_args = [a for a in self.info.explicit_args if a.value_kind == "by_value"]
-        self.max_threads = self.info.max_flat_workgroup_size or 1024
-
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - few distinct launch shapes per kernel
-    def launch_dims(self, global_size: tuple[int, ...], local_size: tuple[int, ...] | None
-                    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """``(groups, work-group)`` covering ``global_size`` work-items exactly (3 dimensions, innermost first).
-
-        Without a ``local_size`` each dimension takes the largest divisor of its size that still fits
-        (256 work-items in all), so no partial work-groups exist.
-        """
-        g = [int(x) for x in global_size] + [1] * (3 - len(global_size))
-        if local_size is not None:
-            loc = [int(x) for x in local_size] + [1] * (3 - len(local_size))
-            if any(x % n for x, n in zip(g, loc)) or loc[0] * loc[1] * loc[2] > self.max_threads:
-                raise ValueError(f"kernel {self.name}: local size {tuple(loc)} must divide the global size {tuple(g)} "
-                                 f"and hold at most {self.max_threads} work-items")
-        else:
-            budget, loc = min(256, self.max_threads), []
-            for size in g:
-                b = next(d for d in range(min(size, budget), 0, -1) if size % d == 0) if size else 1
-                loc.append(b)
-                budget //= b
-        groups = (g[0] // loc[0], g[1] // loc[1], g[2] // loc[2])
-        return groups, (loc[0], loc[1], loc[2])
-
-
-class KernargPool:
-    """Argument blocks in host-visible GTT memory; a freed block is reused once the timeline passed its last use."""
-
-    CHUNK = 1 << 20
-
-    def __init__(self, dev: AMDDevice):
-        self.dev = dev
-        self.free: dict[int, list[tuple[int, int]]] = {}  # size class -> [(address, timeline value it waits for)]
-        self.cursor, self.end = 0, 0
-        self.lock = threading.Lock()
-
-    def take(self, nbytes: int) -> tuple[int, int]:
-        size = max(256, 1 << (nbytes - 1).bit_length())
-        with self.lock:
-            done = self.dev.timeline.signal.value
-            bucket = self.free.get(size, [])
-            for i, (addr, tag) in enumerate(bucket):
-                if tag <= done:
-                    bucket.pop(i)
-                    return addr, size
-            if self.cursor + size > self.end:
-                mem = self.dev.mem_alloc(max(self.CHUNK, size), vram=False, host=True, uncached=True)
-                self.cursor, self.end = mem.va, mem.va + mem.size
-            addr, self.cursor = self.cursor, self.cursor + size
-            return addr, size
-
-    def give(self, addr: int, size: int, tag: int) -> None:
-        with self.lock:
-            self.free.setdefault(size, []).append((addr, tag))
-
-
-class AMDKernelArgs(KernelArgs):
-    """The kernarg segment of one launch in GTT: explicit arguments at the metadata's offsets, hidden arguments
-    (work-group sizes and counts, grid dimensions) written when the launch is encoded, then a dispatch packet."""
-
-    def __init__(self, kernel: AMDKernel, dev: AMDDevice, bufs: Sequence[AMDBuffer], vals: Sequence[int] = ()):
-        # buffers past the kernel's parameters are ones its code never touches (the renderer left them out)
-        if len(bufs) < len(kernel.buffer_args) or len(vals) != len(kernel.value_args):
-            raise ValueError(f"kernel {kernel.name} takes {len(kernel.buffer_args)} buffers and "
-                             f"{len(kernel.value_args)} values, got {len(bufs)} and {len(vals)}")
-        super().__init__(bufs, vals)
-        self.kernel, self.dev = kernel, dev
-        self.address, size = dev.kernargs.take(kernel.block_bytes)
-        weakref.finalize(self, _release_kernargs, dev, self.address, size)
-        ctypes.memset(self.address, 0, kernel.block_bytes)
-        self.launch: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-        self.last_use = 0  # the timeline value of the latest submission that launches with this block
-        for i, b in enumerate(bufs):
-            self.update_buffer(i, b)
-        for i, v in enumerate(vals):
-            self.update_var(i, v)
-
-    def _put(self, offset: int, size: int, value: int) -> None:
-        ctypes.memmove(self.address + offset, (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), size)
-
-    def update_buffer(self, index: int, buf: Any) -> None:
-        if not 0 <= index < len(self.bufs):
-            raise IndexError(f"kernel {self.kernel.name} has {len(self.bufs)} buffers, no buffer {index}")
-        super().update_buffer(index, buf)
-        if index < len(self.kernel.buffer_args):
-            a = self.kernel.buffer_args[index]
-            self._put(a.offset, a.size, buf.va)
-
-    def update_var(self, index: int, value: int) -> None:
-        if not 0 <= index < len(self.vals):
-            raise IndexError(f"kernel {self.kernel.name} has {len(self.vals)} runtime values, no value {index}")
-        super().update_var(index, value)
-        a = self.kernel.value_args[index]
-        self._put(a.offset, a.size, int(value))
-
-    def set_launch(self, groups: tuple[int, int, int], local: tuple[int, int, int]) -> None:
-        """Write the hidden arguments and the dispatch packet for this launch shape (once per shape)."""
-        if self.launch == (groups, local):
-            return
-        if self.launch is not None and self.last_use:  # a queued launch of another shape may still read this block
-            self.dev.timeline.signal.wait(self.last_use, timeout=self.dev.timeout)
-        self.launch = (groups, local)
-        values: dict[str, int] = {"hidden_grid_dims": 3}
-        for i, axis in enumerate("xyz"):
-            values[f"hidden_block_count_{axis}"] = groups[i]
-            values[f"hidden_group_size_{axis}"] = local[i]
-            values[f"hidden_remainder_{axis}"] = 0
-            values[f"hidden_global_offset_{axis}"] = 0
-        for a in self.kernel.info.args:
-            if a.value_kind.startswith("hidden_"):  # those without a defined meaning here stay zero
-                self._put(a.offset, a.size, values.get(a.value_kind, 0))
-        # hsa_kernel_dispatch_packet_t, for kernels that read their sizes through the dispatch pointer
-        k = self.kernel
-        packet = struct.pack("<HHHHHHIIIIIQQQQ", 0, 3, *local, 0, *(g * n for g, n in zip(groups, local)),
-                             k.info.private_segment_fixed_size, k.info.group_segment_fixed_size,
-                             k.image_mem.va + k.info.descriptor_offset, self.address, 0, 0)
-        ctypes.memmove(self.address + k.args_bytes, packet, len(packet))
-
-
-def _release_kernargs(dev: AMDDevice, address: int, size: int) -> None:
-    # a queued launch may still read the block: it is reused only once the timeline passed what was handed out
-    dev.kernargs.give(address, size, dev.timeline.last)
+        ctl = round_up((8 if gfx9 else 12) * waves + 8 + 40, PAGE)
+        ctx = ctl + round_up((vgprs + 0x4000 + 0x10000 + 0x1000) * cus, PAGE)
+    debug = round_up(waves * 32, 64)
+    return ctl, ctx, round_up((ctx + debug) * xccs, PAGE)
 
 
 # --- queues ------------------------------------------------------------------------------------------------
@@ -588,7 +229,7 @@ class AMDDevice(Compiled, HCQDevice):
     def mem_alloc(self, nbytes: int, vram: bool, host: bool, uncached: bool = False,
                   executable: bool = False) -> GPUMemory:
         """Reserve an address range, allocate VRAM or GTT there, map it to the GPU and (``host``) into the process."""
-        size = _round_up(max(nbytes, 1), PAGE)
+        size = round_up(max(nbytes, 1), PAGE)
         va = self.os.mmap(0, size, kfd.PROT_NONE, kfd.MAP_PRIVATE | kfd.MAP_ANONYMOUS | kfd.MAP_NORESERVE, -1, 0)
         flags = (kfd.MEM_VRAM if vram else kfd.MEM_GTT) | kfd.MEM_WRITABLE | kfd.MEM_NO_SUBSTITUTE
         flags |= (kfd.MEM_PUBLIC if vram and host else 0) | (kfd.MEM_EXECUTABLE if executable else 0)
@@ -729,7 +370,7 @@ class AMDDevice(Compiled, HCQDevice):
         args.set_launch(groups, local)
         user: list[int] = []
         dispatch_ptr = args.address + kernel.args_bytes
-        for bit, what, count in _USER_SGPRS:
+        for bit, what, count in USER_SGPRS:
             if kernel.properties & (1 << bit):
                 value = {"dispatch_ptr": dispatch_ptr, "kernarg_segment_ptr": args.address}.get(what, 0)
                 user += [value & 0xFFFFFFFF, value >> 32, 0, 0][:count]

@@ -15,9 +15,10 @@ import pytest
 pytest.importorskip("pyopencl", reason="the mock runs kernels through PyOpenCL + PoCL")
 
 from ember_amd import pm4  # noqa: E402
-from ember_amd.device import AMDDevice, AMDSignal  # noqa: E402
+from ember_amd.device import AMDDevice  # noqa: E402
 from ember_amd.mock_kfd import MockKFD  # noqa: E402
 from ember_amd.renderer import PRELUDE_BEGIN, PRELUDE_END  # noqa: E402
+from ember_amd.signals import AMDSignal  # noqa: E402
 from ember_amd.toolchain import toolchain_problem  # noqa: E402
 
 from ember.device import Exec, HCQTimeoutError  # noqa: E402
