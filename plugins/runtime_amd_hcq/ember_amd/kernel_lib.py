@@ -7,11 +7,10 @@ What the kernels need is written here in plain OpenCL C: arithmetic, ``as_type``
 and the clang builtins that become single LLVM intrinsics (``sqrt``, ``trunc``, ``rint``,
 ``fabs``), so the same text also builds for a CPU (the mock GPU compiles kernels with PoCL).
 
-Accuracy (measured against numpy in the tests): double-precision ``exp`` and ``exp2`` within 1 ulp,
-``log`` and ``log2`` within 3, ``sin`` within 2 (Cody-Waite reduction by pi/2 below 2**19,
-Payne-Hanek above), ``pow`` is
-``exp(y*log|x|)`` (its relative error grows with ``|y*log x|``: up to ~1e-13 for float64, far below
-float32's ulp). float32 functions are computed by these in double and rounded once, so they are
+Accuracy (measured against numpy in the tests): double-precision ``exp``, ``exp2``, ``log``, ``log2``
+and ``pow`` within 1 ulp (the logarithm is carried in double-double: log(m) = 2*atanh((m-1)/(m+1));
+``pow`` is ``exp(y*log|x|)`` with the product in double-double), ``sin`` within 2 (Cody-Waite reduction
+by pi/2 below 2**19, Payne-Hanek above). float32 functions are computed by these in double and rounded once, so they are
 within 1 ulp of the exact result. ``fmod`` is exact.
 
 The helpers are inlined; a kernel with many math calls calls the out-of-line ``*_call`` entry points
@@ -47,14 +46,16 @@ static inline double ember_exp_poly(double r) {
   return 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040
     + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600
     + r * (1.0 / 6227020800.0))))))))))))); }
-static inline double ember_exp(double x) {
+/* e**(x + lo) for a double-double argument (lo below x's last bit), within 1 ulp */
+static inline double ember_exp_dd(double x, double lo) {
   if (x != x) return x;
   if (x > 709.79) return as_double(0x7ff0000000000000L);
   if (x < -745.2) return 0.0;
   double k = __builtin_rint(x * 1.4426950408889634);
   /* ln 2 in two parts: k * hi is exact for |k| < 2**11 */
-  double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+  double r = ((x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10) + lo;
   return ember_ldexp(ember_exp_poly(r), (int)k); }
+static inline double ember_exp(double x) { return ember_exp_dd(x, 0.0); }
 static inline double ember_exp2(double x) {
   if (x != x) return x;
   if (x > 1024.0) return as_double(0x7ff0000000000000L);
@@ -64,18 +65,31 @@ static inline double ember_exp2(double x) {
 """, ("ldexp",))
 
 _block("log", """
-/* log|x| = e*ln2 + log(m), m in [sqrt(1/2), sqrt(2)): log(m) = 2*atanh(s), s = (m-1)/(m+1), |s| < 0.172 */
-static inline double ember_log_parts(double x, double* e_out) {
+/* the rounding error of a * b (Dekker's product, no fma needed: a and b are split in 26-bit halves) */
+static inline double ember_mul_err(double a, double b, double p) {
+  double ca = 134217729.0 * a, ah = ca - (ca - a), al = a - ah;
+  double cb = 134217729.0 * b, bh = cb - (cb - b), bl = b - bh;
+  return ((ah * bh - p) + ah * bl + al * bh) + al * bl; }
+/* log(x) for finite x > 0 as hi + *lo (about 2**-60 relative: what pow needs to be within a few ulp) */
+static inline double ember_log_dd(double x, double* lo) {
   double e = 0.0;
   if (x < 2.2250738585072014e-308) { x *= 18014398509481984.0; e = -54.0; }
   long bits = as_long(x);
   e += (double)((int)((bits >> 52) & 0x7ff) - 1023);
   double m = as_double((bits & 0x000fffffffffffffL) | 0x3ff0000000000000L);
   if (m > 1.4142135623730951) { m *= 0.5; e += 1.0; }
-  double s = (m - 1.0) / (m + 1.0), z = s * s;
-  *e_out = e;
-  return 2.0 * s * (1.0 + z * (1.0 / 3 + z * (1.0 / 5 + z * (1.0 / 7 + z * (1.0 / 9 + z * (1.0 / 11 + z * (1.0 / 13
-    + z * (1.0 / 15 + z * (1.0 / 17 + z * (1.0 / 19 + z * (1.0 / 21 + z * (1.0 / 23)))))))))))); }
+  double f = m - 1.0;                                              /* exact */
+  double u = m + 1.0, ub = u - 1.0, ue = (1.0 - (u - ub)) + (m - ub); /* m + 1 == u + ue exactly */
+  double s = f / u, p = s * u;
+  double s_lo = (((f - p) - ember_mul_err(s, u, p)) - s * ue) / u;  /* f / (m + 1) == s + s_lo */
+  double z = s * s;
+  double tail = 2.0 * s * z * (1.0 / 3 + z * (1.0 / 5 + z * (1.0 / 7 + z * (1.0 / 9 + z * (1.0 / 11 + z * (1.0 / 13
+    + z * (1.0 / 15 + z * (1.0 / 17 + z * (1.0 / 19 + z * (1.0 / 21 + z * (1.0 / 23)))))))))));
+  double a = e * 6.93147180369123816490e-01, b = 2.0 * s, hi = a + b, hb = hi - a;
+  double rest = ((a - (hi - hb)) + (b - hb)) + (e * 1.90821492927058770002e-10 + 2.0 * s_lo + tail);
+  double h = hi + rest;
+  *lo = rest - (h - hi);
+  return h; }
 static inline double ember_log_special(double x) {
   if (x != x) return x;
   if (x < 0.0) return as_double(0x7ff8000000000000L);
@@ -83,12 +97,12 @@ static inline double ember_log_special(double x) {
   return x; /* +inf */ }
 static inline double ember_log(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
-  double e, p = ember_log_parts(x, &e);
-  return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + p); }
+  double lo;
+  return ember_log_dd(x, &lo); }
 static inline double ember_log2(double x) {
   if (!(x > 0.0) || x == as_double(0x7ff0000000000000L)) return ember_log_special(x);
-  double e, p = ember_log_parts(x, &e);
-  return e + p * 1.4426950408889634; }
+  double lo, h = ember_log_dd(x, &lo), p = h * 1.4426950408889634; /* log2(e) = 1.4426950408889634 + 2.0355e-17 */
+  return p + (ember_mul_err(h, 1.4426950408889634, p) + (h * 2.0355273740931033e-17 + lo * 1.4426950408889634)); }
 """)
 
 def _two_over_pi_chunks(count: int = 56) -> list[int]:
@@ -175,7 +189,13 @@ static inline double ember_pow(double x, double y) {
   double ax = __builtin_fabs(x);
   if (x < 0.0 && !yint && ax != as_double(0x7ff0000000000000L)) return as_double(0x7ff8000000000000L);
   if (ax == 1.0) return (neg && yodd) ? -1.0 : 1.0; /* (-1)**(+-inf) == 1 */
-  double r = ax == 0.0 ? (y > 0.0 ? 0.0 : as_double(0x7ff0000000000000L)) : ember_exp(y * ember_log(ax));
+  double r;
+  if (ax == 0.0 || ax == as_double(0x7ff0000000000000L)) {
+    r = (y > 0.0) == (ax != 0.0) ? as_double(0x7ff0000000000000L) : 0.0;
+  } else { /* exp(y * log|x|) with the product carried in double-double */
+    double l_lo, l = ember_log_dd(ax, &l_lo), p = y * l;
+    r = !(__builtin_fabs(p) < 1000.0) ? ember_exp(p) : ember_exp_dd(p, ember_mul_err(y, l, p) + y * l_lo);
+  }
   return (neg && yodd) ? -r : r; }
 """, ("exp", "log"))
 
