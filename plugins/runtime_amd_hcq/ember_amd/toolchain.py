@@ -8,7 +8,8 @@ Kernels read their work-group size from the hidden kernel arguments of code-obje
 (``__builtin_amdgcn_workgroup_size_x``), so every code object is built as version 5. clang-15's
 driver links with the first ``ld.lld`` on its search path, and lld 14 (Debian's default
 ``ld.lld``) rejects version-5 objects ("unknown abi version"): a clang older than 19 is paired
-with a newer lld through a private ``-B`` folder holding an ``ld.lld`` link to it.
+with the newest lld installed (``ld.lld-N``, N >= 15) through a private ``-B`` folder holding an
+``ld.lld`` link to it; the probe build checks that the pair links a version-5 code object.
 """
 from __future__ import annotations
 
@@ -118,10 +119,11 @@ def find_toolchain(arch: str) -> Toolchain:
         major = _major(version)
         options: tuple[str, ...] = ()
         if 0 < major < 19:
-            lld = _lld_dir(max(major, 17))
+            # the newest lld there is; whether it links version 5 is what the probe build below finds out
+            lld = _lld_dir(15)
             if lld is None:
-                tried.append(f"{clang} (clang {major}): no ld.lld 17 or newer to link code-object v5 "
-                             "(apt install lld-19)")
+                tried.append(f"{clang} (clang {major}): no ld.lld 15 or newer (Debian's ld.lld 14 cannot link "
+                             "code-object v5; apt install lld-19)")
                 continue
             options = ("-B", lld)
         error = _try(clang, arch, options)
