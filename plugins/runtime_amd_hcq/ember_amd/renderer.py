@@ -153,7 +153,7 @@ class AMDRenderer(CStyleRenderer):
             raise ValueError(f"max_workgroup must be in [1, 1024] (the hardware's limit), got {self.max_workgroup}")
         self.shared_max = int(lds_size)
         self.local_max = (self.max_workgroup,) * 3
-        # AQL grid sizes are 32-bit per dimension; kernels compute ids in 32-bit registers
+        # a dispatch's grid is 32-bit per dimension (AQL grid sizes, PM4 group counts); ids are 32-bit values
         self.global_max = (2 ** 32 - 1,) * 3
         self.tensor_cores = tensor_cores_for(arch) if self.wave_size == 32 else ()
         self.variant = f"{arch}:w{self.wave_size}:wg{self.max_workgroup}"
@@ -164,17 +164,17 @@ class AMDRenderer(CStyleRenderer):
     def from_properties(cls, properties: Mapping[str, int], device: str = "AMD") -> AMDRenderer:
         """A renderer for a KFD topology node (``/sys/class/kfd/kfd/topology/nodes/N/properties``).
 
-        Reads ``gfx_target_version`` (e.g. 110000 -> gfx1100, 90402 -> gfx942), ``wave_front_size`` and
-        ``lds_size_in_kb``. ``ValueError`` when the node has no gfx target (a CPU node).
+        Reads ``gfx_target_version`` (e.g. 110000 -> gfx1100, 90402 -> gfx942) and ``lds_size_in_kb``. The wave
+        size is the target's default, the one clang compiles for (RDNA could also run wave64 code, which ember
+        does not build). ``ValueError`` when the node has no gfx target (a CPU node).
         """
         version = properties.get("gfx_target_version")
         if not isinstance(version, int) or version <= 0:
             raise ValueError(f"KFD node properties lack a gfx_target_version (got {version!r}): not a GPU node")
         major, minor, step = version // 10000, (version // 100) % 100, version % 100
         arch = f"gfx{major}{minor:x}{step:x}"
-        wave = properties.get("wave_front_size")
         lds_kb = properties.get("lds_size_in_kb", 64)
-        return cls(arch, wave_size=int(wave) if wave else None, lds_size=int(lds_kb) * 1024, device=device)
+        return cls(arch, lds_size=int(lds_kb) * 1024, device=device)
 
     def __repr__(self) -> str:
         return f"<AMDRenderer {self.arch} wave{self.wave_size} for {self.device}>"

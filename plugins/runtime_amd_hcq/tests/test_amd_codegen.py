@@ -63,7 +63,8 @@ def test_capabilities_per_target():
 def test_from_kfd_properties():
     r = AMDRenderer.from_properties({"gfx_target_version": 90402, "wave_front_size": 64, "lds_size_in_kb": 64})
     assert (r.arch, r.wave_size, r.shared_max) == ("gfx942", 64, 65536)
-    assert AMDRenderer.from_properties({"gfx_target_version": 110000}).arch == "gfx1100"
+    rdna = AMDRenderer.from_properties({"gfx_target_version": 110000, "wave_front_size": 64, "lds_size_in_kb": 64})
+    assert (rdna.arch, rdna.wave_size) == ("gfx1100", 32)  # clang's default for RDNA, whatever KFD reports
     assert AMDRenderer.from_properties({"gfx_target_version": 90010}).arch == "gfx90a"
     with pytest.raises(ValueError, match="gfx_target_version"):
         AMDRenderer.from_properties({"gfx_target_version": 0, "simd_count": 0})
