@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Device plugins installed (editable) into the development environment, next to the core.
-PLUGINS := plugins/runtime_cpu plugins/runtime_opencl plugins/runtime_cuda plugins/runtime_metal
+PLUGINS := plugins/runtime_cpu plugins/runtime_opencl plugins/runtime_cuda plugins/runtime_metal plugins/runtime_amd_hcq
 # The pip requirement for each plugin: the OpenCL plugin comes with its `pocl` extra, a CPU OpenCL
 # platform from PyPI, so the CL device works on machines without a GPU driver, unless the system has
 # PoCL already (`make sysdeps` installs Debian's, which also works on CPUs PyPI's PoCL cannot target).

@@ -51,6 +51,12 @@ stage "conformance suite (casts), CPU with clang" \
 hcq_tests=$(ls tests/backend/test_jit.py 2>/dev/null)
 stage "conformance suite${hcq_tests:+ and JIT tests}, CPU on HCQ (CPU_HCQ=1)" \
     env CPU_HCQ=1 DEV=CPU "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CPU $hcq_tests
+# the AMD device against the mock KFD: queues, packets, signals and memory as the runtime drives them, each
+# dispatch run by the same kernel built for the CPU with PoCL (this checks ember's side, not AMD's instructions)
+if [ -d plugins/runtime_amd_hcq ]; then
+    stage "conformance suite, AMD on the mock KFD (AMD_MOCK=1)" \
+        env AMD_MOCK=1 "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=AMD --fuzz-graphs 40
+fi
 if "$PY" -m pytest --collect-only -q -m corpus $PLUGIN_TESTS >/dev/null 2>&1; then
     stage "compile checks of the kernel corpus (targets without hardware here)" \
         env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -n 2 -m corpus $PLUGIN_TESTS

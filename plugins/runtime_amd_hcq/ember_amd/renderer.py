@@ -134,6 +134,9 @@ class AMDRenderer(CStyleRenderer):
 
     kernel_prefix = "EMBER_KERNEL "
     buffer_prefix = "__global "
+    # local memory and barriers of grouped reductions (GROUP/GROUPTOP), through the prelude's macros
+    local_prefix = "EMBER_LOCAL "
+    barrier = "EMBER_BARRIER();"
     restrict = "restrict"
     has_local = True
     has_shared = True
