@@ -20,6 +20,7 @@ FACADE = ("ember.device", "ember.renderer", "ember.dtype", "ember.ir")
 #: file (relative to plugins/) -> the extra core modules it may import
 TOOLS = {
     "runtime_cuda/ember_cuda/corpus_check.py": ("ember.codegen", "ember.engine.corpus"),
+    "runtime_amd_hcq/ember_amd/corpus_check.py": ("ember.codegen", "ember.engine.corpus"),
 }
 
 
