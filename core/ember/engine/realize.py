@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus, runtime_consts
-from ember.helpers import DEBUG, GlobalCounters, colored
+from ember.helpers import DEBUG, GlobalCounters, colored, getenv
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.schedule import ScheduleItem
@@ -136,7 +137,35 @@ def _copy_through_host(dest: Buffer, src: Buffer, dest_dev: Any) -> None:
         dest.copyin(memoryview(src.as_bytes()))
 
 
-method_cache: dict[tuple[str, UOp], CompiledRunner] = {}
+class KernelCache(OrderedDict):
+    """The process's compiled kernels by (device, ast), bounded: least recently used first out.
+
+    A loaded kernel holds process resources (a CPU kernel is a shared library: a handful of memory
+    mappings, of which a process may have only about 65,000), so a long run that builds ever new kernels
+    (random graphs, changing shapes) would otherwise fail to load one after some ten thousand. An evicted
+    kernel is unloaded once nothing uses it (a TinyJit keeps its own), and built again from the disk cache
+    if it comes back. ``KERNEL_CACHE_SIZE`` (default 2048) sets the bound; 0 means no bound.
+    """
+
+    def __init__(self, maxsize: int | None = None):
+        super().__init__()
+        self.maxsize = int(getenv("KERNEL_CACHE_SIZE", 2048)) if maxsize is None else maxsize
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The kernel for ``key`` (now the most recently used), or ``default``."""
+        if key in self:
+            self.move_to_end(key)
+            return super().__getitem__(key)
+        return default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while self.maxsize > 0 and len(self) > self.maxsize:
+            self.popitem(last=False)
+
+
+method_cache: KernelCache = KernelCache()
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
