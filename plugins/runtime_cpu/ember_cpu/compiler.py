@@ -67,8 +67,9 @@ class CPUCompiler(BatchCompiler):
     """Compiles C source to a shared object (``.so``), returned as packed
     :class:`~ember.device.batch_compiler.KernelBinary` bytes."""
 
-    #: a kernel: ``void NAME(void** bufs, const long long* vals)`` at the start of a line
-    kernel_pattern = re.compile(r"^void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
+    #: a kernel: ``void NAME(void** bufs, const long long* vals)`` at the start of a line, after any
+    #: attribute macros (the renderer marks fused tiles ``EMBER_FUSED_TILE void ...``)
+    kernel_pattern = re.compile(r"^(?:[A-Z_][A-Z0-9_]*\s+)*void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
     #: each build is its own compiler process: a batch is split across the cores
     parallel_builds = os.cpu_count() or 1
 
