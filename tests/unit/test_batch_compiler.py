@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 
@@ -75,8 +76,31 @@ def test_groups_respect_max_batch_and_parallel_builds():
     assert [t.count("kernel ") for t in c.built] == [3, 3, 1]
     p = FakeCompiler(parallel=2)
     out = p.compile_batch([src(f"k{i}") for i in range(5)])
-    assert sorted(t.count("kernel ") for t in p.built) == [2, 3] and len(out) == 5
-    assert [KernelBinary.unpack(b).symbol.split("_", 2)[2] for b in out] == [f"k{i}" for i in range(5)]
+    # two slots: about three groups each, of two kernels at least
+    assert sorted(t.count("kernel ") for t in p.built) == [1, 2, 2] and len(out) == 5
+    for i, kb in enumerate(KernelBinary.unpack(b) for b in out):  # each binary holds its own kernel
+        assert f"kernel k{i}(" in kb.program.decode() and kb.symbol in ("", f"ember_b{i % 2}_k{i}")
+    many = FakeCompiler(parallel=2)
+    many.compile_batch([src(f"k{i}") for i in range(30)])
+    assert sorted(t.count("kernel ") for t in many.built) == [5] * 6
+
+
+def test_a_slow_group_holds_up_one_slot_not_half_the_batch():
+    """While one program builds slowly, the other slot builds the rest of the batch."""
+    built_while_slow: list[int] = []
+
+    class SlowFirst(FakeCompiler):
+        def build(self, text: str) -> bytes:
+            if "SLOW" in text:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and sum(t.count("kernel ") for t in self.built) < 10:
+                    time.sleep(0.005)
+                built_while_slow.append(sum(t.count("kernel ") for t in self.built))
+            return super().build(text)
+
+    c = SlowFirst(parallel=2)
+    out = c.compile_batch([src("k0", "SLOW"), *(src(f"k{i}") for i in range(1, 12))])
+    assert len(out) == 12 and built_while_slow == [10]  # the other five groups of two, all by the other slot
 
 
 def test_a_failing_batch_is_rebuilt_alone_and_names_the_bad_source():

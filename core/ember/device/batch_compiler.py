@@ -96,6 +96,12 @@ class BatchCompiler(Compiler):
     #: how many builds may run at once (a compiler in its own process can use every core; a driver
     #: that serializes its builds gains nothing from more than 1)
     parallel_builds: int = 1
+    #: with several builds at once, a batch is cut into about this many groups per build slot, each taken
+    #: by whichever slot is free: build times vary a lot (one C kernel can take a second, its neighbours
+    #: 50 ms), and one slow group then holds up one slot for a while instead of half the batch
+    groups_per_build: int = 3
+    #: ... but no smaller than this many kernels (each program pays the build's fixed cost once)
+    min_group: int = 2
 
     def __init__(self, cachekey: str | None):
         # the packed format is part of what a cache entry holds: entries of plain binaries never match
@@ -110,11 +116,13 @@ class BatchCompiler(Compiler):
         return KernelBinary("", self.build(src)).pack()
 
     def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
-        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and split in
-        up to ``parallel_builds`` programs built at the same time."""
+        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and, when
+        ``parallel_builds`` > 1, about ``groups_per_build`` programs per build slot (of ``min_group``
+        kernels at least), handed in order to whichever slot is free."""
         if not srcs:
             return []
-        count = max(-(-len(srcs) // self.max_batch), min(self.parallel_builds, len(srcs)))
+        spread = self.parallel_builds * self.groups_per_build if self.parallel_builds > 1 else 1
+        count = max(-(-len(srcs) // self.max_batch), min(spread, -(-len(srcs) // self.min_group)))
         size = -(-len(srcs) // count)
         groups = [srcs[i:i + size] for i in range(0, len(srcs), size)]
         if len(groups) == 1:
