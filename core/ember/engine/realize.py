@@ -3,16 +3,17 @@
 A kernel AST is compiled once per device: ``method_cache`` maps (device, ast) to a
 :class:`CompiledRunner`, and the device's compiler keeps its own memory + disk cache keyed by
 source, so a second process compiles nothing. :func:`lower_schedule` lowers a whole schedule
-before anything runs and hands the device compiler all its new kernels at once
-(:meth:`~ember.device.compiler.Compiler.compile_cached_many`), so a driver with a high cost per
-build pays it once per schedule rather than once per kernel.
+before anything runs and hands the device compiler all its new kernels together
+(:meth:`~ember.device.compiler.Compiler.compile_cached_stream`), so a driver with a high cost per
+build pays it once per schedule rather than once per kernel, and one that builds in other processes
+overlaps the builds with rendering.
 """
 from __future__ import annotations
 
 import dataclasses
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,18 +173,26 @@ def program_for(device: str, ast: UOp) -> ProgramSpec:
 
 
 def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
-    """Lower every kernel of ``schedule`` missing from ``method_cache`` and compile them, one batch per device."""
-    pending: dict[tuple[str, UOp], ProgramSpec] = {}
-    for si in schedule:
-        if si.ast.op is not Ops.COPY:
-            key = (si.bufs[0].device, si.ast)
-            if key not in method_cache and key not in pending:
-                pending[key] = program_for(*key)
+    """Lower every kernel of ``schedule`` missing from ``method_cache`` and compile them, one batch per device.
+
+    The device compiler gets the sources as they are rendered
+    (:meth:`~ember.device.compiler.Compiler.compile_cached_stream`): one that builds in other
+    processes starts on the first kernels while Python renders the rest."""
+    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule if si.ast.op is not Ops.COPY)
+    pending = [key for key in new_keys if key not in method_cache]
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
-        binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
-        for key, binary in zip(keys, binaries):
-            method_cache[key] = CompiledRunner(device, pending[key], binary, ast_var_names(key[1]))
+        specs: list[ProgramSpec] = []
+        binaries = Device[device].compiler.compile_cached_stream(_render(keys, specs))
+        for key, spec, binary in zip(keys, specs, binaries):
+            method_cache[key] = CompiledRunner(device, spec, binary, ast_var_names(key[1]))
+
+
+def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec]) -> Iterator[str]:
+    """Each kernel's source, rendered when asked for; its program spec is appended to ``specs``."""
+    for key in keys:
+        specs.append(program_for(*key))
+        yield specs[-1].src
 
 
 def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
