@@ -106,6 +106,21 @@ class Compiler(abc.ABC):
         """
         return self.compile_cached_many(list(srcs))
 
+    def quick_tier(self) -> Compiler | None:
+        """A compiler for a cheaper build of the same sources, run first when tiered compilation is on
+        (``TIERED=1``, :mod:`ember.engine.tiers`), or ``None`` (the default: no quick tier).
+
+        Its binaries must load through the same runtime, and its ``cachekey`` must differ from this
+        compiler's (it makes other binaries). Its results may differ in the last bits (contraction into
+        fused multiply-adds follows the optimizer), never otherwise."""
+        return None
+
+    def background(self) -> Compiler:
+        """The compiler to make the optimized builds with while kernels already run from quick ones (same
+        binaries, same cache entries). The default is this compiler; one that builds in other processes may
+        return a copy that runs them at a low priority, so they take the cores the program leaves idle."""
+        return self
+
     def cached(self, src: str) -> bytes | None:
         """``src``'s binary from the memory or disk cache, or ``None`` (then it must be compiled)."""
         binary = self.memory_cache.get(src)

@@ -22,7 +22,7 @@ from ember.codegen import ProgramSpec, get_program
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
-from ember.engine import corpus, runtime_consts
+from ember.engine import corpus, runtime_consts, tiers
 from ember.helpers import DEBUG, GlobalCounters, colored
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
@@ -64,6 +64,16 @@ class CompiledRunner(Runner):
             dev.compiler.invalidate(spec.src)
             self.binary = dev.compiler.compile_cached(spec.src)
             self.program = dev.runtime(spec.name, self.binary)
+
+    def load(self, binary: bytes) -> bool:
+        """Run ``binary`` (another build of this kernel's source) from now on; False when the runtime refuses it
+        (the current program stays)."""
+        try:
+            program = Device[self.device].runtime(self.spec.name, binary)
+        except Exception:  # noqa: BLE001  (a build the runtime will not load: keep the one that works)
+            return False
+        self.binary, self.program = binary, program
+        return True
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
@@ -182,10 +192,17 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
     pending = [key for key in new_keys if key not in method_cache]
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
+        compiler = Device[device].compiler
         specs: list[ProgramSpec] = []
-        binaries = Device[device].compiler.compile_cached_stream(_render(keys, specs))
+        quick = None
+        if tiers.enabled():
+            specs = [program_for(*key) for key in keys]
+            quick = tiers.quick_binaries(compiler, [spec.src for spec in specs])
+        binaries = quick[0] if quick is not None else compiler.compile_cached_stream(_render(keys, specs))
         for key, spec, binary in zip(keys, specs, binaries):
             method_cache[key] = CompiledRunner(device, spec, binary, ast_var_names(key[1]))
+        if quick is not None and quick[1]:
+            tiers.upgrade_later(compiler, [method_cache[keys[i]] for i in quick[1]])
 
 
 def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec]) -> Iterator[str]:
@@ -257,6 +274,8 @@ def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
 
     Float constants that changed since an earlier kernel of the same shape become input buffers first
     (:mod:`ember.engine.runtime_consts`), so a Python float that changes every step compiles once."""
+    if tiers.pending:
+        tiers.apply()
     schedule = [runtime_consts.parameterize(si, method_cache) for si in schedule]
     _compile_new_kernels(schedule)
     return [lower_schedule_item(si) for si in schedule]
