@@ -194,15 +194,15 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         keys = [key for key in pending if key[0] == device]
         compiler = Device[device].compiler
         specs: list[ProgramSpec] = []
-        quick = None
-        if tiers.enabled():
-            specs = [program_for(*key) for key in keys]
-            quick = tiers.quick_binaries(compiler, [spec.src for spec in specs])
-        binaries = quick[0] if quick is not None else compiler.compile_cached_stream(_render(keys, specs))
+        slow: list[int] = []  # kernels running from a quick build, to upgrade
+        if tiers.enabled() and compiler.quick_tier() is not None:
+            binaries, slow = tiers.quick_binaries(compiler, _render(keys, specs))
+        else:
+            binaries = compiler.compile_cached_stream(_render(keys, specs))
         for key, spec, binary in zip(keys, specs, binaries):
             method_cache[key] = CompiledRunner(device, spec, binary, ast_var_names(key[1]))
-        if quick is not None and quick[1]:
-            tiers.upgrade_later(compiler, [method_cache[keys[i]] for i in quick[1]])
+        if slow:
+            tiers.upgrade_later(compiler, [method_cache[keys[i]] for i in slow])
 
 
 def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec]) -> Iterator[str]:

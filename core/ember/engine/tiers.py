@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ember.device.compiler import Compiler
@@ -44,20 +44,26 @@ def enabled() -> bool:
     return bool(getenv("TIERED", 0))
 
 
-def quick_binaries(compiler: Compiler, srcs: Sequence[str]) -> tuple[list[bytes], list[int]] | None:
-    """Binaries for ``srcs``: the optimized one where it is cached, else a quick build.
-
-    Returns them with the indices of the quick ones (to upgrade later), or ``None`` when ``compiler``
-    has no quick tier (then compile as usual)."""
+def quick_binaries(compiler: Compiler, srcs: Iterable[str]) -> tuple[list[bytes], list[int]]:
+    """Binaries for ``srcs`` (which may still be being rendered): the optimized one where it is cached, else a
+    build by ``compiler.quick_tier()`` (which must exist). Returns them with the indices of the quick ones."""
     quick = compiler.quick_tier()
     if quick is None:
-        return None
-    binaries = [compiler.cached(src) for src in srcs]
-    slow = [i for i, b in enumerate(binaries) if b is None]
-    built = quick.compile_cached_stream([srcs[i] for i in slow])
-    for i, binary in zip(slow, built):
-        binaries[i] = binary
-    return [b for b in binaries if b is not None], slow
+        raise ValueError(f"{type(compiler).__name__} has no quick tier")
+    found: dict[int, bytes] = {}
+    slow: list[int] = []
+
+    def misses() -> Iterator[str]:
+        for i, src in enumerate(srcs):
+            if (binary := compiler.cached(src)) is not None:
+                found[i] = binary
+            else:
+                slow.append(i)
+                yield src
+
+    built = quick.compile_cached_stream(misses())
+    found.update(zip(slow, built))
+    return [found[i] for i in range(len(found))], slow
 
 
 def upgrade_later(compiler: Compiler, runners: Sequence[CompiledRunner]) -> None:
