@@ -104,10 +104,13 @@ class CPUCompiler(BatchCompiler):
         return self._quick
 
     def background(self) -> CPUCompiler:
-        """A copy of this compiler (same flags and cache entries) whose builds run under ``nice -n 19``."""
+        """A copy of this compiler (same flags and cache entries) whose builds run under ``nice -n 19``, one at
+        a time: it leaves the cores to the program, and it starts no thread pool of its own, so the builds
+        still under way when the program ends can finish (no new pool may start once the interpreter exits)."""
         low = CPUCompiler(list(self.cc), self.openmp, quick=self.quick)
         nice = shutil.which("nice")
         low.launcher = (nice, "-n", "19") if nice else ()
+        low.parallel_builds = 1
         return low
 
     def build(self, src: str) -> bytes:

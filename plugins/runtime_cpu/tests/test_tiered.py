@@ -4,6 +4,10 @@ Each test makes kernels no other test makes (odd constants), so they are new to 
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -99,3 +103,29 @@ def test_without_tiered_nothing_is_built_twice(tmp_path, monkeypatch):
     x = Tensor(np.arange(6, dtype=np.float32), device="CPU")
     (x * 3.0703125).realize()
     assert not tiers.pending
+
+
+def test_a_process_that_ends_at_once_still_leaves_the_optimized_builds(tmp_path):
+    """The background builds finish at exit (its worker starts no new thread pool then): a later process finds
+    the optimized binaries of every kernel the first one ran from quick builds."""
+    script = """
+import numpy as np
+from ember import Tensor
+from ember.engine import realize
+x = Tensor(np.arange(40, dtype=np.float32).reshape(5, 8), device="CPU")
+Tensor.realize_all(((x * 1.1328125).exp() + 1).sum(1), (x - 0.6015625).relu().max(0), (x @ x.T).sqrt())
+print("\\0".join(r.spec.src for r in realize.method_cache.values()), end="")
+"""
+    env = dict(os.environ, TIERED="1", EMBER_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, env=env,
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    srcs = proc.stdout.split("\0")
+    assert len(srcs) >= 3
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+        compiler = CPUCompiler()
+        quick = compiler.quick_tier()
+        assert quick is not None
+        assert all(compiler.cached(src) is not None and quick.cached(src) is not None for src in srcs)
