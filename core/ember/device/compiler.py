@@ -118,7 +118,8 @@ class Compiler(abc.ABC):
     def background(self) -> Compiler:
         """The compiler to make the optimized builds with while kernels already run from quick ones (same
         binaries, same cache entries). The default is this compiler; one that builds in other processes may
-        return a copy that runs them at a low priority, so they take the cores the program leaves idle."""
+        return a copy that runs them at a low priority, so they take the cores the program leaves idle. Its
+        builds may still be under way when the interpreter exits: it must not start thread pools then."""
         return self
 
     def cached(self, src: str) -> bytes | None:

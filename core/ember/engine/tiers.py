@@ -78,8 +78,9 @@ def upgrade_later(compiler: Compiler, runners: Sequence[CompiledRunner]) -> None
     if not waiting:
         return
     if _pool is None:
-        # one background build at a time (it runs its own build processes on every core); the pool's
-        # thread is joined at exit, so a process that ends early still leaves the optimized binaries cached
+        # one background batch at a time, with the compiler's low-priority twin; the pool's thread is joined
+        # at exit, so a process that ends early still leaves the optimized binaries cached (the twin must then
+        # start no thread pool of its own: see CPUCompiler.background)
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember optimized build")
     srcs = list(waiting)
     pending.append((_pool.submit(_background(compiler).compile_cached_many, srcs), id(compiler), waiting))
