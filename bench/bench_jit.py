@@ -4,7 +4,8 @@
    ``--threads`` threads (default 2), timed interleaved in one process (median of ``--steps``).
 2. Replay host overhead: a jitted function of 100 tiny kernels (target: <= 10 us per kernel on CPU).
 3. The first training step of the MLP in a fresh process with an empty kernel cache
-   (``EMBER_CACHE_DIR`` pointed at an empty folder), then again with the cache that run filled.
+   (``EMBER_CACHE_DIR`` pointed at an empty folder), then again with the cache that run filled;
+   by default and with tiered compilation (``TIERED=1``).
 
 Run: ``python bench/bench_jit.py [--device CPU] [--steps 20]``.
 """
@@ -142,10 +143,19 @@ def bench_replay_overhead(device: str, kernels: int = 100, reps: int = 200) -> N
 
 
 def bench_first_step(device: str) -> None:
-    """A fresh process runs one MLP training step: with an empty cache, then with the cache it filled."""
+    """A fresh process runs one MLP training step: with an empty cache, then with the cache it filled; by
+    default, then with tiered compilation (``TIERED=1``: quick builds first, the optimized ones in the
+    background; the first process waits for those at exit, so the second finds them)."""
+    for tiered in ("0", "1"):
+        _first_step_pair(device, tiered)
+
+
+def _first_step_pair(device: str, tiered: str) -> None:
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, EMBER_CACHE_DIR=os.path.join(cache, "ember"), POCL_CACHE_DIR=os.path.join(cache, "pocl"))
-        for label in ("empty cache", "warm cache"):
+        env = dict(os.environ, EMBER_CACHE_DIR=os.path.join(cache, "ember"), POCL_CACHE_DIR=os.path.join(cache, "pocl"),
+                   TIERED=tiered)
+        for cache_state in ("empty cache", "warm cache"):
+            label = cache_state + (", TIERED=1" if tiered == "1" else "")
             st = time.perf_counter()
             proc = subprocess.run([sys.executable, "-c", FIRST_STEP, device], capture_output=True, text=True, env=env,
                                   check=False)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 
@@ -75,8 +76,31 @@ def test_groups_respect_max_batch_and_parallel_builds():
     assert [t.count("kernel ") for t in c.built] == [3, 3, 1]
     p = FakeCompiler(parallel=2)
     out = p.compile_batch([src(f"k{i}") for i in range(5)])
-    assert sorted(t.count("kernel ") for t in p.built) == [2, 3] and len(out) == 5
-    assert [KernelBinary.unpack(b).symbol.split("_", 2)[2] for b in out] == [f"k{i}" for i in range(5)]
+    # two slots: about three groups each, of two kernels at least
+    assert sorted(t.count("kernel ") for t in p.built) == [1, 2, 2] and len(out) == 5
+    for i, kb in enumerate(KernelBinary.unpack(b) for b in out):  # each binary holds its own kernel
+        assert f"kernel k{i}(" in kb.program.decode() and kb.symbol in ("", f"ember_b{i % 2}_k{i}")
+    many = FakeCompiler(parallel=2)
+    many.compile_batch([src(f"k{i}") for i in range(30)])
+    assert sorted(t.count("kernel ") for t in many.built) == [5] * 6
+
+
+def test_a_slow_group_holds_up_one_slot_not_half_the_batch():
+    """While one program builds slowly, the other slot builds the rest of the batch."""
+    built_while_slow: list[int] = []
+
+    class SlowFirst(FakeCompiler):
+        def build(self, text: str) -> bytes:
+            if "SLOW" in text:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and sum(t.count("kernel ") for t in self.built) < 10:
+                    time.sleep(0.005)
+                built_while_slow.append(sum(t.count("kernel ") for t in self.built))
+            return super().build(text)
+
+    c = SlowFirst(parallel=2)
+    out = c.compile_batch([src("k0", "SLOW"), *(src(f"k{i}") for i in range(1, 12))])
+    assert len(out) == 12 and built_while_slow == [10]  # the other five groups of two, all by the other slot
 
 
 def test_a_failing_batch_is_rebuilt_alone_and_names_the_bad_source():
@@ -98,3 +122,55 @@ def test_unjoinable_sources_are_built_one_by_one():
     out = c.compile_batch(["helper only", src("E_4")])
     assert c.built == ["helper only", src("E_4")]
     assert [KernelBinary.unpack(b).symbol for b in out] == ["", ""]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_a_stream_starts_building_before_it_ends(cache):
+    """With two build slots the first kernels build while later ones are still being rendered."""
+    c = FakeCompiler(parallel=2)
+    started = threading.Event()
+    real = c.build
+    c.build = lambda text: started.set() or real(text)  # type: ignore[method-assign]
+    seen_while_rendering: list[bool] = []
+
+    def render():
+        yield src("k0")
+        seen_while_rendering.append(started.wait(5))
+        yield from (src(f"k{i}") for i in (1, 2, 0, 3))  # k0 again: built once
+
+    out = [KernelBinary.unpack(b) for b in c.compile_cached_stream(render())]
+    assert seen_while_rendering == [True]
+    assert len(out) == 5 and out[0] == out[3]
+    assert sum(t.count("kernel ") for t in c.built) == 4
+    for kb, name in zip(out, ("k0", "k1", "k2", "k0", "k3")):
+        assert f"kernel {name}(" in kb.program.decode()
+    again = FakeCompiler(parallel=2)  # every source has its own cache entry
+    assert again.compile_cached_stream([src("k3"), src("k1")]) == [c.compile_cached(src("k3")),
+                                                                   c.compile_cached(src("k1"))]
+    assert again.built == []
+
+
+def test_a_stream_that_fails_waits_for_its_builds_and_raises(cache):
+    c = FakeCompiler(parallel=2)
+
+    def render():
+        yield src("k0")
+        raise ValueError("cannot render k1")
+
+    with pytest.raises(ValueError, match="cannot render k1"):
+        c.compile_cached_stream(render())
+    assert c.built == [src("k0")]  # finished, not abandoned
+    bad = src("k2", "BAD")
+    with pytest.raises(CompileError) as info:
+        c.compile_cached_stream([src("k1"), bad, src("k3")])
+    assert info.value.src == bad
+
+
+def test_one_build_slot_streams_as_one_batch(cache):
+    c = FakeCompiler(parallel=1)
+    out = c.compile_cached_stream(src(f"k{i}") for i in range(3))
+    assert len(c.built) == 1 and c.built[0].count("#define") == 3 and len(out) == 3

@@ -191,9 +191,14 @@ def test_a_schedule_compiles_its_new_kernels_in_one_batch(cache, monkeypatch):
 
     compiler = Device["CPU"].compiler
     batches: list[list[str]] = []
-    real = type(compiler).compile_batch
-    monkeypatch.setattr(type(compiler), "compile_batch",
-                        lambda self, srcs: batches.append(list(srcs)) or real(self, srcs))
+    real = type(compiler).compile_cached_stream
+
+    def recorded(self, srcs):
+        srcs = list(srcs)
+        batches.append(srcs)
+        return real(self, srcs)
+
+    monkeypatch.setattr(type(compiler), "compile_cached_stream", recorded)
     x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device="CPU")
     outs = [(x * 3.0625).sum(1), (x - 1.03125).exp(), (x + 2.5).max(0)]  # three kernels no other test makes
     Tensor.realize(*outs)

@@ -22,7 +22,7 @@ import abc
 import concurrent.futures
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from ember.device.compiler import CompileError, Compiler
@@ -96,6 +96,12 @@ class BatchCompiler(Compiler):
     #: how many builds may run at once (a compiler in its own process can use every core; a driver
     #: that serializes its builds gains nothing from more than 1)
     parallel_builds: int = 1
+    #: with several builds at once, a batch is cut into about this many groups per build slot, each taken
+    #: by whichever slot is free: build times vary a lot (one C kernel can take a second, its neighbours
+    #: 50 ms), and one slow group then holds up one slot for a while instead of half the batch
+    groups_per_build: int = 3
+    #: ... but no smaller than this many kernels (each program pays the build's fixed cost once)
+    min_group: int = 2
 
     def __init__(self, cachekey: str | None):
         # the packed format is part of what a cache entry holds: entries of plain binaries never match
@@ -110,17 +116,61 @@ class BatchCompiler(Compiler):
         return KernelBinary("", self.build(src)).pack()
 
     def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
-        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and split in
-        up to ``parallel_builds`` programs built at the same time."""
+        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and, when
+        ``parallel_builds`` > 1, about ``groups_per_build`` programs per build slot (of ``min_group``
+        kernels at least), handed in order to whichever slot is free."""
         if not srcs:
             return []
-        count = max(-(-len(srcs) // self.max_batch), min(self.parallel_builds, len(srcs)))
-        size = -(-len(srcs) // count)
-        groups = [srcs[i:i + size] for i in range(0, len(srcs), size)]
+        groups = self._groups(srcs)
         if len(groups) == 1:
             return self._build_group(groups[0])
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(groups), self.parallel_builds)) as pool:
             return [binary for built in pool.map(self._build_group, groups) for binary in built]
+
+    def compile_cached_stream(self, srcs: Iterable[str]) -> list[bytes]:
+        """Start building while ``srcs`` is still being produced (when builds run in parallel).
+
+        Rendering a kernel (Python) and building one (the compiler's own process) then overlap.
+        Whenever a build slot is free, the next few misses rendered so far go to it as one program;
+        the misses left when ``srcs`` ends are spread over the slots as :meth:`compile_batch` does.
+        Every source is still cached on its own, as with :meth:`compile_cached_many`.
+        """
+        if self.parallel_builds <= 1:
+            return super().compile_cached_stream(srcs)
+        order: list[str] = []
+        seen: set[str] = set()
+        found: dict[str, bytes] = {}
+        waiting: list[str] = []
+        builds: list[tuple[Sequence[str], concurrent.futures.Future[list[bytes]]]] = []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel_builds) as pool:
+            # leaving the block (also on an error while rendering) waits for the builds under way
+            for src in srcs:
+                order.append(src)
+                if src in seen:
+                    continue
+                seen.add(src)
+                if (binary := self.cached(src)) is not None:
+                    found[src] = binary
+                    continue
+                waiting.append(src)
+                if sum(not fut.done() for _, fut in builds) < self.parallel_builds:
+                    # a few kernels at a time: the next free slot takes the next few
+                    cut = min(self.max_batch, self.min_group + 1)
+                    group, waiting = waiting[:cut], waiting[cut:]
+                    builds.append((group, pool.submit(self._build_group, group)))
+            if waiting:
+                builds += [(group, pool.submit(self._build_group, group)) for group in self._groups(waiting)]
+            for built, fut in builds:
+                for src, binary in zip(built, fut.result()):
+                    found[src] = self.store(src, binary)
+        return [found[src] for src in order]
+
+    def _groups(self, srcs: Sequence[str]) -> list[Sequence[str]]:
+        """``srcs`` cut into the programs :meth:`compile_batch` builds (see there)."""
+        spread = self.parallel_builds * self.groups_per_build if self.parallel_builds > 1 else 1
+        count = max(-(-len(srcs) // self.max_batch), min(spread, -(-len(srcs) // self.min_group)))
+        size = -(-len(srcs) // count)
+        return [srcs[i:i + size] for i in range(0, len(srcs), size)]
 
     def _build_group(self, group: Sequence[str]) -> list[bytes]:
         """One program for ``group`` (or one per source when they cannot be joined or the joined build fails)."""

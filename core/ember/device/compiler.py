@@ -2,8 +2,8 @@
 
 A device plugin subclasses :class:`Compiler` and implements :meth:`Compiler.compile`;
 everyone else calls :meth:`Compiler.compile_cached` (or :meth:`Compiler.compile_cached_many` for the
-kernels of a whole schedule), which looks in a per-instance dictionary, then in the on-disk cache,
-and compiles only on a double miss.
+kernels of a whole schedule, :meth:`Compiler.compile_cached_stream` for kernels still being rendered),
+which looks in a per-instance dictionary, then in the on-disk cache, and compiles only on a double miss.
 
 A driver whose every build has a large fixed cost (a kernel compiler that parses a large built-in
 header for each program, or a compiler started as a process) also overrides
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ember import diskcache
 from ember.diskcache import MAGIC  # noqa: F401  (part of the documented cache format)
@@ -84,24 +84,60 @@ class Compiler(abc.ABC):
         for src in srcs:
             if src in found or src in misses:
                 continue
-            binary = self.memory_cache.get(src)
-            if binary is None and (path := self._entry(src)) is not None:
-                binary = diskcache.read(path)
-            if binary is None:
+            if (binary := self.cached(src)) is None:
                 misses.append(src)
             else:
-                found[src] = self.memory_cache[src] = binary
+                found[src] = binary
         if misses:
             binaries = self.compile_batch(misses) if len(misses) > 1 else [self.compile(misses[0])]
             if len(binaries) != len(misses):
                 raise RuntimeError(f"{type(self).__name__}.compile_batch returned {len(binaries)} binaries for "
                                    f"{len(misses)} sources")
             for src, binary in zip(misses, binaries):
-                GlobalCounters.kernels_compiled += 1
-                if (path := self._entry(src)) is not None:
-                    diskcache.write(path, binary)
-                found[src] = self.memory_cache[src] = binary
+                found[src] = self.store(src, binary)
         return [found[src] for src in srcs]
+
+    def compile_cached_stream(self, srcs: Iterable[str]) -> list[bytes]:
+        """Like :meth:`compile_cached_many`, for sources still being produced: ``srcs`` may be a generator
+        that renders each kernel when asked.
+
+        The default takes them all, then compiles the misses together. A compiler that builds in
+        other processes overrides it to start building while the rest are still being rendered.
+        """
+        return self.compile_cached_many(list(srcs))
+
+    def quick_tier(self) -> Compiler | None:
+        """A compiler for a cheaper build of the same sources, run first when tiered compilation is on
+        (``TIERED=1``, :mod:`ember.engine.tiers`), or ``None`` (the default: no quick tier).
+
+        Its binaries must load through the same runtime, and its ``cachekey`` must differ from this
+        compiler's (it makes other binaries). Its results may differ in the last bits (contraction into
+        fused multiply-adds follows the optimizer), never otherwise."""
+        return None
+
+    def background(self) -> Compiler:
+        """The compiler to make the optimized builds with while kernels already run from quick ones (same
+        binaries, same cache entries). The default is this compiler; one that builds in other processes may
+        return a copy that runs them at a low priority, so they take the cores the program leaves idle. Its
+        builds may still be under way when the interpreter exits: it must not start thread pools then."""
+        return self
+
+    def cached(self, src: str) -> bytes | None:
+        """``src``'s binary from the memory or disk cache, or ``None`` (then it must be compiled)."""
+        binary = self.memory_cache.get(src)
+        if binary is None and (path := self._entry(src)) is not None:
+            binary = diskcache.read(path)
+            if binary is not None:
+                self.memory_cache[src] = binary
+        return binary
+
+    def store(self, src: str, binary: bytes) -> bytes:
+        """Keep a freshly compiled ``binary`` for ``src`` (memory and disk) and count it; return it."""
+        GlobalCounters.kernels_compiled += 1
+        if (path := self._entry(src)) is not None:
+            diskcache.write(path, binary)
+        self.memory_cache[src] = binary
+        return binary
 
     def invalidate(self, src: str) -> None:
         """Forget ``src``'s binary (memory and disk): it was found unusable, so the next request rebuilds it."""

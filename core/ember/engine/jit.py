@@ -31,7 +31,7 @@ import numpy as np
 
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
-from ember.engine import realize
+from ember.engine import realize, tiers
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
 from ember.helpers import DEBUG, GlobalCounters
 from ember.ir.lazy import base_of, buffers, realized
@@ -240,6 +240,8 @@ class CapturedJit:
     buffers_before_planning: int = 0
     runs: list[ExecItem] = field(default_factory=list)
     _graph_of: dict[int, tuple[GraphRunner, int]] = field(default_factory=dict)
+    #: the tiered-compilation generation the graphs were built at (:mod:`ember.engine.tiers`)
+    _generation: int = 0
 
     def __post_init__(self) -> None:
         #: ids of the buffers the recorded kernels write (besides the inputs')
@@ -248,6 +250,7 @@ class CapturedJit:
         self.kernel_count = sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
         self._ops = sum(ei.prg.estimated_ops for ei in self.exec_items)
         self._mem = sum(ei.prg.estimated_mem for ei in self.exec_items)
+        self._generation = tiers.generation
         self._build_runs()
 
     def distinct_buffers(self) -> int:
@@ -305,6 +308,13 @@ class CapturedJit:
     def replay(self, wait: bool = False) -> float:
         """Run every recorded kernel once (after fresh uploads); returns host seconds, or device time with wait."""
         st = time.perf_counter()
+        if tiers.pending:
+            tiers.apply()
+        if self._generation != tiers.generation:  # kernels got their optimized builds: graph them anew
+            self._generation = tiers.generation
+            self.runs.clear()
+            self._graph_of.clear()
+            self._build_runs()
         for buf, fresh in self.uploads:
             buf.copyin(memoryview(np.ascontiguousarray(fresh())).cast("B"))
         total = 0.0

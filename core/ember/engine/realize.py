@@ -3,9 +3,10 @@
 A kernel AST is compiled once per device: ``method_cache`` maps (device, ast) to a
 :class:`CompiledRunner`, and the device's compiler keeps its own memory + disk cache keyed by
 source, so a second process compiles nothing. :func:`lower_schedule` lowers a whole schedule
-before anything runs and hands the device compiler all its new kernels at once
-(:meth:`~ember.device.compiler.Compiler.compile_cached_many`), so a driver with a high cost per
-build pays it once per schedule rather than once per kernel.
+before anything runs and hands the device compiler all its new kernels together
+(:meth:`~ember.device.compiler.Compiler.compile_cached_stream`), so a driver with a high cost per
+build pays it once per schedule rather than once per kernel, and one that builds in other processes
+overlaps the builds with rendering.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import dataclasses
 import pickle
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from ember.codegen import ProgramSpec, get_program
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
-from ember.engine import corpus, runtime_consts
+from ember.engine import corpus, runtime_consts, tiers
 from ember.helpers import DEBUG, GlobalCounters, colored, getenv
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
@@ -64,6 +65,16 @@ class CompiledRunner(Runner):
             dev.compiler.invalidate(spec.src)
             self.binary = dev.compiler.compile_cached(spec.src)
             self.program = dev.runtime(spec.name, self.binary)
+
+    def load(self, binary: bytes) -> bool:
+        """Run ``binary`` (another build of this kernel's source) from now on; False when the runtime refuses it
+        (the current program stays)."""
+        try:
+            program = Device[self.device].runtime(self.spec.name, binary)
+        except Exception:  # noqa: BLE001  (a build the runtime will not load: keep the one that works)
+            return False
+        self.binary, self.program = binary, program
+        return True
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
@@ -201,18 +212,35 @@ def program_for(device: str, ast: UOp) -> ProgramSpec:
 
 
 def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
-    """Lower every kernel of ``schedule`` missing from ``method_cache`` and compile them, one batch per device."""
-    pending: dict[tuple[str, UOp], ProgramSpec] = {}
-    for si in schedule:
-        if si.ast.op is not Ops.COPY:
-            key = (si.bufs[0].device, si.ast)
-            if key not in method_cache and key not in pending:
-                pending[key] = program_for(*key)
+    """Lower every kernel of ``schedule`` missing from ``method_cache`` and compile them, one batch per device.
+
+    The device compiler gets the sources as they are rendered
+    (:meth:`~ember.device.compiler.Compiler.compile_cached_stream`): one that builds in other
+    processes starts on the first kernels while Python renders the rest."""
+    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule if si.ast.op is not Ops.COPY)
+    pending = [key for key in new_keys if key not in method_cache]
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
-        binaries = Device[device].compiler.compile_cached_many([pending[key].src for key in keys])
-        for key, binary in zip(keys, binaries):
-            method_cache[key] = CompiledRunner(device, pending[key], binary, ast_var_names(key[1]))
+        compiler = Device[device].compiler
+        specs: list[ProgramSpec] = []
+        slow: list[int] = []  # kernels running from a quick build, to upgrade
+        if tiers.enabled() and compiler.quick_tier() is not None:
+            binaries, slow = tiers.quick_binaries(compiler, _render(keys, specs))
+        else:
+            binaries = compiler.compile_cached_stream(_render(keys, specs))
+        runners = [CompiledRunner(device, spec, binary, ast_var_names(key[1]))
+                   for key, spec, binary in zip(keys, specs, binaries)]
+        for key, runner in zip(keys, runners):
+            method_cache[key] = runner
+        if slow:  # from the list, not the cache: a schedule larger than the cache's bound evicts its own kernels
+            tiers.upgrade_later(compiler, [runners[i] for i in slow])
+
+
+def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec]) -> Iterator[str]:
+    """Each kernel's source, rendered when asked for; its program spec is appended to ``specs``."""
+    for key in keys:
+        specs.append(program_for(*key))
+        yield specs[-1].src
 
 
 def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
@@ -277,6 +305,8 @@ def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
 
     Float constants that changed since an earlier kernel of the same shape become input buffers first
     (:mod:`ember.engine.runtime_consts`), so a Python float that changes every step compiles once."""
+    if tiers.pending:
+        tiers.apply()
     schedule = [runtime_consts.parameterize(si, method_cache) for si in schedule]
     _compile_new_kernels(schedule)
     return [lower_schedule_item(si) for si in schedule]

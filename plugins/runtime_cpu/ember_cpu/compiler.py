@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 
@@ -27,9 +28,12 @@ from ember_cpu.toolchain import cc_version, probe_toolchain, select_toolchain
 # (-ftrapping-math) keeps a select feeding an exp out of vector code; values, inf and nan stay IEEE
 # (this is not -ffast-math, and it is clang's default).
 BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+#: the quick tier (``TIERED=1``): -O1 builds the first step's kernels in about a third of -O2's time (it
+#: leaves out the vectorizer, which costs most on large register tiles)
+QUICK_FLAGS: tuple[str, ...] = ("-O1", *BASE_FLAGS[1:])
 LINK_FLAGS: tuple[str, ...] = ("-lm",)
 
-__all__ = ["BASE_FLAGS", "CPUCompiler", "cc_version", "find_cc", "host_cpu", "host_identity"]
+__all__ = ["BASE_FLAGS", "QUICK_FLAGS", "CPUCompiler", "cc_version", "find_cc", "host_cpu", "host_identity"]
 
 
 def find_cc() -> list[str] | None:
@@ -67,12 +71,14 @@ class CPUCompiler(BatchCompiler):
     """Compiles C source to a shared object (``.so``), returned as packed
     :class:`~ember.device.batch_compiler.KernelBinary` bytes."""
 
-    #: a kernel: ``void NAME(void** bufs, const long long* vals)`` at the start of a line
-    kernel_pattern = re.compile(r"^void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
+    #: a kernel: ``void NAME(void** bufs, const long long* vals)`` at the start of a line, after any
+    #: attribute macros (the renderer marks fused tiles ``EMBER_FUSED_TILE void ...``)
+    kernel_pattern = re.compile(r"^(?:[A-Z_][A-Z0-9_]*\s+)*void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
     #: each build is its own compiler process: a batch is split across the cores
     parallel_builds = os.cpu_count() or 1
 
-    def __init__(self, cc: list[str] | None = None, openmp: bool | None = None):
+    def __init__(self, cc: list[str] | None = None, openmp: bool | None = None, quick: bool = False):
+        """``quick``: build with ``QUICK_FLAGS`` instead of ``BASE_FLAGS`` (the quick tier)."""
         found = cc if cc is not None else find_cc()
         if not found:
             raise RuntimeError("no C compiler found: install gcc or clang, or set CC to one")
@@ -81,9 +87,31 @@ class CPUCompiler(BatchCompiler):
             openmp = bool(getenv("CPU_OPENMP", 1)) and probe_toolchain(self.cc).openmp
             if not openmp and getenv("CPU_OPENMP", 1) and DEBUG >= 1:
                 _warn_no_openmp(self.cc)
-        self.openmp = openmp
-        self.flags: tuple[str, ...] = BASE_FLAGS + (("-fopenmp",) if openmp else ())
+        self.openmp, self.quick = openmp, quick
+        self.flags: tuple[str, ...] = (QUICK_FLAGS if quick else BASE_FLAGS) + (("-fopenmp",) if openmp else ())
+        # the flags are in the key: each tier has its own cache entries
         super().__init__(f"cpu-cc|{' '.join(self.cc)}|{cc_version(self.cc)}|{' '.join(self.flags)}|{host_identity()}")
+        self._quick: CPUCompiler | None = None
+        #: a prefix that runs each build at the lowest priority (for background builds; no effect on the binary)
+        self.launcher: tuple[str, ...] = ()
+
+    def quick_tier(self) -> CPUCompiler | None:
+        """The same compiler with ``QUICK_FLAGS`` (``None`` for a quick compiler itself)."""
+        if self.quick:
+            return None
+        if self._quick is None:
+            self._quick = CPUCompiler(list(self.cc), self.openmp, quick=True)
+        return self._quick
+
+    def background(self) -> CPUCompiler:
+        """A copy of this compiler (same flags and cache entries) whose builds run under ``nice -n 19``, one at
+        a time: it leaves the cores to the program, and it starts no thread pool of its own, so the builds
+        still under way when the program ends can finish (no new pool may start once the interpreter exits)."""
+        low = CPUCompiler(list(self.cc), self.openmp, quick=self.quick)
+        nice = shutil.which("nice")
+        low.launcher = (nice, "-n", "19") if nice else ()
+        low.parallel_builds = 1
+        return low
 
     def build(self, src: str) -> bytes:
         """Compile ``src`` to a shared object and return its bytes; raise ``CompileError`` on failure."""
@@ -93,8 +121,8 @@ class CPUCompiler(BatchCompiler):
             # relative names (run inside tmp) keep the temporary folder out of error messages
             cmd = [*self.cc, *self.flags, "-o", "kernel.so", "kernel.c", *LINK_FLAGS]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False,
-                                      cwd=tmp)
+                proc = subprocess.run([*self.launcher, *cmd], capture_output=True, text=True, errors="replace",
+                                      check=False, cwd=tmp)
             except OSError as e:
                 raise CompileError(src, str(e), f"cannot run the C compiler {self.cc[0]}") from e
             out_path = os.path.join(tmp, "kernel.so")

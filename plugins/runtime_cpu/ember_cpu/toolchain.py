@@ -19,6 +19,7 @@ best of them. ``CC`` chooses the compiler explicitly and is never second-guessed
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import json
@@ -206,8 +207,11 @@ def probe_toolchain(cc: tuple[str, ...]) -> Toolchain:
         except (ValueError, TypeError, KeyError):
             pass  # an entry from another version: probe again
     with tempfile.TemporaryDirectory(prefix="ember-cc-probe-") as tmp:
-        half_reason = _probe_half(cc, tmp)
-        omp_reason = _probe_openmp(cc, tmp)
+        # the two probes build at once (each is a compiler process): a fresh cache's first kernel waits on them
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            half = pool.submit(_probe_half, cc, tmp)
+            omp_reason = _probe_openmp(cc, tmp)
+            half_reason = half.result()
     tc = Toolchain(cc=cc, version=cc_version(cc), float16="emulated" if half_reason else "native",
                    float16_reason=half_reason, openmp=not omp_reason, openmp_reason=omp_reason)
     if path is not None:

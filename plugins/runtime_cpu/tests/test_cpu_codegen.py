@@ -59,6 +59,16 @@ def test_matmul_tile_fits_the_register_file(lanes, registers, tile):
     assert heuristic_opts(kernel_ast(a @ b), RegisterFile(lanes, registers)) == tile
 
 
+def test_tile_rows_are_whole_half_registers_where_the_size_allows():
+    """The MLP's first-layer weight gradient (784 = 49 * 16 contiguous outputs): rows of 16 (two 8-float halves
+    of a 16-lane register), not 28 (3.5 halves: 3x slower); the result still matches numpy."""
+    g_np, x_np = randf(64, 32), randf(64, 784)
+    g, x = realized(g_np, x_np)
+    opts = heuristic_opts(kernel_ast(g.T @ x), RegisterFile(16, 32))
+    assert opts[0] == Opt("UPCAST", 1, 16)
+    np.testing.assert_allclose((g.T @ x).numpy(), g_np.T @ x_np, rtol=1e-5, atol=1e-5)
+
+
 def test_transposed_matmul_tile_is_a_block_of_vector_sums():
     x, w = realized(randf(64, 48), randf(64, 48))
     opts = heuristic_opts(kernel_ast(x @ w.T), RegisterFile(16, 32))

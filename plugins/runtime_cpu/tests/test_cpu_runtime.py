@@ -551,3 +551,25 @@ def test_a_batch_is_one_compiler_run_and_one_library(dev, monkeypatch):
 def test_a_foreign_binary_is_refused(dev):
     with pytest.raises(ValueError, match="kernel add: not an ember kernel binary"):
         CPUProgram("add", b"\x7fELF\x02\x01\x01")
+
+
+def test_kernels_with_attribute_macros_join_one_program(dev, monkeypatch):
+    """The renderer marks fused register tiles ``EMBER_FUSED_TILE void NAME(...)``: such kernels are still
+    found, so a batch holding one is built as one program instead of one compiler run per kernel."""
+    from ember.renderer.cstyle import C_PREAMBLE
+
+    macro = "#ifndef EMBER_FUSED_TILE\n#define EMBER_FUSED_TILE __attribute__((noinline))\n#endif\n"
+    plus = C_PREAMBLE + macro + ADD_SRC.replace("\nvoid add(", "\nEMBER_FUSED_TILE void add(")
+    times = C_PREAMBLE + MUL_SRC
+    assert CPUCompiler.kernel_pattern.findall(plus) == ["add"]
+    runs = []
+    real = CPUCompiler.build
+    monkeypatch.setattr(CPUCompiler, "build", lambda self, src: runs.append(src) or real(self, src))
+    monkeypatch.setattr(CPUCompiler, "parallel_builds", 1)
+    binaries = dev.compiler.compile_batch([plus, times])
+    assert len(runs) == 1
+    a, b = np.arange(5, dtype=np.float32), np.full(5, 3.0, np.float32)
+    for name, binary, want in zip(("add", "mul"), binaries, (a + b, a * b)):
+        bufs = [to_device(dev, np.zeros(5, np.float32)), to_device(dev, a), to_device(dev, b)]
+        dev.runtime(name, binary)(*bufs, vals=(5,))
+        np.testing.assert_array_equal(from_device(dev, bufs[0], np.float32, 5), want)
