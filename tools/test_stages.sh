@@ -40,23 +40,51 @@ stage "backend suite (compiler-sensitive part), CPU with clang" \
     env CC=clang DEV=CPU "${PYTEST[@]}" -n 2 $CLANG_TESTS
 stage "backend suite, CL (PoCL)" \
     env DEV=CL "${PYTEST[@]}" -n 2 tests/backend
-for dev in PYTHON CPU; do
-    stage "conformance suite, $dev" "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=$dev
-done
-# PoCL builds each kernel slowly: fewer random graphs there
-stage "conformance suite, CL" "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CL --fuzz-graphs 40
-stage "conformance suite (casts), CPU with clang" \
-    env CC=clang "${PYTEST[@]}" -p no:xdist --pyargs ember.testing.test_casts --device=CPU
-# the CPU device on hardware command queues (ember.device.hcq): the conformance suite and the JIT tests
+# The conformance stages run in one process each: three lanes at a time keep both cores busy. A lane's
+# output is printed when it ends; the summary gives each stage's own time.
+lane_pids=()
+lane_logs=()
+lane() {  # lane STAGE-ARGS... separated by ";;" : the stages of one lane, in order, in the background
+    local log
+    log=$(mktemp -t ember-lane-XXXXXX)
+    (
+        names=(); codes=(); times=()
+        cmd=()
+        for arg in "$@" ";;"; do
+            if [ "$arg" = ";;" ]; then stage "${cmd[@]}"; cmd=(); else cmd+=("$arg"); fi
+        done
+        for i in "${!names[@]}"; do printf '%s\t%s\t%s\n' "${names[$i]}" "${codes[$i]}" "${times[$i]}"; done \
+            > "$log.summary"
+    ) > "$log" 2>&1 &
+    lane_pids+=($!)
+    lane_logs+=("$log")
+}
 hcq_tests=$(ls tests/backend/test_jit.py 2>/dev/null)
-stage "conformance suite${hcq_tests:+ and JIT tests}, CPU on HCQ (CPU_HCQ=1)" \
-    env CPU_HCQ=1 DEV=CPU "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=CPU $hcq_tests
+CONF=("${PYTEST[@]}" -p no:xdist --pyargs ember.testing)
+lane "conformance suite, PYTHON" "${CONF[@]}" --device=PYTHON ";;" \
+    "conformance suite, CPU" "${CONF[@]}" --device=CPU ";;" \
+    "conformance suite (casts), CPU with clang" env CC=clang "${PYTEST[@]}" -p no:xdist \
+        --pyargs ember.testing.test_casts --device=CPU ";;" \
+    "conformance suite${hcq_tests:+ and JIT tests}, CPU on HCQ (CPU_HCQ=1)" \
+        env CPU_HCQ=1 DEV=CPU "${CONF[@]}" --device=CPU $hcq_tests
+# PoCL builds each kernel slowly: fewer random graphs there
+lane "conformance suite, CL" "${CONF[@]}" --device=CL --fuzz-graphs 40
 # the AMD device against the mock KFD: queues, packets, signals and memory as the runtime drives them, each
 # dispatch run by the same kernel built for the CPU with PoCL (this checks ember's side, not AMD's instructions)
 if [ -d plugins/runtime_amd_hcq ]; then
-    stage "conformance suite, AMD on the mock KFD (AMD_MOCK=1)" \
-        env AMD_MOCK=1 "${PYTEST[@]}" -p no:xdist --pyargs ember.testing --device=AMD --fuzz-graphs 40
+    lane "conformance suite, AMD on the mock KFD (AMD_MOCK=1)" env AMD_MOCK=1 "${CONF[@]}" --device=AMD \
+        --fuzz-graphs 20
 fi
+for i in "${!lane_pids[@]}"; do
+    wait "${lane_pids[$i]}"
+    cat "${lane_logs[$i]}"
+    if [ -s "${lane_logs[$i]}.summary" ]; then
+        while IFS=$'\t' read -r n c t; do names+=("$n"); codes+=("$c"); times+=("$t"); done < "${lane_logs[$i]}.summary"
+    else  # the lane died before it could report: count it as failed
+        names+=("conformance lane $((i + 1)) (did not report)"); codes+=(1); times+=(0)
+    fi
+    rm -f "${lane_logs[$i]}" "${lane_logs[$i]}.summary"
+done
 if "$PY" -m pytest --collect-only -q -m corpus $PLUGIN_TESTS >/dev/null 2>&1; then
     stage "compile checks of the kernel corpus (targets without hardware here)" \
         env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" "${PYTEST[@]}" -n 2 -m corpus $PLUGIN_TESTS
