@@ -196,3 +196,31 @@ def test_tc_kernel_text_on_the_cpu_matches_numpy(cl_cpu_context, layout: str, dt
     cl.enqueue_copy(queue, out, bufs[0])
     queue.finish()
     np.testing.assert_allclose(_read(out.tobytes(), out_dt).reshape(ref.shape), ref, **_tolerance(out_dt))
+
+
+@pytest.mark.parametrize("layout,dt", [("a@b", dtypes.float16), ("batched", dtypes.bfloat16)],
+                         ids=["a@b-half", "batched-bfloat16"])
+def test_tc_kernel_runs_on_the_mock_gpu(cl_cpu_context, layout: str, dt: DType):
+    """The gfx1100 code object dispatched through the mock KFD's queues (which run its kernel text on PoCL)."""
+    from ember_amd.device import AMDDevice
+    from ember_amd.mock_kfd import MockKFD
+
+    require_clang("gfx1100")
+    index = DTYPES.index(dt)
+    si, ref, k, out_dt = _case(layout, dt)
+    spec = get_program(si.ast, AMDRenderer("gfx1100"), opts=[Opt("TC", k, index)])
+    dev = AMDDevice("AMD", osif=MockKFD("gfx1100"))
+    try:
+        prg = dev._program(spec.name, AMDCompiler("gfx1100").compile(spec.src))
+        bufs = []
+        for buf in si.bufs:
+            buf.allocate()
+            bufs.append(dev.allocator.alloc(buf.nbytes))
+            dev.allocator.copyin(bufs[-1], memoryview(buf.as_bytes()))
+        prg(*bufs, global_size=spec.global_size, local_size=spec.local_size, wait=True)
+        out = np.empty(si.bufs[0].nbytes, np.uint8)
+        dev.allocator.copyout(memoryview(out), bufs[0])
+        assert dev.os.dispatches == 1 and dev.os.errors == []
+    finally:
+        dev.finalize()
+    np.testing.assert_allclose(_read(out.tobytes(), out_dt).reshape(ref.shape), ref, **_tolerance(out_dt))
