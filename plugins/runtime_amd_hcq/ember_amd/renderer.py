@@ -96,8 +96,9 @@ def _ids_block(amd: bool, max_workgroup: int) -> str:
 
 
 def host_opencl_source(src: str) -> str:
-    """``src`` with its prelude block(s) spelled with OpenCL built-ins (``get_group_id`` ...): the same kernel,
-    buildable by any OpenCL C compiler. ``ValueError`` when ``src`` has no prelude block."""
+    """``src`` with its prelude block(s) spelled with OpenCL built-ins (``get_group_id`` ...) and its tensor-core
+    block (if any) with the host version of the instruction: the same kernel, buildable by any OpenCL C compiler.
+    ``ValueError`` when ``src`` has no prelude block."""
     if not _PRELUDE_RE.search(src):
         raise ValueError(f"not an AMD kernel source: no block between {PRELUDE_BEGIN!r} and {PRELUDE_END!r}")
     host, host_wmma = _ids_block(False, 0), _wmma_block(False)
@@ -113,12 +114,12 @@ def wave_size_for(arch: str) -> int:
 
 
 # RDNA3 WMMA in wave32 (v_wmma_f32_16x16x16_{f16,bf16}, D = A @ B + C with A 16x16 (MxK), B 16x16 (KxN)), as
-# AMD documents it (AMD "RDNA3" Instruction Set Architecture reference guide, section 7.9 "Wave Matrix Multiply
-# Accumulate (WMMA)"; GPUOpen, "How to accelerate AI applications on RDNA 3 using WMMA", 2023) and LLVM's
+# AMD documents it (AMD "RDNA3" Instruction Set Architecture reference guide, the "Wave Matrix Multiply
+# Accumulate (WMMA)" chapter; GPUOpen, "How to accelerate AI applications on RDNA 3 using WMMA", 2023) and LLVM's
 # __builtin_amdgcn_wmma_f32_16x16x16_f16_w32 (V8f = V16h, V16h, V8f; bf16: V16s bit patterns) implements it:
 # - A: lane l holds row l % 16 of A, its 16 K values in order (element i is A[l % 16][i]);
 # - B: lane l holds column l % 16 of B, its 16 K values in order (element i is B[i][l % 16]);
-#   lanes 16-31 must hold the same A and B values as lanes 0-15 (the hardware reads both halves);
+#   lanes 16-31 must hold the same A and B values as lanes 0-15 (the ISA guide requires the copy);
 # - C/D (float): lane l holds 8 values of column l % 16, element i in row 2 * i + l // 16 (the lower half of the
 #   wave holds the even rows, the upper half the odd ones).
 _WMMA_LAYOUT = (("A", "row=lane%16, k=i"), ("B", "k=i, col=lane%16"), ("C", "row=2*i+lane//16, col=lane%16"))
@@ -130,7 +131,7 @@ _WMMA_SCRATCH = 2 * 32 * 16
 def _wmma_block(amd: bool) -> str:
     """The tensor-core macros: clang's WMMA builtins for the GPU (``amd``), or a plain OpenCL C version of the
     same instruction for a CPU OpenCL (each work-item stores its A and B in local memory, the work-group, which
-    is one wave, synchronizes, and each computes its 8 elements of D from lanes 0-15 as the hardware does).
+    is one wave, synchronizes, and each computes its 8 elements of D from lanes 0-15: lanes 16-31 hold copies).
 
     ``EMBER_WMMA_<T>_VEC`` is the operand vector type, ``EMBER_WMMA_<T>_IN(x)`` converts one element (a float
     holding an exactly representable value) into it, ``EMBER_WMMA_<T>(a, b, lane)`` is D (a ``float8``), and

@@ -109,8 +109,8 @@ def test_other_targets_declare_none_and_tc_raises(arch: str, wave: int | None):
 
 
 def test_layout_holds_a_and_b_twice_and_d_once():
-    """Lanes 0-15 hold every row of A and column of B once, lanes 16-31 the same again (the hardware reads both
-    halves of the wave); D's 256 elements are spread over the 32 lanes once."""
+    """Lanes 0-15 hold every row of A and column of B once, lanes 16-31 the same again (the ISA guide requires
+    the copy); D's 256 elements are spread over the 32 lanes once."""
     amd = AMDRenderer("gfx1100")
     for tc in amd.tensor_cores:
         every = [(r, c) for r in range(16) for c in range(16)]
