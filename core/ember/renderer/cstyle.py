@@ -287,14 +287,14 @@ class CStyleRenderer(Renderer):
             elif op is Ops.WMMA:
                 # one instruction for every element of D it gives this lane (the elements share their sources)
                 if u.src not in wmma_results:
-                    name, lines, head = self.render_wmma(u, [r[s] for s in u.src], fresh)
+                    result, lines, head = self.render_wmma(u, [r[s] for s in u.src], fresh)
                     for s in lines:
                         line(s)
                     for s in head:
                         if "  " + s not in body[:locals_declared]:
                             body.insert(locals_declared, "  " + s)
                             locals_declared += 1
-                    wmma_results[u.src] = name
+                    wmma_results[u.src] = result
                 r[u] = f"{wmma_results[u.src]}[{u.arg[5]}]"
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 srcs = [r[s] for s in u.src]

@@ -11,7 +11,12 @@ with ``-x cl -cl-std=CL2.0 -nogpulib``: no device libraries, so no OpenCL librar
   ``hidden_group_size_x`` of code-object v5). :func:`host_opencl_source` swaps that block for
   OpenCL's builtins, so the very same kernel builds for a CPU OpenCL (the mock GPU's PoCL);
 - math, float16 conversions and ``fmod`` are helper functions in plain OpenCL C
-  (:mod:`ember_amd.kernel_lib`).
+  (:mod:`ember_amd.kernel_lib`);
+- a tensor-core kernel (the ``TC`` opt, RDNA3 only) calls its WMMA instruction through the macros of a
+  second block, between :data:`WMMA_BEGIN` and :data:`WMMA_END`: on the GPU they are clang's
+  ``__builtin_amdgcn_wmma_f32_16x16x16_{f16,bf16}_w32``; :func:`host_opencl_source` swaps them for a plain
+  OpenCL C function that trades the wave's A and B through local memory (the work-group of a TC kernel is
+  one wave), so the mock GPU runs these kernels too.
 
 The global loops map onto the launch grid as for OpenCL and CUDA (docs/contracts.md, "Launch
 grid"): the i-th of n global RANGEs runs along launch dimension ``n-1-i``. A global index is
@@ -31,6 +36,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes
 from ember_amd.kernel_lib import helpers_for
@@ -39,6 +45,10 @@ from ember_amd.kernel_lib import helpers_for
 PRELUDE_BEGIN = "/* ember-amd prelude: begin */"
 PRELUDE_END = "/* ember-amd prelude: end */"
 _PRELUDE_RE = re.compile(re.escape(PRELUDE_BEGIN) + r".*?" + re.escape(PRELUDE_END), re.S)
+#: the comments around the block of tensor-core macros (only in kernels that use them)
+WMMA_BEGIN = "/* ember-amd wmma: begin */"
+WMMA_END = "/* ember-amd wmma: end */"
+_WMMA_RE = re.compile(re.escape(WMMA_BEGIN) + r".*?" + re.escape(WMMA_END), re.S)
 
 _DIMS = ("x", "y", "z")
 
@@ -86,12 +96,13 @@ def _ids_block(amd: bool, max_workgroup: int) -> str:
 
 
 def host_opencl_source(src: str) -> str:
-    """``src`` with its prelude block(s) spelled with OpenCL built-ins (``get_group_id`` ...): the same kernel,
-    buildable by any OpenCL C compiler. ``ValueError`` when ``src`` has no prelude block."""
+    """``src`` with its prelude block(s) spelled with OpenCL built-ins (``get_group_id`` ...) and its tensor-core
+    block (if any) with the host version of the instruction: the same kernel, buildable by any OpenCL C compiler.
+    ``ValueError`` when ``src`` has no prelude block."""
     if not _PRELUDE_RE.search(src):
         raise ValueError(f"not an AMD kernel source: no block between {PRELUDE_BEGIN!r} and {PRELUDE_END!r}")
-    host = _ids_block(False, 0)
-    return _PRELUDE_RE.sub(lambda _: host, src)
+    host, host_wmma = _ids_block(False, 0), _wmma_block(False)
+    return _WMMA_RE.sub(lambda _: host_wmma, _PRELUDE_RE.sub(lambda _: host, src))
 
 
 def wave_size_for(arch: str) -> int:
@@ -102,10 +113,58 @@ def wave_size_for(arch: str) -> int:
     return 32 if int(m.group(1)) >= 10 else 64
 
 
-def _wmma_layout() -> tuple:
-    # RDNA3 WMMA (wave32): lane l holds row/column l % 16 of A and B (16 values each, lanes 16-31 repeat
-    # lanes 0-15); C/D element i of lane l is row 2*i + l // 16, column l % 16 (RDNA3 ISA guide, "WMMA")
-    return (("A", "row=lane%16, k=i"), ("B", "col=lane%16, k=i"), ("C", "row=2*i+lane//16, col=lane%16"))
+# RDNA3 WMMA in wave32 (v_wmma_f32_16x16x16_{f16,bf16}, D = A @ B + C with A 16x16 (MxK), B 16x16 (KxN)), as
+# AMD documents it (AMD "RDNA3" Instruction Set Architecture reference guide, the "Wave Matrix Multiply
+# Accumulate (WMMA)" chapter; GPUOpen, "How to accelerate AI applications on RDNA 3 using WMMA", 2023) and LLVM's
+# __builtin_amdgcn_wmma_f32_16x16x16_f16_w32 (V8f = V16h, V16h, V8f; bf16: V16s bit patterns) implements it:
+# - A: lane l holds row l % 16 of A, its 16 K values in order (element i is A[l % 16][i]);
+# - B: lane l holds column l % 16 of B, its 16 K values in order (element i is B[i][l % 16]);
+#   lanes 16-31 must hold the same A and B values as lanes 0-15 (the ISA guide requires the copy);
+# - C/D (float): lane l holds 8 values of column l % 16, element i in row 2 * i + l // 16 (the lower half of the
+#   wave holds the even rows, the upper half the odd ones).
+_WMMA_LAYOUT = (("A", "row=lane%16, k=i"), ("B", "k=i, col=lane%16"), ("C", "row=2*i+lane//16, col=lane%16"))
+
+#: floats of local memory the host version trades the wave's A and B through (32 lanes, 16 values each)
+_WMMA_SCRATCH = 2 * 32 * 16
+
+
+def _wmma_block(amd: bool) -> str:
+    """The tensor-core macros: clang's WMMA builtins for the GPU (``amd``), or a plain OpenCL C version of the
+    same instruction for a CPU OpenCL (each work-item stores its A and B in local memory, the work-group, which
+    is one wave, synchronizes, and each computes its 8 elements of D from lanes 0-15: lanes 16-31 hold copies).
+
+    ``EMBER_WMMA_<T>_VEC`` is the operand vector type, ``EMBER_WMMA_<T>_IN(x)`` converts one element (a float
+    holding an exactly representable value) into it, ``EMBER_WMMA_<T>(a, b, lane)`` is D (a ``float8``), and
+    ``EMBER_WMMA_SCRATCH`` declares what the instruction needs at the top of the kernel."""
+    if amd:
+        lines = ["#pragma OPENCL EXTENSION cl_khr_fp16 : enable",
+                 "#define EMBER_WMMA_SCRATCH (void)0",
+                 "#define EMBER_WMMA_F16_VEC half16", "#define EMBER_WMMA_F16_IN(x) ((half)(x))",
+                 "#define EMBER_WMMA_F16(a, b, lane) __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, (float8)(0.0f))",
+                 # a bfloat16 value held in a float is the top half of the float's bits
+                 "#define EMBER_WMMA_BF16_VEC short16", "#define EMBER_WMMA_BF16_IN(x) ((short)(as_uint(x) >> 16))",
+                 "#define EMBER_WMMA_BF16(a, b, lane) "
+                 "__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, (float8)(0.0f))"]
+    else:
+        lines = [f"#define EMBER_WMMA_SCRATCH __local float ember_wmma_scratch[{_WMMA_SCRATCH}]",
+                 "#define EMBER_WMMA_F16_VEC float16", "#define EMBER_WMMA_F16_IN(x) (x)",
+                 "#define EMBER_WMMA_F16(a, b, lane) ember_wmma_host(a, b, lane, ember_wmma_scratch)",
+                 "#define EMBER_WMMA_BF16_VEC float16", "#define EMBER_WMMA_BF16_IN(x) (x)",
+                 "#define EMBER_WMMA_BF16(a, b, lane) ember_wmma_host(a, b, lane, ember_wmma_scratch)",
+                 "static float8 ember_wmma_host(float16 a, float16 b, uint lane, __local float* s) {",
+                 "  vstore16(a, lane, s); vstore16(b, 32 + lane, s);",
+                 "  barrier(CLK_LOCAL_MEM_FENCE);",
+                 "  float d[8];",
+                 "  for (uint i = 0; i < 8; i++) {",
+                 "    const uint row = 2 * i + lane / 16, col = lane % 16;",
+                 "    float acc = 0.0f;",
+                 "    for (uint k = 0; k < 16; k++) acc += s[row * 16 + k] * s[(32 + col) * 16 + k];",
+                 "    d[i] = acc;",
+                 "  }",
+                 "  barrier(CLK_LOCAL_MEM_FENCE);",
+                 "  return vload8(0, d);",
+                 "}"]
+    return "\n".join([WMMA_BEGIN, "#ifndef EMBER_AMD_WMMA", "#define EMBER_AMD_WMMA", *lines, "#endif", WMMA_END])
 
 
 def tensor_cores_for(arch: str) -> tuple[TensorCore, ...]:
@@ -116,7 +175,7 @@ def tensor_cores_for(arch: str) -> tuple[TensorCore, ...]:
     if m is None or int(m.group(1)) != 11:
         return ()
     return tuple(TensorCore((16, 16, 16), dt, dtypes.float32, threads=32, elements_per_thread=(16, 16, 8),
-                            intrinsic=f"__builtin_amdgcn_wmma_f32_16x16x16_{name}_w32", layout=_wmma_layout())
+                            intrinsic=f"__builtin_amdgcn_wmma_f32_16x16x16_{name}_w32", layout=_WMMA_LAYOUT)
                  for dt, name in ((dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")))
 
 
@@ -231,6 +290,8 @@ class AMDRenderer(CStyleRenderer):
     def _preamble(self, code: str) -> str:
         """The prelude block of macros, then the extension pragma and the helpers the kernel uses."""
         parts = [_ids_block(True, self.max_workgroup)]
+        if "EMBER_WMMA" in code:
+            parts.append(_wmma_block(True))
         helpers = helpers_for(code)
         if "double" in code or "double" in helpers:
             parts.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
@@ -249,6 +310,35 @@ class AMDRenderer(CStyleRenderer):
 
     def render_range_close(self, u: UOp) -> list[str]:
         return ["}"]
+
+    # --- tensor cores ------------------------------------------------------------------------
+    def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """Where RDNA3 WMMA keeps its elements in wave32 (see :data:`_WMMA_LAYOUT`): A[lane % 16][i] and
+        B[i][lane % 16] (lanes 16-31 repeat lanes 0-15), D[2 * i + lane // 16][lane % 16]."""
+        if tc not in self.tensor_cores:
+            raise ValueError(f"{tc.name} is not a tensor core of {self!r}")
+        if operand == "A":
+            return lane % 16, element
+        if operand == "B":
+            return element, lane % 16
+        if operand == "C":
+            return lane // 16 + 2 * element, lane % 16
+        raise ValueError(f"tensor-core operand must be 'A', 'B' or 'C', got {operand!r}")
+
+    def render_wmma(self, u: UOp, srcs: list[str], fresh: Callable[[str], str]) -> tuple[str, list[str], list[str]]:
+        """One WMMA: the lane's 16 A and 16 B values packed into the operand vectors, D into a ``float8`` (C is
+        zero: the kernel sums the instructions' results); the macros of :func:`_wmma_block` spell the builtin."""
+        _intrinsic, _dims, _threads, (na, nb, _nc), dtype_in = u.arg[:5]
+        kind = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}.get(dtype_in)
+        if kind is None:
+            raise ValueError(f"RDNA3 WMMA takes float16 or bfloat16 operands, not {dtype_in}")
+        name = fresh("wmma")
+        lines = []
+        for operand, values in (("a", srcs[:na]), ("b", srcs[na:na + nb])):
+            packed = ", ".join(f"EMBER_WMMA_{kind}_IN({v})" for v in values)
+            lines.append(f"const EMBER_WMMA_{kind}_VEC {name}_{operand} = (EMBER_WMMA_{kind}_VEC)({packed});")
+        lines.append(f"const float8 {name} = EMBER_WMMA_{kind}({name}_a, {name}_b, (uint)({srcs[na + nb]}));")
+        return name, lines, ["EMBER_WMMA_SCRATCH;"]
 
     # --- loads and stores ---------------------------------------------------------------------
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
