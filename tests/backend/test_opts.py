@@ -208,6 +208,29 @@ def test_vectorized_and_threaded_max_keep_nan(opts: list[Opt]):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x.reshape(64, 64).max(1)))
 
 
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+def test_unrolled_row_max_vectorizes_and_keeps_nan(unroll: int):
+    """A max along the contiguous axis unrolled k ways is vectorized with its k accumulators (one vector chain
+    each); the heuristic picks such an unroll, and every row matches numpy exactly: a nan in any copy's lanes,
+    in the last element, +-inf, all -inf."""
+    from ember.codegen.heuristic import heuristic_opts
+
+    x = randf(64, 256)
+    x[1, 0] = x[2, 255] = x[3, 129] = x[4, 7] = np.nan
+    x[5, 3], x[6, 200] = np.inf, -np.inf
+    x[7] = -np.inf
+    x[8, :128] = np.nan
+    si = last_kernel(Tensor(x, device="CPU").realize().max(1))
+    renderer = Device["CPU"].renderer
+    opts = [Opt("UNROLL", 1, unroll)]
+    src = get_program(si.ast, renderer, opts=opts).src
+    assert src.count("reduction(ember_max_float:") == unroll, src
+    np.testing.assert_array_equal(run_opts(si, "CPU", opts), x.max(1))
+    heuristic = heuristic_opts(si.ast, renderer)
+    assert [o.op for o in heuristic] == ["UNROLL"], heuristic
+    np.testing.assert_array_equal(run_opts(si, "CPU", heuristic), x.max(1))
+
+
 def test_broadcast_axes_are_computed_once():
     """An output axis the stored value does not depend on (a reduction of a tensor expanded along it) is found,
     and the heuristic puts all of it in the register tile: the result still matches numpy."""
