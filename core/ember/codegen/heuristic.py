@@ -252,9 +252,13 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
                     prod(shape) >= WIDE_SUM_MIN_WORK:
                 # a large column sum streams memory: a row of 256 (past the register file; gcc keeps the sums in
                 # vectors it spills) took 0.7x the CPU time of 128 on a 4096^2 column mean (512: 0.55x, but a
-                # 1.3 s first compile against 0.4 s). A max is not vectorized across the row by gcc, so its row
-                # stays within the registers; every core still gets two tiles
+                # 1.3 s first compile against 0.4 s); every core still gets two tiles. A max's row stays within
+                # the registers unless the renderer vectorizes it
                 limit = max(limit, min(MAX_UPCAST // 4, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
+            elif _plain_float_max(ast) and getattr(renderer, "vector_max_tiles", False):
+                # a column max of a buffer that the renderer keeps in an array and vectorizes (on one core, 4096^2:
+                # a 128-wide row 3.4 ms, 512 2.35 ms, 1024 2.2 ms): every core still gets two tiles
+                limit = max(limit, min(MAX_UPCAST // 2, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
             wide = max([a for a in range(4, min(limit, max_tile, out_shape[d]) + 1, 4)
                         if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
             if wide > opts[0].arg:
@@ -270,6 +274,19 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
     return opts
+
+
+def _plain_float_max(ast: UOp) -> bool:
+    """Whether the kernel's one reduction is a float max straight of an unmasked load (nothing computed on
+    the loaded values): what a renderer's ``vector_max_tiles`` covers."""
+    from ember.dtype import dtypes
+
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1 or reduces[0].arg[0] is not Ops.MAX or reduces[0].dtype not in (dtypes.float32,
+                                                                                         dtypes.float64):
+        return False
+    src = reduces[0].src[0]
+    return src.op is Ops.VIEW and src.src[0].op is Ops.LOAD and all(v.mask is None for v in src.arg.views)
 
 
 def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
