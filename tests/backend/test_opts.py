@@ -254,6 +254,12 @@ def test_column_max_tile_is_a_vectorized_array_and_keeps_nan(dtype: type):
     # below the smallest array tile, and a max of computed values: scalar accumulators, the same results
     assert "mtile" not in get_program(si.ast, renderer, opts=[Opt("UPCAST", 1, 8)]).src
     np.testing.assert_array_equal(run_opts(si, "CPU", [Opt("UPCAST", 1, 8)]), x.max(0))
+    # over two axes the accumulators stay scalar: the heuristic keeps such a tile within the registers
+    y = RNG.uniform(-1, 1, size=(4, 8, 1024)).astype(dtype)
+    both = last_kernel(Tensor(y, device="CPU").realize().max((0, 1)))
+    wide = [o for o in heuristic_opts(both.ast, renderer) if o.op == "UPCAST" and o.arg > 128]
+    assert not wide or "mtile" in get_program(both.ast, renderer).src, wide
+    np.testing.assert_array_equal(run_opts(both, "CPU", heuristic_opts(both.ast, renderer)), y.max((0, 1)))
     t = Tensor(x, device="CPU").realize()
     fused = last_kernel((t * 2).max(0))
     assert "mtile" not in get_program(fused.ast, renderer, opts=[Opt("UPCAST", 1, 64)]).src

@@ -255,9 +255,10 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
                 # 1.3 s first compile against 0.4 s); every core still gets two tiles. A max's row stays within
                 # the registers unless the renderer vectorizes it
                 limit = max(limit, min(MAX_UPCAST // 4, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
-            elif _plain_float_max(ast) and getattr(renderer, "vector_max_tiles", False):
+            elif len(reduce_axes) == 1 and _plain_float_max(ast) and getattr(renderer, "vector_max_tiles", False):
                 # a column max of a buffer that the renderer keeps in an array and vectorizes (on one core, 4096^2:
-                # a 128-wide row 3.4 ms, 512 2.35 ms, 1024 2.2 ms): every core still gets two tiles
+                # a 128-wide row 3.4 ms, 512 2.35 ms, 1024 2.2 ms): every core still gets two tiles. Over several
+                # axes its accumulators live outside the outer loop, where the renderer leaves them scalar
                 limit = max(limit, min(MAX_UPCAST // 2, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
             wide = max([a for a in range(4, min(limit, max_tile, out_shape[d]) + 1, 4)
                         if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
