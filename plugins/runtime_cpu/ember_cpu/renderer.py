@@ -188,9 +188,11 @@ class MaxTile:
     over it, which it vectorizes; the loop also prefetches the rows ahead."""
 
     accs: tuple[UOp, ...]
-    first_load: UOp
+    #: one copy's MAX (each step renders as it does), the uops the loop over the array replaces
+    combine: UOp
     dropped: frozenset[UOp]
     dtype: DType
+    #: how far the first element's index moves per reduce step
     row_stride: int
 
     @staticmethod
@@ -210,7 +212,7 @@ class MaxTile:
                 return None
             copies.append((acc, val, val.src[1]))
         first = copies[0][2]
-        buf, idx = first.src
+        buf, idx = first.src[0], first.src[1]
         dropped: set[UOp] = set()
         for j, (acc, val, load) in enumerate(copies):
             lidx = load.src[1]
@@ -237,7 +239,7 @@ class MaxTile:
         if [u for u in uops[since + 1:start] if u.op is Ops.DEFINE_ACC] != list(accs):
             return None
         affine, _ = _index_terms(idx)
-        return MaxTile(accs, first, frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
+        return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
 
 
 class CPURenderer(CStyleRenderer):
@@ -445,8 +447,8 @@ class CPURenderer(CStyleRenderer):
         self._declared_tiles.append(arr)
         self._open_tile, self._tile_load = (tile, arr), None
         t, init = self.render_dtype(tile.dtype), self.render_const(tile.accs[0].src[0].arg, tile.dtype)
-        return [f"{t} {arr}[{len(tile.accs)}];", f"for (int j = 0; j < {len(tile.accs)}; j++) {arr}[j] = {init};",
-                loop]
+        j, k = f"{arr}_j", len(tile.accs)
+        return [f"{t} {arr}[{k}];", f"for (int {j} = 0; {j} < {k}; {j}++) {arr}[{j}] = {init};", loop]
 
     def render_range_close(self, u: UOp) -> list[str]:
         if u not in self._max_tiles:
@@ -456,14 +458,15 @@ class CPURenderer(CStyleRenderer):
         (tile, arr), (buf, idx) = self._open_tile, self._tile_load
         self._open_tile, self._closed_tile = None, arr
         t, k = self.render_dtype(tile.dtype), len(tile.accs)
-        acc, val = f"{arr}[j]", "v"
-        step = f"{acc} = (({acc} > {val} || {acc} != {acc}) ? {acc} : {val});"
-        lines = ["  #pragma omp simd", f"  for (int j = 0; j < {k}; j++) {{ {t} {val} = {buf}[{idx} + j]; {step} }}"]
-        line_elems = 64 // tile.dtype.itemsize  # one prefetch per cache line
+        j, val = f"{arr}_j", f"{arr}_v"  # names no other variable of a kernel has
+        step = f"{arr}[{j}] = {self.render_alu(tile.combine, [f'{arr}[{j}]', val])};"
+        lines = ["  #pragma omp simd",
+                 f"  for (int {j} = 0; {j} < {k}; {j}++) {{ {t} {val} = {buf}[{idx} + {j}]; {step} }}"]
         if tile.row_stride > k:  # rows apart (a tile along a contiguous run is prefetched by the hardware)
             ahead = max(1, MAX_TILE_PREFETCH_BYTES // (k * tile.dtype.itemsize)) * tile.row_stride
-            # pointer arithmetic: the index past the buffer's last rows may not fit the index type
-            lines += [f"  for (int j = 0; j < {k}; j += {line_elems}) __builtin_prefetch(&{buf}[{idx}] + {ahead} + j);"]
+            # one prefetch per cache line; pointer arithmetic, as the index past the last rows may not fit its type
+            lines.append(f"  for (int {j} = 0; {j} < {k}; {j} += {64 // tile.dtype.itemsize}) "
+                         f"__builtin_prefetch(&{buf}[{idx}] + {ahead} + {j});")
         return lines + super().render_range_close(u)
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
