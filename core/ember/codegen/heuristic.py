@@ -6,7 +6,9 @@ chosen) and the :class:`~ember.renderer.Renderer`'s capabilities, never a device
 Loop targets (CPU-style): register tiles sized from the register file (``vector_floats`` lanes per register,
 ``vector_registers`` registers): enough independent accumulators to cover the latency of the multiply-adds,
 few enough that they stay in registers. A full reduction is split across the cores (THREAD) and unrolled
-so a max or min has independent chains. Work-group targets: smaller tiles, LOCAL sizes from the
+so a max or min has independent chains; so is a max along a contiguous axis (ROW_MAX_UNROLL). A column sum,
+and a column max on a renderer with ``vector_max_tiles``, get a row wider than the register file. Work-group
+targets: smaller tiles, LOCAL sizes from the
 renderer's ``local_max``, and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for
 reductions with too few outputs to fill the device, or that read across rows; a reduction along a contiguous
 axis is unrolled so each work-item keeps independent chains.
