@@ -8,8 +8,9 @@
 
 Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
 already-scheduled, already-compiled kernel list. Prints one table row per case with the ratio
-``peer time / ember time`` (above 1: ember is faster) and the goal. Run: ``python bench/bench_kernels.py``
-(``--only matmul,sum,...`` picks cases).
+``peer time / ember time`` (above 1: ember is faster) and the goal; the reductions also print both CPU times
+(every thread's) and their ratio. Run: ``python bench/bench_kernels.py`` (``--only matmul,reduce,...`` picks
+cases).
 """
 from __future__ import annotations
 
@@ -20,17 +21,24 @@ from collections.abc import Callable
 
 import numpy as np
 
+#: best CPU time (all of the process's threads) of each function of the last :func:`interleaved` call
+LAST_CPU: list[float] = []
+
 
 def interleaved(fns: list[Callable[[], object]], repeat: int) -> list[float]:
-    """Best wall time of each function, calling them in turn ``repeat`` times after one warm-up each."""
+    """Best wall time of each function, calling them in turn ``repeat`` times after one warm-up each (the best CPU
+    time of each is left in :data:`LAST_CPU`: on a loaded machine it compares the work done, where wall time
+    also counts the waits for a core)."""
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
+    LAST_CPU[:] = [float("inf")] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
-            st = time.perf_counter()
+            st, cpu = time.perf_counter(), time.process_time()
             fn()
             best[i] = min(best[i], time.perf_counter() - st)
+            LAST_CPU[i] = min(LAST_CPU[i], time.process_time() - cpu)
     return best
 
 
@@ -49,11 +57,14 @@ def runner(out: object) -> Callable[[], object]:
 ROWS: list[tuple[str, float, float, float, str]] = []
 
 
-def report(case: str, ember_s: float, peer_s: float, goal: float, peer: str) -> None:
+def report(case: str, ember_s: float, peer_s: float, goal: float, peer: str, cpu: bool = False) -> None:
+    """One row: wall times and their ratio against the goal; ``cpu``: also the CPU times (:data:`LAST_CPU`)."""
     ratio = peer_s / ember_s
     ROWS.append((case, ember_s, peer_s, ratio, "ok" if ratio >= goal else f"MISS (goal {goal}x)"))
+    cpu_part = f"  cpu {LAST_CPU[0] * 1e3:.2f} / {LAST_CPU[1] * 1e3:.2f} ms ({LAST_CPU[1] / LAST_CPU[0]:.2f}x)" \
+        if cpu and len(LAST_CPU) == 2 else ""
     print(f"{case:46s} ember {ember_s * 1e3:8.2f} ms  {peer:5s} {peer_s * 1e3:8.2f} ms  ratio {ratio:5.2f}x "
-          f"(goal >= {goal}x) {'ok' if ratio >= goal else 'MISS'}", flush=True)
+          f"(goal >= {goal}x) {'ok' if ratio >= goal else 'MISS'}{cpu_part}", flush=True)
 
 
 def bench_matmul(repeat: int, n: int = 1024) -> None:
@@ -76,14 +87,14 @@ def bench_reduce(repeat: int) -> None:
     x = rng.standard_normal(16 * 1024 * 1024, dtype=np.float32)
     tx = Tensor(x, device="CPU").realize()
     ember_s, np_s = interleaved([runner(tx.sum()), lambda: x.sum()], repeat)
-    report("sum 64 MB", ember_s, np_s, 1.5, "numpy")
+    report("sum 64 MB", ember_s, np_s, 1.5, "numpy", cpu=True)
     m = rng.standard_normal((4096, 4096), dtype=np.float32)
     tm = Tensor(m, device="CPU").realize()
     for op in ("max", "mean"):
         for axis in (0, 1):
             out = getattr(tm, op)(axis)
             ember_s, np_s = interleaved([runner(out), lambda op=op, axis=axis: getattr(m, op)(axis)], repeat)
-            report(f"{op} 4096^2 axis {axis}", ember_s, np_s, 1.0, "numpy")
+            report(f"{op} 4096^2 axis {axis}", ember_s, np_s, 1.0, "numpy", cpu=True)
 
 
 def bench_conv(repeat: int) -> None:

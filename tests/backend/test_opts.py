@@ -208,6 +208,64 @@ def test_vectorized_and_threaded_max_keep_nan(opts: list[Opt]):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x.reshape(64, 64).max(1)))
 
 
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+def test_unrolled_row_max_vectorizes_and_keeps_nan(unroll: int):
+    """A max along the contiguous axis unrolled k ways is vectorized with its k accumulators (one vector chain
+    each); the heuristic picks such an unroll, and every row matches numpy exactly: a nan in any copy's lanes,
+    in the last element, +-inf, all -inf."""
+    from ember.codegen.heuristic import heuristic_opts
+
+    x = randf(64, 256)
+    x[1, 0] = x[2, 255] = x[3, 129] = x[4, 7] = np.nan
+    x[5, 3], x[6, 200] = np.inf, -np.inf
+    x[7] = -np.inf
+    x[8, :128] = np.nan
+    si = last_kernel(Tensor(x, device="CPU").realize().max(1))
+    renderer = Device["CPU"].renderer
+    opts = [Opt("UNROLL", 1, unroll)]
+    src = get_program(si.ast, renderer, opts=opts).src
+    assert src.count("reduction(ember_max_float:") == unroll, src
+    np.testing.assert_array_equal(run_opts(si, "CPU", opts), x.max(1))
+    heuristic = heuristic_opts(si.ast, renderer)
+    assert [o.op for o in heuristic] == ["UNROLL"], heuristic
+    np.testing.assert_array_equal(run_opts(si, "CPU", heuristic), x.max(1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_column_max_tile_is_a_vectorized_array_and_keeps_nan(dtype: type):
+    """A column max's register tile is rendered as a loop over an array (gcc vectorizes no tile of scalar max
+    accumulators), the heuristic widens it past the register file, and every column matches numpy exactly:
+    nan first, last or alone in a column, +-inf, a column of -inf, a nan in every row of a column."""
+    from ember.codegen.heuristic import heuristic_opts
+
+    x = RNG.uniform(-1, 1, size=(96, 256)).astype(dtype)
+    x[0, 3] = x[95, 17] = x[40, 255] = x[7, 0] = np.nan
+    x[:, 9] = np.nan
+    x[5, 30], x[6, 31] = np.inf, -np.inf
+    x[:, 32] = -np.inf
+    si = last_kernel(Tensor(x, device="CPU").realize().max(0))
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    assert len(opts) == 1 and opts[0].op == "UPCAST" and opts[0].arg >= 64, opts
+    for o in (opts, [Opt("UPCAST", 1, 16)], [Opt("UPCAST", 1, 256)]):
+        src = get_program(si.ast, renderer, opts=o).src
+        assert "mtile0[" in src and "#pragma omp simd" in src, src
+        np.testing.assert_array_equal(run_opts(si, "CPU", o), x.max(0))
+    # below the smallest array tile, and a max of computed values: scalar accumulators, the same results
+    assert "mtile" not in get_program(si.ast, renderer, opts=[Opt("UPCAST", 1, 8)]).src
+    np.testing.assert_array_equal(run_opts(si, "CPU", [Opt("UPCAST", 1, 8)]), x.max(0))
+    # over two axes the accumulators stay scalar: the heuristic keeps such a tile within the registers
+    y = RNG.uniform(-1, 1, size=(4, 8, 1024)).astype(dtype)
+    both = last_kernel(Tensor(y, device="CPU").realize().max((0, 1)))
+    wide = [o for o in heuristic_opts(both.ast, renderer) if o.op == "UPCAST" and o.arg > 128]
+    assert not wide or "mtile" in get_program(both.ast, renderer).src, wide
+    np.testing.assert_array_equal(run_opts(both, "CPU", heuristic_opts(both.ast, renderer)), y.max((0, 1)))
+    t = Tensor(x, device="CPU").realize()
+    fused = last_kernel((t * 2).max(0))
+    assert "mtile" not in get_program(fused.ast, renderer, opts=[Opt("UPCAST", 1, 64)]).src
+    np.testing.assert_array_equal(run_opts(fused, "CPU", [Opt("UPCAST", 1, 64)]), (x * 2).max(0))
+
+
 def test_broadcast_axes_are_computed_once():
     """An output axis the stored value does not depend on (a reduction of a tensor expanded along it) is found,
     and the heuristic puts all of it in the register tile: the result still matches numpy."""

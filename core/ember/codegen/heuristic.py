@@ -6,7 +6,9 @@ chosen) and the :class:`~ember.renderer.Renderer`'s capabilities, never a device
 Loop targets (CPU-style): register tiles sized from the register file (``vector_floats`` lanes per register,
 ``vector_registers`` registers): enough independent accumulators to cover the latency of the multiply-adds,
 few enough that they stay in registers. A full reduction is split across the cores (THREAD) and unrolled
-so a max or min has independent chains. Work-group targets: smaller tiles, LOCAL sizes from the
+so a max or min has independent chains; so is a max along a contiguous axis (ROW_MAX_UNROLL). A column sum,
+and a column max on a renderer with ``vector_max_tiles``, get a row wider than the register file. Work-group
+targets: smaller tiles, LOCAL sizes from the
 renderer's ``local_max``, and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for
 reductions with too few outputs to fill the device, or that read across rows; a reduction along a contiguous
 axis is unrolled so each work-item keeps independent chains.
@@ -34,6 +36,10 @@ GROUP_MIN_REDUCE = 256
 WORKGROUP_MAX_ITEMS = 256
 #: a column sum over at least this many elements gets a row wider than the register file
 WIDE_SUM_MIN_WORK = 1 << 22
+#: a max along a contiguous axis is unrolled this much: the renderer turns each copy's accumulator into a vector
+#: chain of its own (one chain is bound by its compare-and-blend latency). A 4096^2 row max on one core (AVX-512,
+#: CPU time): 2.73 ms with one chain, 2.00 ms with 2, 2.08 ms with 4 or 8 (numpy: 2.5 ms)
+ROW_MAX_UNROLL = 2
 
 
 def _view_strides(view: UOp, rank: int) -> dict[int, int]:
@@ -248,9 +254,14 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
                     prod(shape) >= WIDE_SUM_MIN_WORK:
                 # a large column sum streams memory: a row of 256 (past the register file; gcc keeps the sums in
                 # vectors it spills) took 0.7x the CPU time of 128 on a 4096^2 column mean (512: 0.55x, but a
-                # 1.3 s first compile against 0.4 s). A max is not vectorized across the row by gcc, so its row
-                # stays within the registers; every core still gets two tiles
+                # 1.3 s first compile against 0.4 s); every core still gets two tiles. A max's row stays within
+                # the registers unless the renderer vectorizes it
                 limit = max(limit, min(MAX_UPCAST // 4, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
+            elif len(reduce_axes) == 1 and _plain_float_max(ast) and getattr(renderer, "vector_max_tiles", False):
+                # a column max of a buffer that the renderer keeps in an array and vectorizes (on one core, 4096^2:
+                # a 128-wide row 3.4 ms, 512 2.35 ms, 1024 2.2 ms): every core still gets two tiles. Over several
+                # axes its accumulators live outside the outer loop, where the renderer leaves them scalar
+                limit = max(limit, min(MAX_UPCAST // 2, out_shape[d] // (2 * max(1, renderer.parallel_threads))))
             wide = max([a for a in range(4, min(limit, max_tile, out_shape[d]) + 1, 4)
                         if out_shape[d] % a == 0 and _whole_vectors(a, lanes)], default=1)
             if wide > opts[0].arg:
@@ -266,6 +277,19 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
     return opts
+
+
+def _plain_float_max(ast: UOp) -> bool:
+    """Whether the kernel's one reduction is a float max straight of an unmasked load (nothing computed on
+    the loaded values): what a renderer's ``vector_max_tiles`` covers."""
+    from ember.dtype import dtypes
+
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1 or reduces[0].arg[0] is not Ops.MAX or reduces[0].dtype not in (dtypes.float32,
+                                                                                         dtypes.float64):
+        return False
+    src = reduces[0].src[0]
+    return src.op is Ops.VIEW and src.src[0].op is Ops.LOAD and all(v.mask is None for v in src.arg.views)
 
 
 def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
@@ -388,11 +412,16 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
             opts.append(Opt("UPCAST", axis, out_shape[axis]))
     if not opts:
         # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
-        # the reduction so non-sum reductions get independent chains
+        # the reduction so non-sum reductions get independent chains (a float sum's one vector chain keeps up
+        # with memory; a max's does not)
         _, reduce_axes = full_shape(ast)
         ops = {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
         if len(reduce_axes) == 1 and not ops <= {Ops.ADD, Ops.MAX}:
             u = _largest_factor(full_shape(ast)[0][reduce_axes[0]], 8, 4)
             if u > 1:
                 opts.append(Opt("UNROLL", reduce_axes[0], u))
+        elif len(reduce_axes) == 1 and ops == {Ops.MAX}:
+            size = full_shape(ast)[0][reduce_axes[0]]
+            if size % ROW_MAX_UNROLL == 0 and size >= 16 * ROW_MAX_UNROLL:
+                opts.append(Opt("UNROLL", reduce_axes[0], ROW_MAX_UNROLL))
     return opts
