@@ -86,7 +86,9 @@ def test_a_jit_captured_on_quick_builds_replays_the_optimized_ones(tiered):
                                    np.maximum(x_np @ w_np * np.float32(1.7890625), 0), rtol=1e-5, atol=1e-6)
     captured = f.captured
     assert captured is not None and any("1.7890625" in r.spec.src for r in tiered)
-    assert tiers.apply(wait=True) >= 1
+    # the engine swaps ready builds in between launches, so some may already be in: wait for the rest
+    tiers.apply(wait=True)
+    assert not tiers.pending
     for x_np in xs[3:]:
         np.testing.assert_allclose(f(Tensor(x_np, device="CPU")).numpy(),
                                    np.maximum(x_np @ w_np * np.float32(1.7890625), 0), rtol=1e-5, atol=1e-6)
