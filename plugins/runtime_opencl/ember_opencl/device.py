@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import warnings
 import weakref
 from typing import Any
 
@@ -50,7 +51,10 @@ class CLDevice(Compiled):
         program = self._programs.get(key)
         if program is None:
             cl = import_pyopencl()
-            program = self._programs[key] = cl.Program(self.context, [self.cl_device], [binary]).build()
+            with warnings.catch_warnings():
+                # a driver's notes while finishing a binary are only a warning; a failure raises
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                program = self._programs[key] = cl.Program(self.context, [self.cl_device], [binary]).build()
         return program
 
     def synchronize(self) -> None:
