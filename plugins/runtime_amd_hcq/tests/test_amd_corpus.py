@@ -13,13 +13,13 @@ import os
 import time
 
 import pytest
-from amd_test_kernels import representative_asts
 from amd_test_tools import require_clang
 from ember_amd.corpus_check import ARCHS, arch_limits, check_corpus, check_kernel
 from ember_amd.elf import ArgInfo, KernelInfo
 from ember_amd.renderer import AMDRenderer
 
 from ember.engine.corpus import load_corpus
+from ember.testing.kernels import representative_asts
 
 
 @pytest.fixture(scope="module")

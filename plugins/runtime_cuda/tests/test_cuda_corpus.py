@@ -13,10 +13,10 @@ import os
 import time
 
 import pytest
-from cuda_test_kernels import representative_asts
 from ember_cuda.corpus_check import ARCHS, check_corpus, find_ptxas
 
 from ember.engine.corpus import load_corpus
+from ember.testing.kernels import representative_asts
 
 pytestmark = pytest.mark.usefixtures("nvrtc_available")
 

@@ -1,10 +1,13 @@
-"""A small, representative set of kernel ASTs for compile checks when no recorded corpus is given.
+"""A small, representative set of kernel ASTs for compile-only checks of targets without hardware (CUDA, AMD)
+when no recorded corpus is given.
 
 Each entry schedules (without running) a few ops on the PYTHON device, so the ASTs cover every dtype,
 casts and bitcasts, integer division and shifts, transcendental functions, reductions, matmul,
 convolution, views (pad, shrink, flip, permute, expand) and gated loads.
 """
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 
@@ -34,7 +37,7 @@ def _workloads() -> list[Tensor]:
         f32.softmax(axis=1), f32.argmax(axis=1),
         f32.sum(),                                              # full reduction
         img.conv2d(w, padding=1),                               # convolution with padded (gated) loads
-        img.max_pool2d(2),
+        cast(Tensor, img.max_pool2d(2)),  # (a Tensor: no return_indices)
         f32.pad(((1, 1), (2, 0))).flip(0).permute(1, 0)[3:9, ::2].contiguous(),
         f32.reshape(8, 16, 1).expand(8, 16, 4).contiguous(),
         (i32 // 7) + (i32 % 5) + (i32 // (i32 + 101)) + (i32 % (i32 - 101)),
