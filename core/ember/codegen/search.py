@@ -3,10 +3,14 @@
 Starting from no opts and from the heuristic's choice, each round extends every kept opt list by one action
 (an :class:`~ember.codegen.opts.Opt` that fits; GROUP and GROUPTOP too on work-group targets with local
 memory, and TC on targets with tensor cores), renders all the new candidates, compiles them in one batch
-(``compile_cached_many``: the batch compiler spreads them over the cores), and times each on scratch buffers
-of the kernel's sizes, filled with random values. A candidate whose output differs from the unoptimized
-kernel's on those buffers is rejected. The ``N`` fastest survive to the next round; the search stops when
-a round finds nothing faster or its time budget (``BEAM_BUDGET`` seconds, default 1.5) is spent.
+(``compile_cached_many``: the batch compiler spreads them over the cores), and times each on a *sample*:
+copies of the kernel's real buffers when the engine hands them over (it searches a kernel when the kernels
+before it in the schedule have computed its inputs), else buffers of the kernel's sizes filled with random
+values. The real buffers are never written: every parameter gets its own copy, inputs with the real contents,
+outputs as scratch (an output the kernel also reads, an in-place update, with the real contents, put back
+before each candidate's checked run). A candidate whose output differs from the unoptimized kernel's on the
+sample is rejected. The ``N`` fastest survive to the next round; the search stops when a round finds nothing
+faster or its time budget (``BEAM_BUDGET`` seconds, default 1.5) is spent.
 
 The result is cached on disk under :func:`~ember.codegen.cachekey.lowering_key` (the AST, the knobs and the
 renderer's full identity), so a second process searches nothing.
@@ -17,6 +21,8 @@ import os
 import pickle
 import time
 import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +33,7 @@ from ember.codegen.heuristic import MAX_TILE_OPS, reduce_loads
 from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
 from ember.dtype import PtrDType, to_np_dtype
 from ember.helpers import DEBUG
+from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
 
@@ -68,33 +75,89 @@ def actions(ast: UOp, renderer: Renderer) -> list[Opt]:
     return out
 
 
-def _scratch_buffers(ast: UOp, device: str) -> list[Any]:
-    """One buffer per kernel parameter, of its size and dtype, inputs filled with random values."""
-    from ember.device.buffer import Buffer
+class Sample:
+    """The buffers candidates run on: one fresh buffer per kernel parameter, never a real one.
 
-    rng = np.random.default_rng(0)
-    params = sorted({u.arg[0]: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.items())
-    bufs = []
-    for _, g in params:
-        dt = g.dtype.base if isinstance(g.dtype, PtrDType) else g.value_dtype
-        npdt = to_np_dtype(dt)
-        size = max(int(g.arg[1]), 1)
-        vals: np.ndarray
-        if np.issubdtype(npdt, np.floating):
-            vals = rng.uniform(-1, 1, size).astype(npdt)
-        elif npdt == np.bool_:
-            vals = rng.integers(0, 2, size).astype(np.bool_)
-        else:
-            vals = rng.integers(0, 8, size).astype(npdt)
-        buf = Buffer(device, size, dt).allocate()
-        buf.copyin(memoryview(vals.tobytes()).cast("B"))
-        bufs.append(buf)
-    return bufs
+    With ``real`` (the kernel's buffers, by parameter index, its inputs already computed) every parameter the
+    kernel reads is a copy of the real contents; without, inputs are random values. Outputs are scratch,
+    filled with a pattern (all bits set: NaN for floats) before each candidate, so an element a candidate does
+    not write shows up as a difference. An output the kernel also reads (an in-place update) gets its starting
+    contents back instead, so every checked run starts from the same values.
+    """
+
+    def __init__(self, ast: UOp, device: str, real: Sequence[Any] | None = None):
+        from ember.device.buffer import Buffer
+
+        params = dict(sorted({u.arg[0]: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.items()))
+        if real is not None and len(real) < len(params):
+            raise ValueError(f"the kernel takes {len(params)} buffers, {len(real)} given")
+        #: parameter indices the kernel stores to, and those it loads from
+        self.outs = sorted({s.src[0].arg[0] for s in ast.src})
+        loaded = {s.arg[0] for u in ast.toposort() if u.op is Ops.LOAD for s in u.src if s.op is Ops.DEFINE_GLOBAL}
+        self.on_real_buffers = real is not None
+        rng = np.random.default_rng(0)
+        self.bufs: list[Any] = []
+        #: each read parameter's starting contents (the real values or the random ones)
+        self.start: dict[int, bytes] = {}
+        for i, g in params.items():
+            dt = g.dtype.base if isinstance(g.dtype, PtrDType) else g.value_dtype
+            size = max(int(g.arg[1]), 1)
+            if real is not None:  # the copy is of the real buffer's size and dtype, whatever the kernel declares
+                dt, size = real[i].dtype, real[i].size
+            buf = Buffer(device, size, dt).allocate()
+            if i in loaded or i not in self.outs:
+                data = real[i].as_bytes() if real is not None else _random_bytes(rng, dt, size)
+                buf.copyin(memoryview(bytes(data)).cast("B"))
+                self.start[i] = bytes(data)
+            self.bufs.append(buf)
+        self.in_place = [i for i in self.outs if i in self.start]
+
+    def reset_outputs(self) -> None:
+        """Fill the outputs with the pattern (an in-place output with its starting contents)."""
+        for i in self.outs:
+            b = self.bufs[i]
+            b.copyin(memoryview(self.start.get(i, b"\xff" * b.nbytes)).cast("B"))
+
+    def outputs(self) -> list[np.ndarray]:
+        """The outputs' contents now, by parameter index order."""
+        return [np.frombuffer(self.bufs[i].as_bytes(), to_np_dtype(self.bufs[i].dtype)).copy() for i in self.outs]
+
+    def inputs(self) -> dict[int, np.ndarray]:
+        """What each read parameter held before any candidate ran."""
+        return {i: np.frombuffer(data, to_np_dtype(self.bufs[i].dtype)).copy() for i, data in self.start.items()}
 
 
-def _output(bufs: list[Any], ast: UOp) -> list[np.ndarray]:
-    outs = {s.src[0].arg[0] for s in ast.src}
-    return [np.frombuffer(b.as_bytes(), to_np_dtype(b.dtype)).copy() for i, b in enumerate(bufs) if i in outs]
+def _random_bytes(rng: np.random.Generator, dt: Any, size: int) -> bytes:
+    """``size`` random values of ``dt``: floats in [-1, 1), small non-negative ints, bools."""
+    npdt = to_np_dtype(dt)
+    vals: np.ndarray
+    if np.issubdtype(npdt, np.floating):
+        vals = rng.uniform(-1, 1, size).astype(npdt)
+    elif npdt == np.bool_:
+        vals = rng.integers(0, 2, size).astype(np.bool_)
+    else:
+        vals = rng.integers(0, 8, size).astype(npdt)
+    return vals.tobytes()
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    """What one search did, for :data:`observers`: the sample it timed on and every candidate's time."""
+
+    ast: UOp
+    #: whether the sample held copies of the kernel's real buffers (else random values)
+    on_real_buffers: bool
+    #: each read parameter's contents (by index) before any candidate ran
+    inputs: dict[int, np.ndarray]
+    #: the unoptimized kernel's outputs on the sample, which every candidate had to match
+    reference: list[np.ndarray]
+    #: seconds per candidate opt list; ``inf`` for one rejected (a wrong result, too slow)
+    timed: dict[tuple[Opt, ...], float]
+    best: list[Opt]
+
+
+#: callbacks that get a :class:`SearchReport` after each search (tests; tools that show what BEAM did)
+observers: list[Callable[[SearchReport], None]] = []
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -118,31 +181,50 @@ def _time(runner: Any, bufs: list[Any], best: float) -> float:
     return min(times)
 
 
-def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None = None) -> list[Opt]:
-    """The fastest opt list found for ``ast`` on ``renderer``'s device with a beam of width ``amt``."""
+def cached_opts(ast: UOp, renderer: Renderer) -> list[Opt] | None:
+    """The opts an earlier search (in any process) found for ``ast`` on ``renderer``, or None."""
     path = diskcache.entry_path("beam", lowering_key(renderer, ast))
     if path is not None and (payload := diskcache.read(path)) is not None:
         try:
             return list(diskcache.restricted_loads(payload))  # Opts and builtins only: an entry never runs code
         except Exception:  # an entry from an incompatible version, or forged: search again
             diskcache.invalidate(path)
+    return None
+
+
+def searchable(ast: UOp) -> bool:
+    """Whether BEAM times ``ast`` (a kernel with symbolic sizes would need values for them: the heuristic
+    decides)."""
+    return not any(u.op is Ops.DEFINE_VAR or (u.op in (Ops.VIEW, Ops.STORE) and isinstance(u.arg, ShapeTracker)
+                                              and u.arg.var_names()) for u in ast.toposort())
+
+
+def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None = None,
+                bufs: Sequence[Any] | None = None) -> list[Opt]:
+    """The fastest opt list found for ``ast`` on ``renderer``'s device with a beam of width ``amt``.
+
+    ``bufs`` are the kernel's real buffers (by parameter index, its inputs computed): candidates run on copies
+    of them. Without them they run on random values."""
+    if (found := cached_opts(ast, renderer)) is not None:
+        return found
     from ember.codegen.opts import heuristic_opts
 
-    if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):
-        # symbolic sizes: the scratch buffers would need values for them; the heuristic decides
+    if not searchable(ast):
         return heuristic_opts(ast, renderer)
     try:
-        opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s)
+        opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s,
+                       bufs)
     except Exception as e:  # a device that cannot time candidates: the heuristic's choice, said once per kernel
         warnings.warn(f"BEAM search failed for {kernel_name_of(ast)} ({type(e).__name__}: {e}); using the "
                       "heuristic's opts", stacklevel=2)
         return heuristic_opts(ast, renderer)
+    path = diskcache.entry_path("beam", lowering_key(renderer, ast))
     if path is not None:
         diskcache.write(path, pickle.dumps(opts))
     return opts
 
 
-def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt]:
+def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Sequence[Any] | None = None) -> list[Opt]:
     from ember.codegen import get_program
     from ember.codegen.opts import heuristic_opts
     from ember.device.registry import Device
@@ -152,7 +234,7 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt
     start = time.perf_counter()
     device = renderer.device
     dev = Device[device]
-    bufs = _scratch_buffers(ast, device)
+    sample = Sample(ast, device, bufs)
 
     def build(cands: list[list[Opt]]) -> list[tuple[list[Opt], Any]]:
         st = time.perf_counter()
@@ -167,8 +249,9 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt
     heuristic = heuristic_opts(ast, renderer)
     seeds: list[list[Opt]] = [[]] + ([heuristic] if heuristic else [])
     built = build(seeds)
-    built[0][1](bufs, wait=True)
-    reference = _output(bufs, ast)  # the unoptimized kernel's result: every candidate must match it
+    sample.reset_outputs()
+    built[0][1](sample.bufs, wait=True)
+    reference = sample.outputs()  # the unoptimized kernel's result: every candidate must match it
     timed: dict[tuple[Opt, ...], float] = {}
     best_t = float("inf")
     all_actions = actions(ast, renderer)
@@ -181,8 +264,13 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt
         nonlocal best_t
         improved = False
         for c, runner in batch:
-            t = _time(runner, bufs, best_t)
-            if t != float("inf") and not _same(_output(bufs, ast), reference):
+            sample.reset_outputs()
+            t = _time(runner, sample.bufs, best_t)
+            if t != float("inf") and sample.in_place:
+                # the timing runs updated the in-place outputs several times: check one run from the start
+                sample.reset_outputs()
+                runner(sample.bufs, wait=True)
+            if t != float("inf") and not _same(sample.outputs(), reference):
                 t = float("inf")  # a wrong result is never kept
             timed[tuple(c)] = t
             bar.update(1)
@@ -221,8 +309,12 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float) -> list[Opt
     ranked = sorted((k for k in timed if timed[k] != float("inf")), key=lambda k: timed[k])
     best = list(ranked[0]) if ranked else heuristic
     if DEBUG >= 2:
-        print(f"BEAM {amt}: {len(timed)} candidates in {time.perf_counter() - start:.2f}s, best {best} "
-              f"{best_t * 1e6:.1f}us")
+        print(f"BEAM {amt}: {len(timed)} candidates in {time.perf_counter() - start:.2f}s "
+              f"({'real' if sample.on_real_buffers else 'random'} buffers), best {best} {best_t * 1e6:.1f}us")
+    if observers:
+        report = SearchReport(ast, sample.on_real_buffers, sample.inputs(), reference, dict(timed), best)
+        for observe in observers:
+            observe(report)
     return best
 
 

@@ -7,6 +7,10 @@ before anything runs and hands the device compiler all its new kernels together
 (:meth:`~ember.device.compiler.Compiler.compile_cached_stream`), so a driver with a high cost per
 build pays it once per schedule rather than once per kernel, and one that builds in other processes
 overlaps the builds with rendering.
+
+Under ``BEAM`` a kernel that was never searched is lowered when its turn to run comes instead
+(:func:`run_schedule_searching`): the kernels before it have computed its inputs by then, so the search
+times its candidates on copies of the real buffers. The rest of the schedule is still compiled in one batch.
 """
 from __future__ import annotations
 
@@ -19,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember import diskcache
-from ember.codegen import ProgramSpec, get_program
+from ember.codegen import ProgramSpec, get_program, search
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus, runtime_consts, tiers
-from ember.helpers import DEBUG, GlobalCounters, colored, getenv
+from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, getenv
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.schedule import ScheduleItem
@@ -317,8 +321,56 @@ capturing: list[Callable[[ExecItem], None]] = []
 
 
 def run_schedule(schedule: list[ScheduleItem], wait: bool = False) -> None:
-    """Lower every item (compiling what is new), then run them in order."""
+    """Lower every item (compiling what is new), then run them in order.
+
+    Under ``BEAM`` a kernel not searched before is searched when its turn comes, after the kernels before it
+    have computed its inputs, so its candidates are timed and checked on copies of its real buffers
+    (:func:`run_schedule_searching`)."""
+    if BEAM >= 1 and not NOOPT:
+        run_schedule_searching(schedule, wait)
+        return
     for ei in lower_schedule(schedule):
         ei.run(wait=wait)
         for capture in capturing:
             capture(ei)
+
+
+def run_schedule_searching(schedule: Sequence[ScheduleItem], wait: bool = False) -> None:
+    """Run ``schedule`` under ``BEAM``: kernels whose opts are known (compiled in this process, lowered or
+    searched in any) are compiled together first, as :func:`lower_schedule` does; each of the others is
+    searched (:func:`~ember.codegen.search.beam_search`) just before it runs, on copies of its buffers."""
+    if tiers.pending:
+        tiers.apply()
+    items = [runtime_consts.parameterize(si, method_cache) for si in schedule]
+    _compile_new_kernels([si for si in items if si.ast.op is Ops.COPY or not _needs_search(si)])
+    for si in items:
+        if si.ast.op is not Ops.COPY and (si.bufs[0].device, si.ast) not in method_cache:
+            _search_and_compile(si)
+        ei = lower_schedule_item(si)
+        ei.run(wait=wait)
+        for capture in capturing:
+            capture(ei)
+
+
+def _needs_search(si: ScheduleItem) -> bool:
+    """Whether lowering ``si``'s kernel would run a BEAM search: nothing compiled, lowered or searched for it
+    before, and sizes BEAM can time."""
+    device = si.bufs[0].device
+    if (device, si.ast) in method_cache or not search.searchable(si.ast):
+        return False
+    renderer = Device[device].renderer
+    if DEBUG < 5 and _load_lowered(renderer, si.ast) is not None:
+        return False
+    return search.cached_opts(si.ast, renderer) is None
+
+
+def _search_and_compile(si: ScheduleItem) -> None:
+    """Search ``si``'s kernel on copies of its buffers (whose inputs are computed by now), then compile the
+    winner into ``method_cache`` and the disk lowering cache."""
+    device = si.bufs[0].device
+    corpus.record(si.ast)
+    renderer = Device[device].renderer
+    opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs))
+    spec = get_program(si.ast, renderer, opts=opts)
+    _store_lowered(renderer, si.ast, spec)
+    method_cache[(device, si.ast)] = CompiledRunner(device, spec, var_names=ast_var_names(si.ast))
