@@ -11,7 +11,8 @@ from test_opts import last_kernel, randf, run_opts
 
 from ember import Device, Tensor, dtypes
 from ember.codegen import get_program
-from ember.codegen.opts import Opt, OptError, apply_opts
+from ember.codegen.opts import Opt, OptError, apply_opts, heuristic_opts
+from ember.helpers import Context
 from ember.ir.uop import Ops
 from ember.renderer import Renderer, TensorCore
 
@@ -45,8 +46,11 @@ def half(*shape: int) -> tuple[np.ndarray, Tensor]:
     return x, Tensor(x.astype(np.float32), device="PYTHON").cast(dtypes.float16).realize()
 
 
-@pytest.mark.parametrize("layout", ["a@b", "a@b.T", "a.T@b", "a.T@b.T", "batched"])
-def test_tc_matmul_matches_numpy(layout: str):
+LAYOUTS = ["a@b", "a@b.T", "a.T@b", "a.T@b.T", "batched"]
+
+
+def layout_case(layout: str):
+    """The float16 matmul kernel of ``layout`` (its inputs computed) and numpy's result in float32."""
     (a, ta), (b, tb) = half(8, 12), half(12, 16)
     at, bt = Tensor(np.ascontiguousarray(a.T).astype(np.float32), device="PYTHON").cast(dtypes.float16).realize(), \
         Tensor(np.ascontiguousarray(b.T).astype(np.float32), device="PYTHON").cast(dtypes.float16).realize()
@@ -55,7 +59,12 @@ def test_tc_matmul_matches_numpy(layout: str):
     if layout == "batched":
         (a3, ta3), (b3, tb3) = half(2, 8, 12), half(2, 12, 16)
         out, ref = ta3 @ tb3, a3.astype(np.float32) @ b3.astype(np.float32)
-    si = last_kernel(out)
+    return last_kernel(out), ref
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tc_matmul_matches_numpy(layout: str):
+    si, ref = layout_case(layout)
     renderer = ToyTensorCores()
     k = len(ref.shape)  # the reduce axis comes after the output axes
     spec = get_program(si.ast, renderer, opts=[Opt("TC", k, 0)])
@@ -118,3 +127,56 @@ def test_tc_flops_are_estimated():
     plain = get_program(si.ast, ToyTensorCores(), opts=[])
     tc = get_program(si.ast, ToyTensorCores(), opts=[Opt("TC", 2, 0)])
     assert tc.estimated_ops >= 2 * 8 * 12 * 16 and plain.estimated_ops >= 2 * 8 * 12 * 16
+
+
+# --- the heuristic's choice ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_heuristic_chooses_tc_and_matches_numpy(layout: str):
+    si, ref = layout_case(layout)
+    renderer = ToyTensorCores()
+    opts = heuristic_opts(si.ast, renderer)
+    assert opts == [Opt("TC", len(ref.shape), 0)]  # TOY: float16 in, float32 sums
+    got = run_opts(si, "PYTHON", opts, renderer)
+    np.testing.assert_allclose(got.reshape(ref.shape), ref.astype(np.float16), rtol=2e-3, atol=2e-3)
+
+
+def test_heuristic_picks_the_tensor_core_of_the_matmuls_dtypes():
+    x, y = randf(8, 6), randf(6, 4)
+    si = last_kernel(Tensor(x, device="PYTHON").realize() @ Tensor(y, device="PYTHON").realize())
+    renderer = ToyTensorCores()
+    opts = heuristic_opts(si.ast, renderer)
+    assert opts == [Opt("TC", 2, 1)]  # float32 inputs: TOY32, not TOY
+    np.testing.assert_allclose(run_opts(si, "PYTHON", opts, renderer).reshape(8, 4), x @ y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda a, b: a[:6] @ b,                          # M = 6: not a multiple of the 4x4x4 tile (no padding)
+    lambda a, b: a @ b[:, :6],                       # N = 6
+    lambda a, b: a.cast(dtypes.float32).sum(1),      # a sum, not a matmul
+    lambda a, b: (a @ b).relu().sum(0),              # two kernels; the last one sums over M
+], ids=["M", "N", "sum", "after"])
+def test_heuristic_leaves_tc_out_where_it_does_not_fit(make):
+    (_, ta), (_, tb) = half(8, 12), half(12, 16)
+    si = last_kernel(make(ta, tb))
+    renderer = ToyTensorCores()
+    opts = heuristic_opts(si.ast, renderer)
+    assert not any(o.op == "TC" for o in opts), opts
+    apply_opts(si.ast, renderer, opts)  # what it chose instead is valid
+
+
+def test_tc_knob_turns_tensor_cores_off():
+    from ember.codegen.cachekey import lowering_key
+    from ember.codegen.search import actions
+
+    si, ref = layout_case("a@b")
+    renderer = ToyTensorCores()
+    key = lowering_key(renderer, si.ast)
+    with Context(TC=0):
+        opts = heuristic_opts(si.ast, renderer)
+        assert opts and not any(o.op == "TC" for o in opts)  # the work-group heuristic's tiles instead
+        assert not any(o.op == "TC" for o in actions(si.ast, renderer))
+        assert lowering_key(renderer, si.ast) != key  # a cached TC kernel is not reused
+        got = run_opts(si, "PYTHON", opts, renderer)
+    np.testing.assert_allclose(got.reshape(ref.shape), ref.astype(np.float16), rtol=2e-3, atol=2e-3)
+    assert heuristic_opts(si.ast, renderer) == [Opt("TC", 2, 0)]

@@ -1,7 +1,7 @@
 """The key of everything codegen reads when it turns a kernel AST into a program.
 
 A lowered program may be reused (from memory or disk) only when nothing that shaped it changed: the AST,
-the knobs that pick optimizations (``NOOPT``, ``BEAM``), every capability of the renderer, and the code of
+the knobs that pick optimizations (``NOOPT``, ``BEAM``, ``TC``), every capability of the renderer, and the code of
 codegen, the renderers and the graph layer themselves. :func:`lowering_key` puts all of them in one string;
 the engine's lowering cache and BEAM's result cache both use it.
 """
@@ -67,7 +67,9 @@ def renderer_identity(renderer: Any) -> str:
 
 def knobs() -> str:
     """The environment knobs that change which optimizations a kernel gets."""
-    return f"NOOPT={int(NOOPT.value)} BEAM={int(BEAM.value)}"
+    from ember.codegen.heuristic import USE_TC
+
+    return f"NOOPT={int(NOOPT.value)} BEAM={int(BEAM.value)} TC={int(USE_TC.value)}"
 
 
 def lowering_key(renderer: Any, ast: UOp) -> str:

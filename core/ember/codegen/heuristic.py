@@ -9,7 +9,8 @@ few enough that they stay in registers. A full reduction is split across the cor
 so a max or min has independent chains; so is a max along a contiguous axis (ROW_MAX_UNROLL). A column sum,
 and a column max on a renderer with ``vector_max_tiles``, get a row wider than the register file. Work-group
 targets: smaller tiles, LOCAL sizes from the
-renderer's ``local_max``, and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for
+renderer's ``local_max``, a matmul on a tensor core where the renderer declares one whose dtypes and tile fit
+(``TC=0``: never), and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for
 reductions with too few outputs to fill the device, or that read across rows; a reduction along a contiguous
 axis is unrolled so each work-item keeps independent chains.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from ember.codegen.lowerer import ast_shape
 from ember.codegen.opts import MAX_UPCAST, Opt, full_shape, kernel_shape
-from ember.helpers import prod
+from ember.helpers import ContextVar, prod
 from ember.ir.symbolic import simplify, split_terms, term_coeff
 from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
@@ -36,6 +37,8 @@ GROUP_MIN_REDUCE = 256
 WORKGROUP_MAX_ITEMS = 256
 #: a column sum over at least this many elements gets a row wider than the register file
 WIDE_SUM_MIN_WORK = 1 << 22
+#: ``TC=0`` keeps matmuls off tensor cores (the heuristic and BEAM): tinygrad's knob of the same name
+USE_TC = ContextVar("TC", 1)
 #: a max along a contiguous axis is unrolled this much: the renderer turns each copy's accumulator into a vector
 #: chain of its own (one chain is bound by its compare-and-blend latency). A 4096^2 row max on one core (AVX-512,
 #: CPU time): 2.73 ms with one chain, 2.00 ms with 2, 2.08 ms with 4 or 8 (numpy: 2.5 ms)
@@ -313,10 +316,37 @@ def _full_reduction(ast: UOp, renderer: Renderer) -> list[Opt]:
     return opts
 
 
+def tensor_core_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """``[TC]`` on the first of the renderer's tensor cores that computes the kernel's matmul, or ``[]``.
+
+    A tensor core fits when the matmul's dtypes are its own (see :mod:`ember.codegen.tc`) and M, N and K are
+    multiples of its tile; TC is applied alone (no LOCAL or UPCAST around it, no padding to a multiple).
+    ``TC=0`` turns it off."""
+    from ember.codegen.opts import OptError, apply_opts
+    from ember.codegen.tc import match_matmul
+
+    if not USE_TC or not renderer.tensor_cores:
+        return []
+    for i, tc in enumerate(renderer.tensor_cores):
+        mm = match_matmul(ast, tc)
+        if isinstance(mm, str):
+            continue
+        opt = Opt("TC", mm.k, i)
+        try:
+            apply_opts(ast, renderer, [opt])  # the tile fits M, N and K, and the launch limits
+        except OptError:
+            continue
+        return [opt]
+    return []
+
+
 def _workgroup_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
-    """Work-group targets: a small register tile for reductions, then LOCAL sizes within ``local_max``."""
+    """Work-group targets: a matmul on tensor cores where the renderer declares one that fits; otherwise a
+    small register tile for reductions, then LOCAL sizes within ``local_max``."""
     from ember.codegen.opts import KernelPlan, OptError, apply_opts, launch_dim, local_size
 
+    if tc := tensor_core_opts(ast, renderer):
+        return tc
     shape, reduce_axes = full_shape(ast)
     out_shape = ast.src[0].arg.shape
     opts: list[Opt] = []

@@ -29,9 +29,9 @@ import numpy as np
 
 from ember import diskcache
 from ember.codegen.cachekey import lowering_key
-from ember.codegen.heuristic import MAX_TILE_OPS, reduce_loads
+from ember.codegen.heuristic import MAX_TILE_OPS, USE_TC, reduce_loads
 from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
-from ember.dtype import PtrDType, to_np_dtype
+from ember.dtype import PtrDType, dtypes, to_np_dtype
 from ember.helpers import DEBUG
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
@@ -62,7 +62,8 @@ def actions(ast: UOp, renderer: Renderer) -> list[Opt]:
             if renderer.parallel_threads > 1 and not renderer.has_local:
                 out += [Opt("THREAD", axis, a) for a in THREAD_AMOUNTS if a <= renderer.parallel_threads * 2]
             # a matmul on each tensor core (TC stands alone: only the empty list extends to it)
-            out += [Opt("TC", axis, i) for i in range(len(renderer.tensor_cores))]
+            if USE_TC:
+                out += [Opt("TC", axis, i) for i in range(len(renderer.tensor_cores))]
             if renderer.has_local and renderer.has_shared and renderer.shared_max > 0:
                 # a reduction shared by a work-group: interleaved and in blocks
                 limit = renderer.local_max[0] if renderer.local_max else max(GROUP_AMOUNTS)
@@ -119,8 +120,19 @@ class Sample:
             b.copyin(memoryview(self.start.get(i, b"\xff" * b.nbytes)).cast("B"))
 
     def outputs(self) -> list[np.ndarray]:
-        """The outputs' contents now, by parameter index order."""
-        return [np.frombuffer(self.bufs[i].as_bytes(), to_np_dtype(self.bufs[i].dtype)).copy() for i in self.outs]
+        """The outputs' contents now, by parameter index order (bfloat16 as float32 values, not bits)."""
+        out = []
+        for i in self.outs:
+            b = self.bufs[i]
+            vals: np.ndarray = np.frombuffer(b.as_bytes(), to_np_dtype(b.dtype)).copy()
+            out.append((vals.astype(np.uint32) << 16).view(np.float32) if b.dtype == dtypes.bfloat16 else vals)
+        return out
+
+    def tolerance(self) -> float:
+        """How far a candidate's output may be from the reference's (relative and absolute): a few roundings of
+        the coarsest output dtype, at least 1e-3 (a float sum reordered)."""
+        eps = {dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7}
+        return max([1e-3] + [4 * eps.get(self.bufs[i].dtype, 0.0) for i in self.outs])
 
     def inputs(self) -> dict[int, np.ndarray]:
         """What each read parameter held before any candidate ran."""
@@ -160,8 +172,8 @@ class SearchReport:
 observers: list[Callable[[SearchReport], None]] = []
 
 
-def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-3, atol=1e-3, equal_nan=True) for x, y in zip(a, b))
+def _same(a: list[np.ndarray], b: list[np.ndarray], tol: float = 1e-3) -> bool:
+    return all(x.shape == y.shape and np.allclose(x, y, rtol=tol, atol=tol, equal_nan=True) for x, y in zip(a, b))
 
 
 def _time(runner: Any, bufs: list[Any], best: float) -> float:
@@ -270,7 +282,7 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Seque
                 # the timing runs updated the in-place outputs several times: check one run from the start
                 sample.reset_outputs()
                 runner(sample.bufs, wait=True)
-            if t != float("inf") and not _same(sample.outputs(), reference):
+            if t != float("inf") and not _same(sample.outputs(), reference, sample.tolerance()):
                 t = float("inf")  # a wrong result is never kept
             timed[tuple(c)] = t
             bar.update(1)
