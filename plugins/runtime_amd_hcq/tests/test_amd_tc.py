@@ -224,3 +224,40 @@ def test_tc_kernel_runs_on_the_mock_gpu(cl_cpu_context, layout: str, dt: DType):
     finally:
         dev.finalize()
     np.testing.assert_allclose(_read(out.tobytes(), out_dt).reshape(ref.shape), ref, **_tolerance(out_dt))
+
+
+# --- the heuristic's choice --------------------------------------------------------------------
+
+def test_heuristic_chooses_wmma_and_the_kernels_compile():
+    """For 16-bit matmuls whose sizes are multiples of 16 the work-group heuristic picks the WMMA tile of their
+    dtype; the kernels build for gfx1100 in one clang call and the oracle, given the same opts, matches numpy.
+    A tile that does not fit (M = 24) or a target without WMMA (gfx942) gets the other opts."""
+    from ember_amd.corpus_check import check_corpus
+
+    from ember.codegen.opts import heuristic_opts
+
+    amd = AMDRenderer("gfx1100")
+    cases = [(layout, dt) for layout in ("a@b", "a.T@b", "batched") for dt in DTYPES]
+    chosen = []
+    for layout, dt in cases:
+        si, ref, k, out_dt = _case(layout, dt)
+        opts = heuristic_opts(si.ast, amd)
+        assert opts == [Opt("TC", k, DTYPES.index(dt))], (layout, dt, opts)
+        assert not any(o.op == "TC" for o in heuristic_opts(si.ast, AMDRenderer("gfx942")))
+        chosen.append((si, ref, out_dt, opts))
+    rng = np.random.default_rng(1)
+    a, b = (Tensor(rng.uniform(-1, 1, s).astype(np.float32), device="PYTHON").cast(dtypes.float16).realize()
+            for s in ((24, 32), (32, 48)))
+    short = (a @ b).schedule()[-1].ast
+    assert not any(o.op == "TC" for o in heuristic_opts(short, amd))
+    with pytest.raises(OptError, match=r"M \(axis 0, 24\) is not a multiple of 16"):
+        apply_opts(short, amd, [Opt("TC", 2, 0)])  # a matmul, but its M does not fit the tile
+    require_clang("gfx1100")
+    [result] = check_corpus([si.ast for si, *_ in chosen], ["gfx1100"])
+    assert result.kernels == len(chosen) and result.programs == 1
+    for si, ref, out_dt, opts in chosen:
+        oracle = get_program(si.ast, OracleWithAMDLayout(amd), opts=opts)
+        for buf in si.bufs:
+            buf.allocate()
+        CompiledRunner("PYTHON", oracle)(list(si.bufs), wait=True)
+        np.testing.assert_allclose(_read(si.bufs[0].as_bytes(), out_dt).reshape(ref.shape), ref, **_tolerance(out_dt))

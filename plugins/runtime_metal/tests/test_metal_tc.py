@@ -65,3 +65,37 @@ def test_tc_matmuls_type_check_and_match(clang: str) -> None:
             got = (np.frombuffer(si.bufs[0].as_bytes(), np.uint16).astype(np.uint32) << 16).view(np.float32)
         np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-2, atol=1e-2)
     assert len(sources) == 3 and check_msl(sources) == 1
+
+
+def test_heuristic_chooses_simdgroup_matrices_and_they_type_check(clang: str) -> None:
+    """The work-group heuristic puts float32 and float16 matmuls whose sizes are multiples of 8 on the tile of
+    their dtype (bfloat16 only where the renderer declares it); the kernels type-check in one clang run and the
+    oracle, given the same opts, matches numpy."""
+    from ember.codegen.opts import heuristic_opts
+
+    rng = np.random.default_rng(4)
+    sources = []
+    for metal in (MetalRenderer(), MetalRenderer(bfloat_tensor_cores=True)):
+        for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+            si, ref = matmul_item(dt, rng)
+            opts = heuristic_opts(si.ast, metal)
+            # ember sums 16-bit products in float: only tiles with a float accumulator apply
+            fits = [Opt("TC", 2, i) for i, tc in enumerate(metal.tensor_cores)
+                    if tc.dtype_in == dt and tc.dtype_out == dtypes.float32]
+            if not fits:
+                assert all(o.op != "TC" for o in opts), opts
+                continue
+            assert opts == fits[:1]
+            spec = get_program(si.ast, metal, opts=opts, name=f"tc_{len(sources)}")
+            assert spec.local_size == (32, 1, 1)
+            sources.append(spec.src)
+            oracle = get_program(si.ast, OracleWithMetalLayout(metal), opts=opts)
+            for buf in si.bufs:
+                buf.allocate()
+            CompiledRunner("PYTHON", oracle)(list(si.bufs), wait=True)
+            raw = si.bufs[0].as_bytes()
+            got = np.frombuffer(raw, np.float32) if dt == dtypes.float32 else \
+                np.frombuffer(raw, np.float16).astype(np.float32) if dt == dtypes.float16 else \
+                (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-2, atol=1e-2)
+    assert len(sources) == 5 and check_msl(sources) == 1  # bfloat16 only with bfloat_tensor_cores
