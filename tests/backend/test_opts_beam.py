@@ -101,6 +101,22 @@ def test_the_search_never_writes_the_real_buffers(beam: list[search.SearchReport
     np.testing.assert_allclose(report.reference[0].reshape(16, 16), a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_a_candidate_that_writes_nothing_is_rejected(beam: list[search.SearchReport],
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """Outputs are filled with a pattern before each candidate: one that leaves them alone (here: every
+    candidate with opts, made to do nothing and to look fast) cannot pass on what an earlier candidate wrote."""
+    class Idle(realize.CompiledRunner):
+        def __call__(self, bufs, wait=False, var_vals=None):  # noqa: ANN001, ANN204
+            return 1e-9 if self.spec.opts else super().__call__(bufs, wait, var_vals)
+
+    monkeypatch.setattr(realize, "CompiledRunner", Idle)
+    a, b = randf(16, 16), randf(16, 16)
+    si = (Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()).schedule()[-1]
+    assert search.beam_search(si.ast, realize.Device["CPU"].renderer, 2, budget_s=0.3, bufs=list(si.bufs)) == []
+    [report] = beam
+    assert len(report.timed) >= 2 and all(t == float("inf") for opts, t in report.timed.items() if opts)
+
+
 def test_a_sample_without_real_buffers_is_random():
     a, b = randf(8, 8), randf(8, 8)
     si = (Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()).schedule()[-1]
