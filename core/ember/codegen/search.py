@@ -98,7 +98,9 @@ class Sample:
         self.on_real_buffers = real is not None
         rng = np.random.default_rng(0)
         self.bufs: list[Any] = []
-        #: each read parameter's starting contents (the real values or the random ones)
+        #: the parameters candidates only read (their copies keep the starting values)
+        self.ins = [i for i in params if i not in self.outs]
+        #: the starting contents of each output the kernel also reads (an in-place update), put back before runs
         self.start: dict[int, bytes] = {}
         for i, g in params.items():
             dt = g.dtype.base if isinstance(g.dtype, PtrDType) else g.value_dtype
@@ -106,12 +108,13 @@ class Sample:
             if real is not None:  # the copy is of the real buffer's size and dtype, whatever the kernel declares
                 dt, size = real[i].dtype, real[i].size
             buf = Buffer(device, size, dt).allocate()
-            if i in loaded or i not in self.outs:
-                data = real[i].as_bytes() if real is not None else _random_bytes(rng, dt, size)
-                buf.copyin(memoryview(bytes(data)).cast("B"))
-                self.start[i] = bytes(data)
+            if i in self.ins or i in loaded:
+                data = bytes(real[i].as_bytes()) if real is not None else _random_bytes(rng, dt, size)
+                buf.copyin(memoryview(data).cast("B"))
+                if i in self.outs:
+                    self.start[i] = data
             self.bufs.append(buf)
-        self.in_place = [i for i in self.outs if i in self.start]
+        self.in_place = sorted(self.start)
 
     def reset_outputs(self) -> None:
         """Fill the outputs with the pattern (an in-place output with its starting contents)."""
@@ -135,8 +138,9 @@ class Sample:
         return max([1e-3] + [4 * eps.get(self.bufs[i].dtype, 0.0) for i in self.outs])
 
     def inputs(self) -> dict[int, np.ndarray]:
-        """What each read parameter held before any candidate ran."""
-        return {i: np.frombuffer(data, to_np_dtype(self.bufs[i].dtype)).copy() for i, data in self.start.items()}
+        """What each read parameter held before any candidate ran, by parameter index."""
+        raw = {i: bytes(self.bufs[i].as_bytes()) for i in self.ins} | self.start
+        return {i: np.frombuffer(data, to_np_dtype(self.bufs[i].dtype)).copy() for i, data in sorted(raw.items())}
 
 
 def _random_bytes(rng: np.random.Generator, dt: Any, size: int) -> bytes:
