@@ -342,9 +342,10 @@ def run_schedule_searching(schedule: Sequence[ScheduleItem], wait: bool = False)
     if tiers.pending:
         tiers.apply()
     items = [runtime_consts.parameterize(si, method_cache) for si in schedule]
-    _compile_new_kernels([si for si in items if si.ast.op is Ops.COPY or not _needs_search(si)])
+    to_search = {(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY and _needs_search(si)}
+    _compile_new_kernels([si for si in items if (si.bufs[0].device, si.ast) not in to_search])
     for si in items:
-        if si.ast.op is not Ops.COPY and (si.bufs[0].device, si.ast) not in method_cache:
+        if (si.bufs[0].device, si.ast) in to_search and (si.bufs[0].device, si.ast) not in method_cache:
             _search_and_compile(si)
         ei = lower_schedule_item(si)
         ei.run(wait=wait)
