@@ -121,16 +121,23 @@ def nvrtc_compile(src: str, target: str, options: tuple[str, ...] = (), name: st
 
 def _program_log(nvrtc: Any, prog: Any) -> str:
     size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    buf = _out_buffer(size)
     check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0").decode(errors="replace").strip()
+    return bytes(buf).rstrip(b"\0").decode(errors="replace").strip()
 
 
 def _read(nvrtc: Any, prog: Any, get_size: Any, get: Any, what: str) -> bytes:
     size = check(get_size(prog), f"nvrtcGet{what}Size")
-    buf = b" " * size
+    buf = _out_buffer(size)
     check(get(prog, buf), f"nvrtcGet{what}")
-    return buf
+    return bytes(buf)
+
+
+def _out_buffer(size: int) -> bytearray:
+    """A fresh writable buffer for NVRTC to fill. Never ``bytes``: NVRTC writes into the memory it is given,
+    and a 1-byte ``b" " * 1`` is the interpreter's shared ``b" "`` object (an empty log has size 1), so
+    writing into it would turn every ``b" "`` of the process into ``b"\\0"``."""
+    return bytearray(size)
 
 
 def compile_target(arch: str) -> str:

@@ -263,3 +263,12 @@ def test_doctor_lists_cuda_with_the_reason():
     out = subprocess.run([sys.executable, "-m", "ember.doctor"], capture_output=True, text=True, timeout=300).stdout
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("CUDA "))
     assert "ember-cuda==0.1.0" in line and f"unusable: {reason}" in line
+
+
+def test_nvrtc_output_never_writes_into_shared_bytes():
+    # A kernel with an empty log: NVRTC reports a 1-byte log. Its buffer must not be the interpreter's shared
+    # one-byte ``b" "`` object, or every ``b" "`` in the process reads ``b"\0"`` afterwards.
+    out = nvrtc_compile(SRC_A + "// shared bytes\n", "sm_80")
+    assert out.log == "" and out.ptx.startswith(b"//")
+    space = bytes([32])  # the shared object, built at run time so the compiler's constant is not the one checked
+    assert space == b"\x20" and space[0] == 32
