@@ -33,14 +33,32 @@ def kernel_name(ast: UOp) -> str:
     """A readable name: ``E_`` for elementwise, ``r_`` with reduce sizes for reductions."""
     shape = global_dims(ast)
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
-    parts = [str(d) for d in shape if d != 1] or ["1"]
+    parts = [_size_name(d) for d in shape if d != 1] or ["1"]
     if reduces:
         from ember.codegen.lowerer import ast_shape
 
         memo: dict[UOp, tuple[int, ...]] = {}
         src_shape = ast_shape(reduces[0].src[0], memo)
-        parts += [str(src_shape[a]) for a in reduces[0].arg[1]]
+        parts += [_size_name(src_shape[a]) for a in reduces[0].arg[1]]
     return ("r_" if reduces else "E_") + "_".join(parts)
+
+
+def _size_name(d: int | UOp) -> str:
+    """A size in a kernel name: the number, or a symbolic size spelled with letters (``n``, ``nP1`` for n+1)."""
+    if isinstance(d, int):
+        return str(d)
+    from ember.ir.symbolic import sint_str
+
+    text = sint_str(d)
+    for sym, word in (("+", "P"), ("*", "M"), ("-", "S"), ("//", "D"), ("%", "R"), ("(", ""), (")", "")):
+        text = text.replace(sym, word)
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
+
+
+def has_symbolic_shape(ast: UOp) -> bool:
+    """Whether a loop of the kernel runs to a size that depends on a variable."""
+    return any(isinstance(d, UOp) for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE)
+               and n.arg is not None and hasattr(n.arg, "shape") for d in n.arg.shape)
 
 
 def estimate(uops: list[UOp]) -> tuple[int, int]:
@@ -73,7 +91,8 @@ def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """The opts a kernel gets: none under ``NOOPT``, a timed search under ``BEAM``, else the heuristic."""
     from ember.codegen.opts import heuristic_opts
 
-    if NOOPT:
+    if NOOPT or has_symbolic_shape(ast):
+        # loops whose size is read at run time are not tiled (correct first: the heuristic's splits need sizes)
         return []
     if BEAM >= 1:
         from ember.codegen.search import beam_search
@@ -101,7 +120,9 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     outs = tuple(s.src[0].arg[0] for s in ast.src)
     ins = tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_GLOBAL and u.arg[0] not in outs)
     # launch sizes: the innermost global loop is dimension 0
-    sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
+    # (a loop-based target's global loop may run to a symbolic size: its launch size is its maximum)
+    sizes = [u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)
+             for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
     return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
                        tuple(opts))

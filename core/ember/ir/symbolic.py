@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Iterable
 
 from ember.dtype import dtypes
 from ember.ir.pattern import PatternMatcher, UPat, graph_rewrite
@@ -251,6 +252,98 @@ def smin(a: int | UOp, b: int | UOp) -> int | UOp:
     return ssub(0, smax(ssub(0, a), ssub(0, b)))
 
 
+def smul(a: int | UOp, b: int | UOp) -> int | UOp:
+    """a * b (a symbolic factor first, the int coefficient last, so equal products are the same node)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int):
+        a, b = b, a
+    if isinstance(b, int):
+        return 0 if b == 0 else a if b == 1 else sint_of(a * b)
+    return sint_of(a * b)
+
+
+def sprod(xs: Iterable[int | UOp]) -> int | UOp:
+    """The product of symbolic ints: the int factors multiplied first, then the symbolic ones in order."""
+    const, syms = 1, []
+    for x in xs:
+        if isinstance(x, UOp):
+            syms.append(x)
+        else:
+            const *= x
+    if not syms or const == 0:
+        return const
+    out: int | UOp = syms[0]
+    for x in syms[1:]:
+        out = sint_of(_u(out) * x)
+    return smul(out, const)
+
+
+def is_sym(x: object) -> bool:
+    """Whether ``x`` is a symbolic int (an expression over variables, not a plain int)."""
+    return isinstance(x, UOp)
+
+
+def sint_max(x: int | UOp) -> int:
+    """The largest value ``x`` takes over its variables' ranges (what a buffer for it is sized by)."""
+    if isinstance(x, int):
+        return x
+    hi = x.vmax
+    if not isinstance(hi, int):
+        raise ValueError(f"the size {sint_str(x)} has no known upper bound")
+    return hi
+
+
+def bound_vals(x: int | UOp) -> dict[str, int]:
+    """The values of the bound variables in ``x`` (by name); a variable bound to two values is an error."""
+    out: dict[str, int] = {}
+    if isinstance(x, UOp):
+        unbind_uop(x, out)
+    return out
+
+
+def sint_eval(x: int | UOp, var_vals: dict[str, int] | None = None) -> int:
+    """The value of ``x``: its variables at ``var_vals``, or at the values they are bound to."""
+    if isinstance(x, int):
+        return x
+    vals = bound_vals(x) if var_vals is None else var_vals
+    memo: dict[UOp, int] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR:
+            if n.arg[0] not in vals:
+                raise ValueError(f"variable {n.arg[0]!r} has no value (bind it: Variable(...).bind(n))")
+            memo[n] = vals[n.arg[0]]
+        elif n.op is Ops.CONST:
+            memo[n] = n.arg
+        elif n.op is Ops.CAST:
+            memo[n] = memo[n.src[0]]
+        else:
+            memo[n] = exec_alu(n.op, n.value_dtype, tuple(memo[s] for s in n.src))
+    return int(memo[x])
+
+
+def sint_str(x: int | UOp) -> str:
+    """A short readable form of a symbolic int, e.g. ``n``, ``n+1`` or ``n*4`` (a bound variable shows its value:
+    ``n=7``)."""
+    if isinstance(x, int):
+        return str(x)
+    names = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.SUB: "-"}
+    memo: dict[UOp, str] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR:
+            memo[n] = f"{n.arg[0]}={n.arg[3]}" if len(n.arg) == 4 else n.arg[0]
+        elif n.op is Ops.CONST:
+            memo[n] = str(n.arg)
+        elif n.op is Ops.CAST:
+            memo[n] = memo[n.src[0]]
+        elif n.op in names and len(n.src) == 2:
+            memo[n] = f"({memo[n.src[0]]}{names[n.op]}{memo[n.src[1]]})" if n is not x else \
+                f"{memo[n.src[0]]}{names[n.op]}{memo[n.src[1]]}"
+        else:
+            memo[n] = f"{n.op.name.lower()}({', '.join(memo[s] for s in n.src)})"
+    return memo[x]
+
+
 def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
     """``x`` with every bound variable replaced by the plain DEFINE_VAR kernels take; values go to ``var_vals``."""
     if isinstance(x, int):
@@ -260,7 +353,8 @@ def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
         if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
             name, lo, hi, val = n.arg
             if var_vals.setdefault(name, val) != val:
-                raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {val} in one kernel")
+                raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {val} in one computation; "
+                                 "use one value of a variable at a time")
             memo[n] = UOp(Ops.DEFINE_VAR, n.dtype, (), (name, lo, hi))
         else:
             src = tuple(memo[s] for s in n.src)
