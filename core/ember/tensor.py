@@ -53,7 +53,7 @@ from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, m
 from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.symbolic import Variable, sadd, sint_eval, sint_of, sint_str, sprod, ssub, sym_le
+from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
 from ember.ir.uop import Ops, UOp
 from ember.schedule import create_schedule, mark_realized
 
@@ -432,6 +432,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     # --- creation -----------------------------------------------------------------------
     @staticmethod
     def _shape_arg(shape: Sequence[Any]) -> Shape:
+        if _symbolic_arg(shape):  # sizes that are bound Variables (or expressions of them) stay symbolic
+            flat = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+            return tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)
         return shape_arg(shape)
 
     @staticmethod
@@ -470,7 +473,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         shp = Tensor._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         dev = _device(device)
-        return Tensor(buffer_view(new_buffer(dev, prod(shp), dt), shp), **kwargs)
+        return Tensor(buffer_view(new_buffer(dev, sint_max(sprod(shp)), dt), shp), **kwargs)
 
     # --- movement ------------------------------------------------------------------------
     def _axis(self, ax: int, ndim: int | None = None) -> int:

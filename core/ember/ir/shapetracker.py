@@ -20,7 +20,7 @@ import functools
 from dataclasses import dataclass
 
 from ember.dtype import DType, dtypes
-from ember.ir.symbolic import sadd, simplify, smax, smin, smul, sprod, ssub, sym_le, unbind_uop
+from ember.ir.symbolic import rebind_uop, sadd, simplify, smax, smin, smul, sprod, ssub, sym_le, unbind_uop
 from ember.ir.uop import Ops, UOp
 
 sint = int | UOp
@@ -239,6 +239,17 @@ class View:
         mask = tuple((u(lo), u(hi)) for lo, hi in self.mask) if self.mask is not None else None
         return View.create(tuple(map(u, self.shape)), tuple(map(u, self.strides)), u(self.offset), mask)
 
+    def rebind(self, var_vals: dict[str, int]) -> View:
+        """This view with the variables named in ``var_vals`` bound to those values."""
+        if not self.symbolic:
+            return self
+
+        def u(x: sint) -> sint:
+            return rebind_uop(x, var_vals)
+
+        mask = tuple((u(lo), u(hi)) for lo, hi in self.mask) if self.mask is not None else None
+        return View.create(tuple(map(u, self.shape)), tuple(map(u, self.strides)), u(self.offset), mask)
+
 
 @dataclass(frozen=True)
 class ShapeTracker:
@@ -306,6 +317,11 @@ class ShapeTracker:
         if not self.symbolic:
             return self, var_vals
         return ShapeTracker(tuple(v.unbind(var_vals) for v in self.views)), var_vals
+
+    def rebind(self, var_vals: dict[str, int]) -> ShapeTracker:
+        """This tracker with the variables named in ``var_vals`` bound to those values (a jitted function's
+        result, captured for one value, read for another)."""
+        return ShapeTracker(tuple(v.rebind(var_vals) for v in self.views)) if self.symbolic else self
 
     def __add__(self, other: ShapeTracker) -> ShapeTracker:
         """Compose: ``other`` is a view of the tensor that ``self`` describes."""

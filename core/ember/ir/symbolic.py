@@ -362,6 +362,20 @@ def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
     return memo[x]
 
 
+def rebind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
+    """``x`` with the variables named in ``var_vals`` bound to those values (bound or not before)."""
+    if isinstance(x, int) or not var_vals:
+        return x
+    memo: dict[UOp, UOp] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR and n.arg[0] in var_vals:
+            memo[n] = UOp(Ops.DEFINE_VAR, n.dtype, (), (*n.arg[:3], var_vals[n.arg[0]]))
+        else:
+            src = tuple(memo[s] for s in n.src)
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return memo[x]
+
+
 class Variable:
     """A named integer in ``[min, max]`` that kernels take at launch (a DEFINE_VAR), like tinygrad's.
 
