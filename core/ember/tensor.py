@@ -779,6 +779,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and "
                                    f"{y.device}")
             dt = least_upper_dtype(x.dtype, y.dtype)
+        elif _is_symbolic_int(y):
+            y = _sint_tensor(sint_of(y), x.device)
+            dt = least_upper_dtype(x.dtype, y.dtype)
         else:
             if not isinstance(y, (int, float, bool, np.generic)):
                 raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
@@ -960,6 +963,16 @@ def _symbolic_bounds(i: Any, size: int | UOp, dim: int) -> tuple[int | UOp, int 
     lo = 0 if i.start is None else bound(i.start)
     hi = size if i.stop is None else bound(i.stop)
     return lo, hi
+
+
+def _sint_tensor(x: int | UOp, device: str) -> Tensor:
+    """A 0-d int32 tensor holding the value of the symbolic int ``x`` (``x.mean()`` over a variable length
+    divides by it): the sum of ``x`` ones, so kernels read the value at run time like any symbolic size."""
+    if isinstance(x, int):
+        return Tensor(x, device=device, dtype=dtypes.int32)
+    if not sym_le(0, x):
+        raise ValueError(f"the symbolic int {sint_str(x)} can be negative: only sizes become tensors")
+    return Tensor.ones(x, dtype=dtypes.int32, device=device).sum()
 
 
 def _symbolic_shape(shape: tuple[Any, ...]) -> bool:

@@ -322,6 +322,20 @@ def sint_eval(x: int | UOp, var_vals: dict[str, int] | None = None) -> int:
     return int(memo[x])
 
 
+def binding_conflict(*xs: int | UOp) -> str | None:
+    """A message when symbolic ints ``xs`` bind one variable to different values (``n`` to 3 and to 4), else
+    None."""
+    seen: dict[str, int] = {}
+    for x in xs:
+        if isinstance(x, UOp):
+            for n in x.toposort():
+                if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
+                    if seen.setdefault(n.arg[0], n.arg[3]) != n.arg[3]:
+                        return (f"variable {n.arg[0]!r} is bound to both {seen[n.arg[0]]} and {n.arg[3]}; use one value "
+                                "of a variable at a time")
+    return None
+
+
 def sint_str(x: int | UOp) -> str:
     """A short readable form of a symbolic int, e.g. ``n``, ``n+1`` or ``n*4`` (a bound variable shows its value:
     ``n=7``)."""
