@@ -432,9 +432,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     # --- creation -----------------------------------------------------------------------
     @staticmethod
     def _shape_arg(shape: Sequence[Any]) -> Shape:
+        """A shape argument's sizes: ints, or symbolic ints where a size is a bound Variable."""
         if _symbolic_arg(shape):  # sizes that are bound Variables (or expressions of them) stay symbolic
             flat = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-            return tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)
+            return tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)  # type: ignore[misc]
         return shape_arg(shape)
 
     @staticmethod
@@ -699,7 +700,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         else:
             idx += [slice(None)] * (self.ndim - n_real)
         x = self
-        out_shape: list[int] = []
+        out_shape: list[int | UOp] = []
         shrink: list[tuple[int | UOp, int | UOp]] = []
         flips: list[int] = []
         strides: list[int] = []

@@ -260,7 +260,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             moving = iter(i for i, d in zip(idxs, st.shape) if d != 1)
             sub = tuple(next(moving) if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in src_shape)
         else:
-            parts, acc = [], 1
+            parts: list[UOp] = []
+            acc: int | UOp = 1
             for s in reversed(src_shape):
                 parts.append(simplify((idx // as_index(acc, ctx.idx_dtype)) % as_index(s, ctx.idx_dtype)) if s != 1
                              else UOp.const(ctx.idx_dtype, 0))
@@ -317,18 +318,20 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     return out
 
 
-def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: int | None) -> tuple[UOp, ...]:
-    """One global RANGE per output dim; targets with few launch dims get leading dims merged."""
+def _global_indices(ctx: LoweringContext, out_shape: tuple[int | UOp, ...], max_dims: int | None) -> tuple[UOp, ...]:
+    """One global RANGE per output dim; targets with few launch dims get leading dims merged (their sizes are
+    ints there: a grid target's symbolic sizes were replaced by their maxima)."""
     dims = [i for i, d in enumerate(out_shape) if d != 1]
     if max_dims is None or len(dims) <= max_dims:
         return tuple(ctx.new_range(d, "global") if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in out_shape)
     merged = dims[: len(dims) - max_dims + 1]
-    flat = ctx.new_range(prod(out_shape[i] for i in merged), "global")
+    sizes = [d if isinstance(d, int) else sint_max(d) for d in out_shape]
+    flat = ctx.new_range(prod(sizes[i] for i in merged), "global")
     idxs: dict[int, UOp] = {}
     acc = 1
     for i in reversed(merged):
-        idxs[i] = simplify((flat // acc) % out_shape[i])
-        acc *= out_shape[i]
+        idxs[i] = simplify((flat // acc) % sizes[i])
+        acc *= sizes[i]
     for i in dims[len(merged):]:
         idxs[i] = ctx.new_range(out_shape[i], "global")
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))

@@ -55,7 +55,8 @@ def broadcast_shape(*shapes: Shape) -> Shape:
             from ember.ir.symbolic import binding_conflict, sint_str
 
             if (conflict := binding_conflict(*sizes)) is not None:
-                raise RuntimeError(f"dimension {i} of shapes {' and '.join(_shape_text(s) for s in shapes)}: {conflict}")
+                raise RuntimeError(f"dimension {i} of shapes {' and '.join(_shape_text(s) for s in shapes)}: "
+                                   f"{conflict}")
             raise RuntimeError(f"The size of tensor a ({sint_str(dims[0])}) must match the size of tensor b "
                                f"({sint_str(dims[1])}) at non-singleton dimension {i}: shapes "
                                f"{' and '.join(_shape_text(s) for s in shapes)} cannot be broadcast together")

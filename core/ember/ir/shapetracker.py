@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 from ember.dtype import DType, dtypes
 from ember.ir.symbolic import rebind_uop, sadd, simplify, smax, smin, smul, sprod, ssub, sym_le, unbind_uop
@@ -144,7 +145,7 @@ class View:
         new_core = [s for s in new_shape if s != 1]
         if [s for s, _, _ in core] == new_core:
             it = iter(core)
-            strides: list[int] = []
+            strides: list[sint] = []
             mask: list[tuple[sint, sint]] = []
             for s in new_shape:
                 if s == 1:
@@ -160,9 +161,10 @@ class View:
         # merge/split dims without a mask: walk groups of equal element count
         strides_out: list[int] = []
         i = 0
-        olds = [(s, st) for s, st, _ in core]
+        # (every size and stride is an int here)
+        olds = cast(list[tuple[int, int]], [(s, st) for s, st, _ in core])
         j = 0
-        news = new_core
+        news = cast(list[int], new_core)
         while i < len(olds) or j < len(news):
             if i >= len(olds) or j >= len(news):
                 return None

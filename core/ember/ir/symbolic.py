@@ -331,8 +331,8 @@ def binding_conflict(*xs: int | UOp) -> str | None:
             for n in x.toposort():
                 if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
                     if seen.setdefault(n.arg[0], n.arg[3]) != n.arg[3]:
-                        return (f"variable {n.arg[0]!r} is bound to both {seen[n.arg[0]]} and {n.arg[3]}; use one value "
-                                "of a variable at a time")
+                        return (f"variable {n.arg[0]!r} is bound to both {seen[n.arg[0]]} and {n.arg[3]}; use one "
+                                "value of a variable at a time")
     return None
 
 
