@@ -91,6 +91,19 @@ def test_expand_and_full_of_symbolic_sizes(device):
         np.testing.assert_array_equal((Tensor.zeros(vn, device=device) + vn).numpy(), np.full(n, n, np.float32))
 
 
+def test_two_variables_and_cat_along_a_symbolic_axis(device):
+    a, b = _arr(10, 8), _arr(8, 10, seed=1)
+    A, B = Tensor(a, device=device).realize(), Tensor(b, device=device).realize()
+    vi, vj = Variable("i", 1, 10), Variable("j", 1, 8)
+    for n, m in ((1, 8), (3, 5), (10, 1)):
+        i, j = vi.bind(n), vj.bind(m)
+        np.testing.assert_allclose((A[:i, :j] @ B[:j, :i]).numpy(), a[:n, :m] @ b[:m, :n], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(A[:i].cat(A[:2], dim=0).numpy(), np.concatenate([a[:n], a[:2]]))
+        # i + j and j + i are one size
+        np.testing.assert_array_equal(A[:i].cat(A[:j], dim=0).sum(0).numpy(),
+                                      np.concatenate([a[:n], a[:m]]).sum(0))
+
+
 # --- elementwise, reductions, matmul, attention ------------------------------------------------------
 
 def test_elementwise_and_reductions_over_a_variable_axis(device):

@@ -211,9 +211,36 @@ def sint_of(x: object) -> int | UOp:
     if isinstance(x, Variable):
         return x.bound_uop
     if isinstance(x, UOp):
-        y = simplify(x)
-        return y.arg if y.op is Ops.CONST else y
+        y = simplify(_sub_as_sum(x))
+        return y.arg if y.op is Ops.CONST else _ordered_sum(y)
     return operator.index(x)  # type: ignore[arg-type]
+
+
+def _ordered_sum(x: UOp) -> UOp:
+    """A simplified sum with its variable terms in one order (by their text) and the constant last, so
+    ``i + j`` and ``j + i`` are the same node."""
+    if x.op is not Ops.ADD:
+        return x
+    terms = split_terms(x)
+    const = [t for t in terms if t.op is Ops.CONST]
+    ordered = sorted((t for t in terms if t.op is not Ops.CONST), key=sint_str) + const
+    out = _sum(ordered, x.dtype)
+    return out
+
+
+def _sub_as_sum(x: UOp) -> UOp:
+    """``x`` with every integer ``a - b`` written ``a + b*-1``: sums simplify (like terms cancel), differences
+    do not, and sizes computed with ``-`` (``n - lo``) must compare equal to the same size built with ``+``."""
+    if not any(n.op is Ops.SUB for n in x.toposort()):
+        return x
+    memo: dict[UOp, UOp] = {}
+    for n in x.toposort():
+        src = tuple(memo[s] for s in n.src)
+        if n.op is Ops.SUB and _is_int(n):
+            memo[n] = UOp(Ops.ADD, n.dtype, (src[0], UOp(Ops.MUL, n.dtype, (src[1], UOp.const(n.value_dtype, -1)))))
+        else:
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return memo[x]
 
 
 def sadd(a: int | UOp, b: int | UOp) -> int | UOp:
