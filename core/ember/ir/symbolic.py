@@ -292,6 +292,9 @@ def smul(a: int | UOp, b: int | UOp) -> int | UOp:
 
 def sprod(xs: Iterable[int | UOp]) -> int | UOp:
     """The product of symbolic ints: the int factors multiplied first, then the symbolic ones in order."""
+    xs = tuple(xs)
+    if not any(isinstance(x, UOp) for x in xs):
+        return math.prod(xs)
     const, syms = 1, []
     for x in xs:
         if isinstance(x, UOp):
