@@ -205,6 +205,28 @@ def test_jit_replays_attention_for_other_lengths_without_compiling(device):
     assert attend.cnt == 6 and attend.captured is not None
 
 
+def test_jit_takes_the_value_from_a_symbolic_input_shape(device):
+    """tinygrad's idiom: a tensor reshaped to a bound size is the input, no Variable argument."""
+    @TinyJit
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        return (a @ b).relu()
+
+    vi = Variable("i", 1, 10)
+    compiled = 0
+    for k, i in enumerate((3, 5, 2, 7, 10, 1)):
+        a, b = _arr(4, i, seed=i), _arr(i, 6, seed=20 + i)
+        v = vi.bind(i)
+        # inputs in buffers sized for the maximum (made before counting: their copies are not the jit's)
+        ta = Tensor(a, device=device).reshape(4, v).contiguous().realize()
+        tb = Tensor(b, device=device).reshape(v, 6).contiguous().realize()
+        before = GlobalCounters.kernels_compiled
+        out = f(ta, tb).numpy()
+        if k >= 2:
+            compiled += GlobalCounters.kernels_compiled - before
+        np.testing.assert_allclose(out, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+    assert compiled == 0
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 def test_unbound_and_out_of_range_variables_are_refused(device):

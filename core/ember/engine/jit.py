@@ -35,7 +35,7 @@ from ember.engine import realize, tiers
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
 from ember.helpers import DEBUG, GlobalCounters
 from ember.ir.lazy import base_of, buffers, realized
-from ember.ir.symbolic import Variable, sint_max, unbind_uop
+from ember.ir.symbolic import Variable, bound_vals, sint_max, unbind_uop
 from ember.ir.uop import Ops, UOp
 
 R = TypeVar("R")
@@ -130,6 +130,12 @@ def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[tup
             others.append((name, ("Variable", a.name, a.min, a.max)))
         else:
             others.append((name, a))
+    for name, t in tensors:  # a tensor whose size is a bound variable passes that variable's value too
+        for d in t.shape:
+            for vname, val in (bound_vals(d) if isinstance(d, UOp) else {}).items():
+                if var_vals.setdefault(vname, val) != val:
+                    raise JitError(f"jit {name}: variable {vname!r} is bound to {val} there and to {var_vals[vname]} "
+                                   "in another argument")
     sig = _Signature(tuple((name, _shape_key(tuple(t.shape)), t.dtype, t.device) for name, t in tensors),
                      tuple(others))
     return tensors, sig, var_vals
