@@ -268,6 +268,22 @@ def test_opts_refuse_to_split_a_variable_axis(device):
     apply_opts(si.ast, renderer, [Opt("UPCAST", 1, 2)])  # the fixed axis still splits
 
 
+def test_fixed_axes_of_a_symbolic_kernel_are_still_tiled(device):
+    """The heuristic plans the kernel at the variable's maximum; its splits of fixed-size axes are kept."""
+    from ember.codegen import choose_opts
+    from ember.codegen.opts import kernel_shape
+
+    x, w = _arr(64, 32), _arr(32, 48, seed=1)
+    X, W = Tensor(x, device=device).realize(), Tensor(w, device=device).realize()
+    v = Variable("n", 1, 64)
+    (si,) = (X[:v.bind(7)] @ W).schedule()
+    opts = choose_opts(si.ast, Device[device].renderer)
+    full = kernel_shape(si.ast).full_shape
+    assert opts and all(isinstance(full[o.axis], int) for o in opts)
+    for n in (1, 7, 33, 64):
+        np.testing.assert_allclose((X[:v.bind(n)] @ W).numpy(), x[:n] @ w, rtol=1e-4, atol=1e-5)
+
+
 def test_symbolic_int_tensors_are_int32(device):
     n = Variable("n", 1, 10).bind(6)
     t = Tensor.zeros(3, dtype=dtypes.int32, device=device) + n

@@ -8,6 +8,7 @@ from ember.codegen.lowerer import global_dims, lower_ast
 from ember.codegen.opts import Opt, apply_opts, local_size
 from ember.dtype import PtrDType
 from ember.helpers import BEAM, DEBUG, NOOPT, prod
+from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
@@ -87,13 +88,49 @@ def _is_index(u: UOp) -> bool:
     return getattr(u.dtype, "kind", "") in "iub" and u.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.AND)
 
 
+#: the opts a kernel with symbolic sizes may keep: splits of its fixed-size axes
+_SYMBOLIC_SAFE = frozenset({"UPCAST", "UNROLL", "LOCAL", "PADTO"})
+
+
+def symbolic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """The opts of a kernel with symbolic sizes: the heuristic plans the kernel with every variable at its
+    maximum, and the opts that split a fixed-size axis (upcasts, unrolls, work-groups) are kept where the
+    symbolic kernel accepts them; a symbolic axis is never split (its loop runs to the value read at launch)."""
+    from ember.codegen.opts import OptError, heuristic_opts, kernel_shape
+
+    views = [n for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE) and isinstance(n.arg, ShapeTracker)]
+    highest = {name: hi for n in views for name, hi in n.arg.var_maxima().items()}
+    memo: dict[UOp, UOp] = {}
+    for n in ast.toposort():
+        arg = n.arg.at_values(highest) if n.op in (Ops.VIEW, Ops.STORE) and isinstance(n.arg, ShapeTracker) \
+            else n.arg
+        src = tuple(memo[s] for s in n.src)
+        memo[n] = n if arg is n.arg and src == n.src else UOp(n.op, n.dtype, src, arg)
+    try:
+        planned = heuristic_opts(memo[ast], renderer)
+    except (OptError, ValueError, TypeError, ZeroDivisionError):  # a plan for the maxima that does not fit
+        return []
+    full = kernel_shape(ast).full_shape
+    kept: list[Opt] = []
+    for opt in planned:
+        if opt.op not in _SYMBOLIC_SAFE or not isinstance(full[opt.axis], int):
+            continue
+        try:
+            apply_opts(ast, renderer, kept + [opt])
+        except OptError:
+            continue
+        kept.append(opt)
+    return kept
+
+
 def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """The opts a kernel gets: none under ``NOOPT``, a timed search under ``BEAM``, else the heuristic."""
     from ember.codegen.opts import heuristic_opts
 
-    if NOOPT or has_symbolic_shape(ast):
-        # loops whose size is read at run time are not tiled (correct first: the heuristic's splits need sizes)
+    if NOOPT:
         return []
+    if has_symbolic_shape(ast):
+        return symbolic_opts(ast, renderer)
     if BEAM >= 1:
         from ember.codegen.search import beam_search
 

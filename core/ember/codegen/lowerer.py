@@ -142,7 +142,7 @@ def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) ->
     key = (st, idxs)
     if key in ctx.view_index:
         return ctx.view_index[key]
-    if len(st.views) == 1 and st.views[0].mask is None:
+    if len(st.views) == 1 and st.views[0].mask is None and all(isinstance(x, int) for x in st.views[0].strides):
         bases, offset = [], 0
         for i, stride in zip(idxs, st.views[0].strides):
             terms = split_terms(i)

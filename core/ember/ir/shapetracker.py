@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from ember.dtype import DType, dtypes
-from ember.ir.symbolic import rebind_uop, sadd, simplify, smax, smin, smul, sprod, ssub, sym_le, unbind_uop
+from ember.ir.symbolic import rebind_uop, sadd, simplify, sint_eval, smax, smin, smul, sprod, ssub, sym_le, unbind_uop
 from ember.ir.uop import Ops, UOp
 
 sint = int | UOp
@@ -313,12 +313,34 @@ class ShapeTracker:
                     names.update(n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR)
         return names
 
+    def var_maxima(self) -> dict[str, int]:
+        """The largest value of each variable the views depend on (by name)."""
+        out: dict[str, int] = {}
+        for v in self.views if self.symbolic else ():
+            for x in v.sints():
+                if isinstance(x, UOp):
+                    out.update((n.arg[0], n.arg[2]) for n in x.toposort() if n.op is Ops.DEFINE_VAR)
+        return out
+
     def unbind(self) -> tuple[ShapeTracker, dict[str, int]]:
         """(this tracker with variable values stripped, the values by name)."""
         var_vals: dict[str, int] = {}
         if not self.symbolic:
             return self, var_vals
         return ShapeTracker(tuple(v.unbind(var_vals) for v in self.views)), var_vals
+
+    def at_values(self, var_vals: dict[str, int]) -> ShapeTracker:
+        """This tracker with every variable at its value in ``var_vals`` (all plain ints): a concrete stand-in
+        to plan a symbolic kernel's loops with."""
+        if not self.symbolic:
+            return self
+
+        def c(x: sint) -> int:
+            return sint_eval(x, var_vals)
+
+        return ShapeTracker(tuple(View.create(tuple(map(c, v.shape)), tuple(map(c, v.strides)), c(v.offset),
+                                              tuple((c(lo), c(hi)) for lo, hi in v.mask) if v.mask else None)
+                                  for v in self.views))
 
     def rebind(self, var_vals: dict[str, int]) -> ShapeTracker:
         """This tracker with the variables named in ``var_vals`` bound to those values (a jitted function's
