@@ -161,7 +161,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return self.numel() * self.dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"<Tensor {self.shape} {self.dtype} on {self.device}>"
+        shape = _shape_str(self.shape) if _symbolic_shape(self.shape) else self.shape
+        return f"<Tensor {shape} {self.dtype} on {self.device}>"
 
     def __len__(self) -> int:
         if not self.shape:
@@ -548,7 +549,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if not same_value or _symbolic_shape(old):
                 raise ArgumentError(f"cannot reshape {_shape_str(old)} to {_shape_str(new)}: the element counts "
                                     f"{sint_str(count)} and {sint_str(got)} differ for some value of the variables")
-        return self if new == old else self._view(lambda st: st.reshape(new), lambda g: g.reshape(old))
+        return self if new == old else self._reshape_unchecked(new)
+
+    def _reshape_unchecked(self, new: tuple[Any, ...]) -> Tensor:
+        """reshape to ``new`` whose element count was checked (the gradient goes back the same way: a size
+        made symbolic becomes the plain size again)."""
+        old = self.shape
+        return self._view(lambda st: st.reshape(new), lambda g: g._reshape_unchecked(old))
 
     def view(self, *shape: Any) -> Tensor:
         return self.reshape(*shape)

@@ -66,6 +66,25 @@ def test_reshape_to_and_between_symbolic_shapes(device):
         np.testing.assert_array_equal((x.T + 0).numpy(), a.T)
 
 
+def test_gradient_through_symbolic_sizes(device):
+    a = _arr(7, 4)
+    v = Variable("n", 1, 10)
+    x = Tensor(a, device=device, requires_grad=True)
+    y = x.reshape(v.bind(7), 4)
+    assert repr(y) == f"<Tensor (n=7, 4) dtypes.float on {device}>"
+    (y.exp() * 2).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(a) * 2, rtol=1e-5)
+    z = Tensor(_arr(10, 4), device=device, requires_grad=True)
+    weights = Tensor(_arr(10, 4, seed=3), device=device)
+    (z[:v.bind(3)].softmax(0) * weights[:v.bind(3)]).sum().backward()
+    w = _arr(10, 4, seed=3)[:3]
+    s = np.exp(z.numpy()[:3] - z.numpy()[:3].max(0))
+    s /= s.sum(0)
+    want = np.zeros((10, 4), np.float32)
+    want[:3] = s * (w - (s * w).sum(0))
+    np.testing.assert_allclose(z.grad.numpy(), want, rtol=1e-4, atol=1e-6)
+
+
 def test_pad_by_a_variable(device):
     b = _arr(3, 5)
     v = Variable("n", 0, 6)
