@@ -15,6 +15,6 @@ def test_kv_decode_matches_eager_and_full_forward(capsys: pytest.CaptureFixture[
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--prompt", "3", "--new", "4", "--max-len", "12"])  # SystemExit(1) on a mismatch
+    module.main(["--prompt", "2", "--new", "3", "--max-len", "8"])  # SystemExit(1) on a mismatch
     out = capsys.readouterr().out
     assert "OK: the jitted decode matches" in out and "0 compiled on replay" in out
