@@ -165,6 +165,31 @@ def test_softmax_attention_over_a_variable_length(device):
         np.testing.assert_allclose((att @ V[:vn]).numpy(), w @ cv[:n], rtol=1e-5, atol=1e-6)
 
 
+def test_scaled_dot_product_attention_with_symbolic_keys(device):
+    """tinygrad's idiom: keys and values of a plain size reshaped to a bound one."""
+    vi = Variable("i", 1, 10)
+    q = _arr(2, 1, 4, 8)
+    for i in (1, 4, 10):
+        k, v = _arr(2, i, 4, 8, seed=i), _arr(2, i, 4, 8, seed=20 + i)
+
+        def f(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return Tensor.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+        tq, tk, tv = (Tensor(t, device=device) for t in (q, k, v))
+        got = f(tq, tk.reshape(2, vi.bind(i), 4, 8), tv.reshape(2, vi.bind(i), 4, 8)).numpy()
+        scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1) / np.sqrt(8)
+        np.testing.assert_allclose(got, _softmax(scores) @ v.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_cat_of_two_variables_along_dim1(device):
+    vi, vj = Variable("i", 1, 10), Variable("j", 1, 10)
+    for i, j in ((1, 1), (2, 5), (10, 3)):
+        a, b = _arr(3, i, seed=i), _arr(3, j, seed=20 + j)
+        got = Tensor(a, device=device).reshape(3, vi.bind(i)).cat(Tensor(b, device=device).reshape(3, vj.bind(j)),
+                                                                  dim=1)
+        np.testing.assert_array_equal(got.numpy(), np.concatenate([a, b], 1))
+
+
 # --- one kernel for every value ------------------------------------------------------------------------
 
 def test_one_kernel_serves_every_value(device):
@@ -268,6 +293,14 @@ def test_two_bindings_of_one_variable_are_refused(device):
         x[:v.bind(3)] + x[:v.bind(4)]
     with pytest.raises(ValueError, match="variable 'n' is bound to both [34] and [34]"):
         (x[:v.bind(3)].sum(0) + x[:v.bind(4)].sum(0)).numpy()
+
+
+def test_matmul_of_two_bindings_names_them(device):
+    vi = Variable("i", 1, 10)
+    a = Tensor(_arr(3, 4), device=device).reshape(3, vi.bind(4))
+    b = Tensor(_arr(7, 5), device=device).reshape(vi.bind(7), 5)
+    with pytest.raises(RuntimeError, match=r"\(3xi=4 and i=7x5\): variable 'i' is bound to both 4 and 7"):
+        a @ b
 
 
 def test_bad_symbolic_reshapes_name_the_sizes(device):
