@@ -263,7 +263,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A tensor whose elements are laid out row-major in their own buffer."""
         x = self.lazydata
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
-                                  and x.arg.size == x.src[0].arg[2]):
+                                  and sint_max(x.arg.size) == x.src[0].arg[2]):  # (symbolic: sized for the max)
             return self
         return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))._record((self,), lambda g, o, p: (g,), "contiguous")
 
