@@ -271,6 +271,27 @@ def test_jit_takes_the_value_from_a_symbolic_input_shape(device):
     assert compiled == 0
 
 
+def test_jit_assigns_into_a_prefix_of_variable_length(device):
+    cache = Tensor.zeros(10, 4, device=device).contiguous().realize()
+    src = np.arange(40, dtype=np.float32).reshape(10, 4)
+    s = Tensor(src, device=device).realize()
+    v = Variable("n", 1, 10)
+
+    @TinyJit
+    def step(n: Variable) -> Tensor:
+        cache[:n].assign(s[:n] * 2).realize()
+        return cache.sum(0)
+
+    want = np.zeros((10, 4), np.float32)
+    for k, n in enumerate((3, 5, 2, 7)):
+        if k == 2:
+            GlobalCounters.reset()
+        want[:n] = src[:n] * 2
+        np.testing.assert_array_equal(step(v.bind(n)).numpy(), want.sum(0))
+    assert GlobalCounters.kernels_compiled == 0
+    np.testing.assert_array_equal(cache.numpy(), want)
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 def test_unbound_and_out_of_range_variables_are_refused(device):
