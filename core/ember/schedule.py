@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.dtype import PtrDType
-from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import sint_max, sprod
@@ -52,8 +51,7 @@ def _substitute_realized(roots: list[UOp]) -> dict[UOp, UOp]:
 
 
 def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
-    return st.contiguous and sprod(src_shape) is st.size if st.symbolic else \
-        st.contiguous and prod(src_shape) == st.size
+    return st.contiguous and sprod(src_shape) == st.size  # (symbolic sizes: equal expressions are one node)
 
 
 def _targets(roots: list[UOp]) -> list[UOp]:

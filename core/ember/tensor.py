@@ -544,7 +544,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                                 "symbolic sizes; give every size")
         old, count = self.shape, self.numel()
         got = sprod(new)
-        if got is not count:
+        if got != count:  # (symbolic sizes: equal expressions are one node)
             same_value = isinstance(count, int) and sint_eval(got) == count
             if not same_value or _symbolic_shape(old):
                 raise ArgumentError(f"cannot reshape {_shape_str(old)} to {_shape_str(new)}: the element counts "
@@ -651,7 +651,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 raise ArgumentError(f"shrink ({', '.join(f'({sint_str(lo)}, {sint_str(hi)})' for lo, hi in a)}) can "
                                     f"be out of bounds for shape {_shape_str(self.shape)} (for some value of its "
                                     f"variables)")
-        if all(lo == 0 and hi is s for (lo, hi), s in zip(a, self.shape)):
+        if all(lo == 0 and hi == s for (lo, hi), s in zip(a, self.shape)):
             return self
         back = tuple((lo, ssub(s, hi)) for (lo, hi), s in zip(a, self.shape))
         return self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
