@@ -4,9 +4,11 @@
     python examples/kv_decode.py --new 40
 
 Each step feeds one token at position ``pos``: its keys and values are written into the cache at
-``pos`` (an in-place assign into a view of the cache), and attention reads positions ``0..pos``.
-The step is jitted over a symbolic position (``Variable("pos", 0, MAX - 1)``): it is captured once
-and every later token replays the same kernels with a new ``pos`` value, compiling nothing.
+``pos`` (an in-place assign into a view of the cache), and attention reads ``cache[:, :pos + 1]``,
+the positions so far: a length that grows with ``pos``. The step is jitted over a symbolic position
+(``Variable("pos", 0, MAX - 1)``): the attention's loops run to ``pos + 1``, read at run time, so the
+step is captured once and every later token replays the same kernels with a new ``pos`` value,
+compiling nothing.
 
 The jitted run is checked against the same step run eagerly with plain integer positions, and the
 last logits against a full forward pass over the whole sequence without a cache.
@@ -54,18 +56,16 @@ class TinyTransformer:
     def step(self, token: Tensor, pos: Variable | int) -> Tensor:
         """Logits (vocab,) for ``token`` at position ``pos``, reading and extending the KV cache."""
         x = self.tok_emb[token] + self.pos_emb[pos:pos + 1]  # (1, dim)
-        # positions 0..pos are valid: a window of [1]*max_len + [0]*max_len that slides with pos
-        n = self.max_len
-        valid = Tensor.ones(n).pad(((0, n),)).shrink(((n - 1 - pos, 2 * n - 1 - pos),)).reshape(1, 1, n)
         for b, ck, cv in zip(self.blocks, self.cache_k, self.cache_v):
             h = self._norm(x)
             q, k, v = (self._split(h @ b[name]) for name in ("wq", "wk", "wv"))
             # written before attention reads the cache (the cache tensors themselves read the buffer)
             ck[:, pos:pos + 1].assign(k).realize()
             cv[:, pos:pos + 1].assign(v).realize()
-            scores = (q @ ck.transpose(1, 2)) / math.sqrt(self.head_dim)  # (heads, 1, max_len)
-            probs = (valid > 0).where(scores, float("-inf")).softmax(axis=-1)
-            att = (probs @ cv).permute(1, 0, 2).reshape(1, self.dim)
+            # the positions so far, 0..pos: with a symbolic pos a length the kernels read at run time
+            keys, values = ck[:, :pos + 1], cv[:, :pos + 1]  # (heads, pos + 1, head_dim)
+            probs = ((q @ keys.transpose(1, 2)) / math.sqrt(self.head_dim)).softmax(axis=-1)  # (heads, 1, pos + 1)
+            att = (probs @ values).permute(1, 0, 2).reshape(1, self.dim)
             x = x + att @ b["wo"]
             x = x + (self._norm(x) @ b["w1"]).gelu() @ b["w2"]
         return (self._norm(x) @ self.head).reshape(-1)

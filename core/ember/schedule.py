@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.dtype import PtrDType
-from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
+from ember.ir.symbolic import sint_max, sprod
 from ember.ir.uop import Ops, UOp, toposort
 
 
@@ -51,7 +51,7 @@ def _substitute_realized(roots: list[UOp]) -> dict[UOp, UOp]:
 
 
 def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
-    return st.contiguous and prod(src_shape) == st.size
+    return st.contiguous and sprod(src_shape) == st.size  # (symbolic sizes: equal expressions are one node)
 
 
 def _targets(roots: list[UOp]) -> list[UOp]:
@@ -150,7 +150,7 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dic
     is_assign = target.op is Ops.ASSIGN
     symbolic = is_assign and assign_view(target).symbolic  # a view with variables: values are stripped below
     out_shape = shape_of(target)
-    out_size = target_bufs[target].arg[2] if is_assign else prod(out_shape)
+    out_size = target_bufs[target].arg[2] if is_assign else sint_max(sprod(out_shape))
     out_g = UOp(Ops.DEFINE_GLOBAL, PtrDType(target.value_dtype), (), (0, out_size))
     if is_assign:
         globals_[target_bufs[target]] = out_g  # the value may read the buffer it overwrites (same element)
@@ -197,6 +197,7 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dic
 
     value = memo[root]
     store_view = assign_view(target) if is_assign else ShapeTracker.from_shape(out_shape)
+    symbolic = symbolic or store_view.symbolic
     store = UOp(Ops.STORE, None, (out_g, value), store_view)
     sink = UOp(Ops.SINK, None, (store,))
     return (unbind_ast(sink) if symbolic else (sink, {})), params, reads
@@ -232,7 +233,8 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     target_bufs: dict[UOp, UOp] = {}
     items: list[tuple[UOp, ScheduleItem, set[UOp]]] = []  # (target, item, targets it reads)
     for t in targets:
-        size = prod(shape_of(t))
+        # a symbolic size: the buffer holds the largest the variables allow
+        size = sint_max(sprod(shape_of(t)))
         if t.op is Ops.COPY:
             src = t.src[0]
             sb = base_of(src)

@@ -53,7 +53,7 @@ from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, m
 from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.symbolic import Variable, sadd, sint_of, ssub, sym_le
+from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
 from ember.ir.uop import Ops, UOp
 from ember.schedule import create_schedule, mark_realized
 
@@ -147,8 +147,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return len(self.shape)
 
     def numel(self) -> int:
-        """Number of elements."""
-        return prod(self.shape)
+        """Number of elements (a symbolic int when a size depends on a variable)."""
+        return sprod(self.shape)  # type: ignore[return-value]
 
     def size(self, dim: int | None = None) -> Shape | int:
         """The shape, or the size of one dimension."""
@@ -161,7 +161,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return self.numel() * self.dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"<Tensor {self.shape} {self.dtype} on {self.device}>"
+        shape = _shape_str(self.shape) if _symbolic_shape(self.shape) else self.shape
+        return f"<Tensor {shape} {self.dtype} on {self.device}>"
 
     def __len__(self) -> int:
         if not self.shape:
@@ -207,6 +208,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
         Reading is when pending index checks run (:mod:`ember.frontend.checks`): a bad index raises here."""
         flush_checks()
+        if _symbolic_shape(self.shape):
+            return self._numpy_symbolic()
         if self.numel() == 0:
             return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype))
         buf = self._buffer()
@@ -214,6 +217,21 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if self.dtype == dtypes.bfloat16:
             raw = bf16_to_f32(raw)
         return raw.reshape(self.shape).copy()
+
+    def _numpy_symbolic(self) -> np.ndarray:
+        """numpy() of a tensor with symbolic sizes: its values at the sizes its variables are bound to (the
+        realized buffer is sized for the variables' maxima; the elements lie row-major at its start)."""
+        shape = tuple(sint_eval(s) for s in self.shape)
+        npdt = np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype)
+        if prod(shape) == 0:
+            return np.zeros(shape, dtype=npdt)
+        x = self.lazydata
+        if not (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous):
+            x = self.contiguous().realize().lazydata
+        raw: np.ndarray = np.frombuffer(buffers[base_of(x)].as_bytes(), dtype=to_np_dtype(self.dtype))[:prod(shape)]
+        if self.dtype == dtypes.bfloat16:
+            raw = bf16_to_f32(raw)
+        return raw.reshape(shape).copy()
 
     def tolist(self) -> Any:
         """Nested Python lists (a scalar for 0-d tensors)."""
@@ -245,7 +263,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A tensor whose elements are laid out row-major in their own buffer."""
         x = self.lazydata
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
-                                  and x.arg.size == x.src[0].arg[2]):
+                                  and sint_max(x.arg.size) == x.src[0].arg[2]):  # (symbolic: sized for the max)
             return self
         return Tensor(UOp(Ops.CONTIGUOUS, x.dtype, (x,)))._record((self,), lambda g, o, p: (g,), "contiguous")
 
@@ -415,6 +433,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     # --- creation -----------------------------------------------------------------------
     @staticmethod
     def _shape_arg(shape: Sequence[Any]) -> Shape:
+        """A shape argument's sizes: ints, or symbolic ints where a size is a bound Variable."""
+        if _symbolic_arg(shape):  # sizes that are bound Variables (or expressions of them) stay symbolic
+            flat = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+            return tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)  # type: ignore[misc]
         return shape_arg(shape)
 
     @staticmethod
@@ -453,7 +475,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         shp = Tensor._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         dev = _device(device)
-        return Tensor(buffer_view(new_buffer(dev, prod(shp), dt), shp), **kwargs)
+        return Tensor(buffer_view(new_buffer(dev, sint_max(sprod(shp)), dt), shp), **kwargs)
 
     # --- movement ------------------------------------------------------------------------
     def _axis(self, ax: int, ndim: int | None = None) -> int:
@@ -492,6 +514,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     def reshape(self, *shape: Any) -> Tensor:
         """Same elements, new shape (one dimension may be -1)."""
         shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        if _symbolic_arg(shp) or _symbolic_shape(self.shape):
+            return self._reshape_symbolic(shp)
         shp = [size_arg(s, "reshape size") if s is not None else self.shape[i] for i, s in enumerate(shp)]
         if shp.count(-1) > 1:
             raise ArgumentError(f"only one dimension can be inferred, got shape {tuple(shp)}")
@@ -508,6 +532,30 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         new = tuple(shp)
         old = self.shape
         return self if new == old else self._view(lambda st: st.reshape(new), lambda g: g.reshape(old))
+
+    def _reshape_symbolic(self, shp: list[Any]) -> Tensor:
+        """reshape where a size is symbolic (a bound Variable or an expression of one), in the new shape or the
+        old. The element counts must be the same expression, or the old count a plain int equal to the new
+        one's value at its variables' bindings (``x.reshape(v, 4)`` of a (7, 4) tensor with ``v`` bound to 7)."""
+        new = tuple(self.shape[i] if s is None else sint_of(s) if _is_symbolic_int(s) else size_arg(s, "reshape size")
+                    for i, s in enumerate(shp))
+        if any(isinstance(s, int) and s < 0 for s in new):
+            raise ArgumentError(f"reshape to {_shape_str(new)}: -1 and negative sizes are not supported with "
+                                "symbolic sizes; give every size")
+        old, count = self.shape, self.numel()
+        got = sprod(new)
+        if got != count:  # (symbolic sizes: equal expressions are one node)
+            same_value = isinstance(count, int) and sint_eval(got) == count
+            if not same_value or _symbolic_shape(old):
+                raise ArgumentError(f"cannot reshape {_shape_str(old)} to {_shape_str(new)}: the element counts "
+                                    f"{sint_str(count)} and {sint_str(got)} differ for some value of the variables")
+        return self if new == old else self._reshape_unchecked(new)
+
+    def _reshape_unchecked(self, new: tuple[Any, ...]) -> Tensor:
+        """reshape to ``new`` whose element count was checked (the gradient goes back the same way: a size
+        made symbolic becomes the plain size again)."""
+        old = self.shape
+        return self._view(lambda st: st.reshape(new), lambda g: g._reshape_unchecked(old))
 
     def view(self, *shape: Any) -> Tensor:
         return self.reshape(*shape)
@@ -528,15 +576,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             raise ArgumentError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
                                 f"dimensions of the tensor ({self.ndim})")
         lead = len(shp) - self.ndim
-        if any(size_arg(n, "expand size") < (0 if i < lead else -1) for i, n in enumerate(shp)):
+        shp = tuple(sint_of(n) if _is_symbolic_int(n) else n for n in shp)
+        if any(not isinstance(n, UOp) and size_arg(n, "expand size") < (0 if i < lead else -1)
+               for i, n in enumerate(shp)):
             raise ArgumentError(f"expand: invalid size in {tuple(shp)} (sizes must be >= 0, or -1 to keep an "
                                 f"existing dimension) for a tensor of shape {self.shape}")
         x = self.reshape((1,) * lead + self.shape) if lead else self
         new = tuple(s if n == -1 else n for s, n in zip(x.shape, shp))
         for s, n in zip(x.shape, new):
             if s != n and s != 1:
-                raise ArgumentError(f"expand: the expanded size {n} must match the existing size {s} of shape "
-                                    f"{self.shape} (target {tuple(shp)})")
+                raise ArgumentError(f"expand: the expanded size {sint_str(n)} must match the existing size "
+                                    f"{sint_str(s)} of shape {_shape_str(self.shape)} (target {_shape_str(shp)})")
         axes = tuple(i for i, (s, n) in enumerate(zip(x.shape, new)) if s != n)
         return x if new == x.shape else x._view(lambda st: st.expand(new), lambda g: g.sum(axes, keepdim=True))
 
@@ -547,7 +597,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """
         if mode != "constant":
             return self._pad_mode(padding, mode)
-        if _symbolic_arg(padding):
+        if _symbolic_arg(padding) or _symbolic_shape(self.shape):
             return self._pad_symbolic(padding, value)
         if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
             flat = list(padding)
@@ -580,7 +630,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def shrink(self, arg: Sequence[tuple[int | UOp | Variable, int | UOp | Variable] | None]) -> Tensor:
         """Keep ``[lo, hi)`` of each dimension (None keeps a dimension whole); bounds may use bound Variables."""
-        if _symbolic_arg(arg):
+        if _symbolic_arg(arg) or _symbolic_shape(self.shape):
             return self._shrink_symbolic(arg)
         a = tuple((0, s) if r is None else (_int_bound(r[0]), _int_bound(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
@@ -591,18 +641,29 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
 
     def _shrink_symbolic(self, arg: Sequence[Any]) -> Tensor:
-        """shrink with bounds that use bound Variables (each kept size must still be a known int)."""
+        """shrink with bounds that use bound Variables, or of a tensor with symbolic sizes (the kept sizes may
+        depend on the variables)."""
+        if len(arg) != self.ndim:
+            raise ArgumentError(f"shrink needs one (lo, hi) pair or None per dim of a tensor of {self.ndim} dims")
         a = tuple((0, s) if r is None else (sint_of(r[0]), sint_of(r[1])) for r, s in zip(arg, self.shape))
         for (lo, hi), s in zip(a, self.shape):
             if not (sym_le(0, lo) and sym_le(lo, hi) and sym_le(hi, s)):
-                raise ArgumentError(f"shrink {a} can be out of bounds for shape {self.shape} (for some value of its "
+                raise ArgumentError(f"shrink ({', '.join(f'({sint_str(lo)}, {sint_str(hi)})' for lo, hi in a)}) can "
+                                    f"be out of bounds for shape {_shape_str(self.shape)} (for some value of its "
                                     f"variables)")
+        if all(lo == 0 and hi == s for (lo, hi), s in zip(a, self.shape)):
+            return self
         back = tuple((lo, ssub(s, hi)) for (lo, hi), s in zip(a, self.shape))
         return self._view(lambda st: st.shrink(a), lambda g: g.pad(back))
 
     def _pad_symbolic(self, padding: Sequence[Any], value: Scalar) -> Tensor:
-        """pad by amounts that use bound Variables, per dim ``((before, after), ...)``; amounts must be
-        non-negative and each padded size a known int."""
+        """pad by amounts that use bound Variables, or a tensor with symbolic sizes, per dim
+        ``((before, after), ...)`` (or torch's flat form of ints); amounts must be non-negative."""
+        if padding and all(isinstance(p, int) for p in padding) and len(padding) % 2 == 0 and \
+                len(padding) // 2 <= self.ndim:
+            flat = list(padding)
+            padding = [None] * (self.ndim - len(flat) // 2) + [(flat[i], flat[i + 1])
+                                                               for i in range(len(flat) - 2, -1, -2)]
         if len(padding) != self.ndim or any(p is not None and len(p) != 2 for p in padding):
             raise ArgumentError(f"a symbolic padding needs one (before, after) pair or None per dim of a tensor of "
                                 f"{self.ndim} dims")
@@ -613,8 +674,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         out = self._view(lambda st: st.pad(arg), lambda g: g._shrink_symbolic(inner))
         if value == 0:
             return out
-        mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device)._view(lambda st: st.pad(arg),
-                                                                                     lambda g: g)
+        ones = Tensor.ones(*(1,) * self.ndim, dtype=dtypes.bool, device=self.device).expand(self.shape)
+        mask = ones._view(lambda st: st.pad(arg), lambda g: g)
         return mask.where(out, out.full_like(value))
 
     def flip(self, *axis: Any) -> Tensor:
@@ -646,7 +707,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         else:
             idx += [slice(None)] * (self.ndim - n_real)
         x = self
-        out_shape: list[int] = []
+        out_shape: list[int | UOp] = []
         shrink: list[tuple[int | UOp, int | UOp]] = []
         flips: list[int] = []
         strides: list[int] = []
@@ -656,13 +717,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 out_shape.append(-1)  # placeholder for a new axis
                 continue
             size = self.shape[dim]
-            if _is_symbolic_int(i) or (isinstance(i, slice) and any(map(_is_symbolic_int, (i.start, i.stop)))):
+            if _is_symbolic_int(i) or (isinstance(i, slice) and any(map(_is_symbolic_int, (i.start, i.stop)))) or \
+                    isinstance(size, UOp):
                 lo, hi = _symbolic_bounds(i, size, dim)
                 shrink.append((lo, hi))
                 strides.append(1)
-                length = ssub(hi, lo)
-                assert isinstance(length, int)  # _symbolic_bounds refuses a symbolic length
-                out_shape.append(-2 if _is_symbolic_int(i) else length)
+                out_shape.append(-2 if not isinstance(i, slice) else ssub(hi, lo))
             elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
                 j = int(i)
                 if not -size <= j < size:
@@ -702,9 +762,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         final: list[int] = []
         it = iter(x.shape)
         for o in out_shape:
-            if o == -1:
+            if isinstance(o, int) and o == -1:
                 final.append(1)
-            elif o == -2:
+            elif isinstance(o, int) and o == -2:
                 next(it)
             else:
                 final.append(next(it))
@@ -726,6 +786,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if y.device != x.device:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and "
                                    f"{y.device}")
+            dt = least_upper_dtype(x.dtype, y.dtype)
+        elif _is_symbolic_int(y):
+            y = _sint_tensor(sint_of(y), x.device)
             dt = least_upper_dtype(x.dtype, y.dtype)
         else:
             if not isinstance(y, (int, float, bool, np.generic)):
@@ -889,16 +952,42 @@ def _is_symbolic_int(x: object) -> bool:
     return isinstance(x, Variable) or (isinstance(x, UOp) and getattr(x.dtype, "kind", "") in "iu")
 
 
-def _symbolic_bounds(i: Any, size: int, dim: int) -> tuple[int | UOp, int | UOp]:
-    """The (start, stop) a symbolic index or step-1 slice keeps along a dimension of ``size``."""
+def _symbolic_bounds(i: Any, size: int | UOp, dim: int) -> tuple[int | UOp, int | UOp]:
+    """The (start, stop) a symbolic index or step-1 slice keeps along a dimension of ``size`` (either may be
+    symbolic; the kept length may depend on a variable, as in ``cache[:, :pos + 1]``)."""
+    def bound(x: Any) -> int | UOp:
+        v = sint_of(x)
+        if isinstance(v, int) and v < 0:
+            raise IndexError(f"a negative index {v} in dimension {dim} of symbolic size {sint_str(size)} or with a "
+                             "symbolic bound: symbolic positions count from the start")
+        return v
+
     if not isinstance(i, slice):
-        lo = sint_of(i)
+        lo = bound(i)
         return lo, sadd(lo, 1)
     if i.step not in (None, 1):
-        raise IndexError(f"a slice with a symbolic bound must have step 1, got step {i.step} in dimension {dim}")
-    lo = 0 if i.start is None else sint_of(i.start)
-    hi = size if i.stop is None else sint_of(i.stop)
-    if not isinstance(ssub(hi, lo), int):
-        raise ValueError(f"the slice {i.start}:{i.stop} of dimension {dim} has a length that depends on a variable; "
-                         "its length must be a known int (shapes are not symbolic), e.g. x[pos:pos + 1]")
+        raise IndexError(f"a slice with a symbolic bound or size must have step 1, got step {i.step} in dimension "
+                         f"{dim}")
+    lo = 0 if i.start is None else bound(i.start)
+    hi = size if i.stop is None else bound(i.stop)
     return lo, hi
+
+
+def _sint_tensor(x: int | UOp, device: str) -> Tensor:
+    """A 0-d int32 tensor holding the value of the symbolic int ``x`` (``x.mean()`` over a variable length
+    divides by it): the sum of ``x`` ones, so kernels read the value at run time like any symbolic size."""
+    if isinstance(x, int):
+        return Tensor(x, device=device, dtype=dtypes.int32)
+    if not sym_le(0, x):
+        raise ValueError(f"the symbolic int {sint_str(x)} can be negative: only sizes become tensors")
+    return Tensor.ones(x, dtype=dtypes.int32, device=device).sum()
+
+
+def _symbolic_shape(shape: tuple[Any, ...]) -> bool:
+    """Whether a size of ``shape`` depends on a variable."""
+    return any(isinstance(s, UOp) for s in shape)
+
+
+def _shape_str(shape: tuple[Any, ...]) -> str:
+    """A shape for messages, symbolic sizes written out (``(n=7, 4)``)."""
+    return "(" + ", ".join(sint_str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"

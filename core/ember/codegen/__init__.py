@@ -8,6 +8,7 @@ from ember.codegen.lowerer import global_dims, lower_ast
 from ember.codegen.opts import Opt, apply_opts, local_size
 from ember.dtype import PtrDType
 from ember.helpers import BEAM, DEBUG, NOOPT, prod
+from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
 
@@ -33,14 +34,32 @@ def kernel_name(ast: UOp) -> str:
     """A readable name: ``E_`` for elementwise, ``r_`` with reduce sizes for reductions."""
     shape = global_dims(ast)
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
-    parts = [str(d) for d in shape if d != 1] or ["1"]
+    parts = [_size_name(d) for d in shape if d != 1] or ["1"]
     if reduces:
         from ember.codegen.lowerer import ast_shape
 
         memo: dict[UOp, tuple[int, ...]] = {}
         src_shape = ast_shape(reduces[0].src[0], memo)
-        parts += [str(src_shape[a]) for a in reduces[0].arg[1]]
+        parts += [_size_name(src_shape[a]) for a in reduces[0].arg[1]]
     return ("r_" if reduces else "E_") + "_".join(parts)
+
+
+def _size_name(d: int | UOp) -> str:
+    """A size in a kernel name: the number, or a symbolic size spelled with letters (``n``, ``nP1`` for n+1)."""
+    if isinstance(d, int):
+        return str(d)
+    from ember.ir.symbolic import sint_str
+
+    text = sint_str(d)
+    for sym, word in (("+", "P"), ("*", "M"), ("-", "S"), ("//", "D"), ("%", "R"), ("(", ""), (")", "")):
+        text = text.replace(sym, word)
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
+
+
+def has_symbolic_shape(ast: UOp) -> bool:
+    """Whether a loop of the kernel runs to a size that depends on a variable."""
+    return any(isinstance(d, UOp) for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE)
+               and n.arg is not None and hasattr(n.arg, "shape") for d in n.arg.shape)
 
 
 def estimate(uops: list[UOp]) -> tuple[int, int]:
@@ -69,12 +88,49 @@ def _is_index(u: UOp) -> bool:
     return getattr(u.dtype, "kind", "") in "iub" and u.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.AND)
 
 
+#: the opts a kernel with symbolic sizes may keep: splits of its fixed-size axes
+_SYMBOLIC_SAFE = frozenset({"UPCAST", "UNROLL", "LOCAL", "PADTO"})
+
+
+def symbolic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
+    """The opts of a kernel with symbolic sizes: the heuristic plans the kernel with every variable at its
+    maximum, and the opts that split a fixed-size axis (upcasts, unrolls, work-groups) are kept where the
+    symbolic kernel accepts them; a symbolic axis is never split (its loop runs to the value read at launch)."""
+    from ember.codegen.opts import OptError, heuristic_opts, kernel_shape
+
+    views = [n for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE) and isinstance(n.arg, ShapeTracker)]
+    highest = {name: hi for n in views for name, hi in n.arg.var_maxima().items()}
+    memo: dict[UOp, UOp] = {}
+    for n in ast.toposort():
+        arg = n.arg.at_values(highest) if n.op in (Ops.VIEW, Ops.STORE) and isinstance(n.arg, ShapeTracker) \
+            else n.arg
+        src = tuple(memo[s] for s in n.src)
+        memo[n] = n if arg is n.arg and src == n.src else UOp(n.op, n.dtype, src, arg)
+    try:
+        planned = heuristic_opts(memo[ast], renderer)
+    except (OptError, ValueError, TypeError, ZeroDivisionError):  # a plan for the maxima that does not fit
+        return []
+    full = kernel_shape(ast).full_shape
+    kept: list[Opt] = []
+    for opt in planned:
+        if opt.op not in _SYMBOLIC_SAFE or not isinstance(full[opt.axis], int):
+            continue
+        try:
+            apply_opts(ast, renderer, kept + [opt])
+        except OptError:
+            continue
+        kept.append(opt)
+    return kept
+
+
 def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """The opts a kernel gets: none under ``NOOPT``, a timed search under ``BEAM``, else the heuristic."""
     from ember.codegen.opts import heuristic_opts
 
     if NOOPT:
         return []
+    if has_symbolic_shape(ast):
+        return symbolic_opts(ast, renderer)
     if BEAM >= 1:
         from ember.codegen.search import beam_search
 
@@ -101,7 +157,9 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     outs = tuple(s.src[0].arg[0] for s in ast.src)
     ins = tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_GLOBAL and u.arg[0] not in outs)
     # launch sizes: the innermost global loop is dimension 0
-    sizes = [u.src[1].arg for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
+    # (a loop-based target's global loop may run to a symbolic size: its launch size is its maximum)
+    sizes = [u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)
+             for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
     return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
                        tuple(opts))

@@ -26,6 +26,13 @@ def _range_sets(nodes: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     return out
 
 
+def _range_bounds(nodes: list[UOp]) -> list[UOp]:
+    """The computed loop bounds (symbolic sizes: expressions over DEFINE_VARs such as ``n + 1``) and what they
+    are computed from, sources first: they come before every loop, so each loop reads its bound by name."""
+    bounds = [b for n in nodes if n.op is Ops.RANGE for b in n.src if b.op not in (Ops.CONST, Ops.DEFINE_VAR)]
+    return [n for n in toposort(bounds) if n.op not in (Ops.CONST, Ops.DEFINE_VAR)] if bounds else []
+
+
 def linearize(sink: UOp) -> list[UOp]:
     """The linear program for a lowered kernel (see docs/contracts.md for its guarantees)."""
     nodes = toposort([sink])
@@ -44,6 +51,7 @@ def linearize(sink: UOp) -> list[UOp]:
     for n in dict.fromkeys(nodes):
         if n.op is Ops.CONST:
             program.append(n)
+    program.extend(_range_bounds(nodes))
     global_ranges = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
     program.extend(global_ranges)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.symbolic import simplify, split_terms
+from ember.ir.symbolic import simplify, sint_max, smul, split_terms
 from ember.ir.uop import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
@@ -81,8 +81,9 @@ class LoweringContext:
     tc_range: UOp | None = None
     tc_layout: Callable[..., tuple[Any, Any]] | None = None
 
-    def new_range(self, size: int, kind: str) -> UOp:
-        r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), UOp.const(self.idx_dtype, size)),
+    def new_range(self, size: int | UOp, kind: str) -> UOp:
+        """A loop over ``[0, size)``; a symbolic size (over the kernel's variables) is read at run time."""
+        r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, 0), as_index(size, self.idx_dtype)),
                 (self.range_count, kind))
         self.range_count += 1
         return r
@@ -106,6 +107,23 @@ def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType) ->
     return tuple(zero if skip else i for skip, i in zip(unused, idxs))
 
 
+def as_index(x: int | UOp, idx_dtype: DType) -> UOp:
+    """A size as an index expression: a constant, or a symbolic size (over DEFINE_VARs) cast to the index type."""
+    return x.cast(idx_dtype) if isinstance(x, UOp) else UOp.const(idx_dtype, x)
+
+
+def _symbolic_grid(out_shape: tuple[int | UOp, ...], sizes: tuple[int | UOp, ...],
+                   grid: bool) -> tuple[tuple[int | UOp, ...], dict[int, UOp]]:
+    """(loop sizes, the symbolic size of each output axis whose loop runs to its maximum). A loop-based target
+    loops to a symbolic size as it is; a launch grid's size is fixed when the kernel is compiled, so on a grid
+    target a symbolic output axis is launched for the variable's maximum and the work-items past its value
+    store nothing (their gate, like a padded axis's)."""
+    if not grid:
+        return sizes, {}
+    limits = {i: d for i, d in enumerate(out_shape) if isinstance(d, UOp)}
+    return tuple(sint_max(d) if i in limits else d for i, d in enumerate(sizes)), limits
+
+
 def _add_const(x: UOp, c: int) -> UOp:
     """``x + c`` for a simplified sum ``x``, in the form simplify gives (constant term last, merged)."""
     if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
@@ -124,7 +142,7 @@ def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) ->
     key = (st, idxs)
     if key in ctx.view_index:
         return ctx.view_index[key]
-    if len(st.views) == 1 and st.views[0].mask is None:
+    if len(st.views) == 1 and st.views[0].mask is None and all(isinstance(x, int) for x in st.views[0].strides):
         bases, offset = [], 0
         for i, stride in zip(idxs, st.views[0].strides):
             terms = split_terms(i)
@@ -156,8 +174,12 @@ def _reduce_indices(ctx: LoweringContext, red: UOp, ax: int, size: int, ranges: 
     if key not in ctx.reduce_ranges:
         # copies of one reduction (upcast tiles) share loops, so they can share one loop nest
         outer = ctx.new_range(threads, "thread") if threads > 1 else None
-        ctx.reduce_ranges[key] = (outer, ctx.new_range(size // threads // n // unroll, "reduce"))
+        steps = size if isinstance(size, UOp) else size // threads // n // unroll
+        ctx.reduce_ranges[key] = (outer, ctx.new_range(steps, "reduce"))
     outer, inner = ctx.reduce_ranges[key]
+    if isinstance(size, UOp):  # a symbolic reduce axis is never split (the opts refuse it)
+        ranges.append(inner)
+        return [inner]
     if outer is not None:
         ranges.append(outer)
     ranges.append(inner)
@@ -238,10 +260,12 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             moving = iter(i for i, d in zip(idxs, st.shape) if d != 1)
             sub = tuple(next(moving) if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in src_shape)
         else:
-            parts, acc = [], 1
+            parts: list[UOp] = []
+            acc: int | UOp = 1
             for s in reversed(src_shape):
-                parts.append(simplify((idx // acc) % s) if s != 1 else UOp.const(ctx.idx_dtype, 0))
-                acc *= s
+                parts.append(simplify((idx // as_index(acc, ctx.idx_dtype)) % as_index(s, ctx.idx_dtype)) if s != 1
+                             else UOp.const(ctx.idx_dtype, 0))
+                acc = smul(acc, s)
             sub = tuple(reversed(parts))
         inner_gate = simplify(gate.logical_and(valid))
         if inner_gate.op is Ops.CONST and not inner_gate.arg:
@@ -294,18 +318,20 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     return out
 
 
-def _global_indices(ctx: LoweringContext, out_shape: tuple[int, ...], max_dims: int | None) -> tuple[UOp, ...]:
-    """One global RANGE per output dim; targets with few launch dims get leading dims merged."""
+def _global_indices(ctx: LoweringContext, out_shape: tuple[int | UOp, ...], max_dims: int | None) -> tuple[UOp, ...]:
+    """One global RANGE per output dim; targets with few launch dims get leading dims merged (their sizes are
+    ints there: a grid target's symbolic sizes were replaced by their maxima)."""
     dims = [i for i, d in enumerate(out_shape) if d != 1]
     if max_dims is None or len(dims) <= max_dims:
         return tuple(ctx.new_range(d, "global") if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in out_shape)
     merged = dims[: len(dims) - max_dims + 1]
-    flat = ctx.new_range(prod(out_shape[i] for i in merged), "global")
+    sizes = [d if isinstance(d, int) else sint_max(d) for d in out_shape]
+    flat = ctx.new_range(prod(sizes[i] for i in merged), "global")
     idxs: dict[int, UOp] = {}
     acc = 1
     for i in reversed(merged):
-        idxs[i] = simplify((flat // acc) % out_shape[i])
-        acc *= out_shape[i]
+        idxs[i] = simplify((flat // acc) % sizes[i])
+        acc *= sizes[i]
     for i in dims[len(merged):]:
         idxs[i] = ctx.new_range(out_shape[i], "global")
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
@@ -327,7 +353,7 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     out_shape = ast.src[0].arg.shape
     work = 1
     for d in out_shape:
-        work *= max(d, 1)
+        work *= max(sint_max(d), 1)
     if plan is not None:
         for ax, n in plan.padded.items():
             work = work // max(out_shape[ax], 1) * n
@@ -337,8 +363,9 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     upcast = plan.upcast if plan is not None else {}
     padded = plan.padded if plan is not None else {}
-    sizes = tuple(padded.get(i, d) for i, d in enumerate(out_shape))
-    loop_shape = tuple(d // upcast.get(i, 1) for i, d in enumerate(sizes))
+    sizes, limits = _symbolic_grid(out_shape, tuple(padded.get(i, d) for i, d in enumerate(out_shape)),
+                                   max_global_dims is not None)
+    loop_shape = tuple(d // upcast[i] if upcast.get(i, 1) != 1 else d for i, d in enumerate(sizes))
     group = plan.group if plan is not None else None
     tc = plan.tc if plan is not None else None
     if tc is not None:
@@ -387,6 +414,8 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
         gate = UOp.const(dtypes.bool, True)
         for ax in padded:
             gate = gate.logical_and(gidx[ax].lt(out_shape[ax]))
+        for ax, limit in limits.items():
+            gate = gate.logical_and(gidx[ax].lt(limit.cast(idx_dtype)))
         gate = simplify(gate)
         for store in ast.src:
             assert store.op is Ops.STORE and store.arg.shape == out_shape, "every output of a kernel has the same shape"

@@ -194,6 +194,7 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
         _check(0 <= opt.axis < len(shape), opt, f"the kernel has {len(shape)} axes (full shape {shape})")
         _check(isinstance(opt.arg, int) and opt.arg >= 0, opt, "arg must be a non-negative int")
         axis, is_reduce = opt.axis, opt.axis in reduce_axes
+        _check(isinstance(shape[axis], int), opt, "the axis's size depends on a variable (symbolic axes are not split)")
         if opt.op in _OUTPUT_OPS:
             _check(not is_reduce, opt, f"{opt.op} applies to output axes; axis {axis} is reduced")
         if opt.op in _REDUCE_OPS:

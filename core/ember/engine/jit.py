@@ -35,7 +35,7 @@ from ember.engine import realize, tiers
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
 from ember.helpers import DEBUG, GlobalCounters
 from ember.ir.lazy import base_of, buffers, realized
-from ember.ir.symbolic import Variable
+from ember.ir.symbolic import Variable, bound_vals, sint_max, unbind_uop
 from ember.ir.uop import Ops, UOp
 
 R = TypeVar("R")
@@ -64,8 +64,27 @@ def _is_tensor(x: Any) -> bool:
 
 
 def _whole_buffer(x: UOp) -> bool:
-    return x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
-                                  and x.arg.size == x.src[0].arg[2])
+    """Whether ``x`` is a buffer's elements in order (a symbolic size: the buffer sized for its maximum)."""
+    if x.op is Ops.BUFFER:
+        return True
+    if x.op is not Ops.VIEW or x.src[0].op is not Ops.BUFFER or not x.arg.contiguous:
+        return False
+    size = x.arg.size
+    return size == x.src[0].arg[2] or (isinstance(size, UOp) and sint_max(size) == x.src[0].arg[2])
+
+
+def _rebind_results(ret: Any, var_vals: dict[str, int]) -> None:
+    """Give the returned tensors whose sizes depend on a variable the sizes of this call's values (their
+    buffers were sized for the variables' maxima when captured)."""
+    for t in _tensors_in(ret):
+        x = t.lazydata
+        if x.op is Ops.VIEW and x.arg.symbolic:
+            t.lazydata = UOp(Ops.VIEW, x.dtype, x.src, x.arg.rebind(var_vals))
+
+
+def _shape_key(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A tensor input's shape as a signature compares it: symbolic sizes by their variables, not values."""
+    return tuple(unbind_uop(s, {}) if isinstance(s, UOp) else s for s in shape)
 
 
 def input_buffer(t: Any) -> Buffer:
@@ -111,7 +130,14 @@ def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[tup
             others.append((name, ("Variable", a.name, a.min, a.max)))
         else:
             others.append((name, a))
-    sig = _Signature(tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors), tuple(others))
+    for name, t in tensors:  # a tensor whose size is a bound variable passes that variable's value too
+        for d in t.shape:
+            for vname, val in (bound_vals(d) if isinstance(d, UOp) else {}).items():
+                if var_vals.setdefault(vname, val) != val:
+                    raise JitError(f"jit {name}: variable {vname!r} is bound to {val} there and to {var_vals[vname]} "
+                                   "in another argument")
+    sig = _Signature(tuple((name, _shape_key(tuple(t.shape)), t.dtype, t.device) for name, t in tensors),
+                     tuple(others))
     return tensors, sig, var_vals
 
 
@@ -429,6 +455,7 @@ class TinyJit(Generic[R]):
             cap.set_input(i, buf)
         if var_vals:
             cap.set_vars(var_vals)
+            _rebind_results(cap.ret, var_vals)
         cap.replay()
         self.cnt += 1
         return cap.ret

@@ -43,7 +43,11 @@ class LinalgMixin(TensorBase):
             if a.ndim == 1 and b.ndim == 1:
                 raise RuntimeError(f"inconsistent tensor size, expected tensor [{k_a}] and src [{k_b}] to have the "
                                    f"same number of elements, but got {k_a} and {k_b} elements respectively")
-            sa, sb = "x".join(map(str, a.shape)), "x".join(map(str, b.shape))
+            from ember.ir.symbolic import binding_conflict, sint_str
+
+            sa, sb = "x".join(map(sint_str, a.shape)), "x".join(map(sint_str, b.shape))
+            if (conflict := binding_conflict(k_a, k_b)) is not None:
+                raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({sa} and {sb}): {conflict}")
             raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({sa} and {sb})")
         try:
             broadcast_shape(a.shape[:-2], b.shape[:-2])

@@ -155,6 +155,12 @@ class ReduceMixin(TensorBase):
         axes = self._reduce_axes(axis)
         n = prod(self.shape[a] for a in axes)
         squares = (self - self.mean(axes, keepdim=True)).square()
+        if not isinstance(n, int):  # a length that depends on a variable: divided by n - correction at run time
+            from ember.ir.symbolic import sint_of, ssub
+
+            if not float(correction).is_integer():
+                raise ValueError(f"var over a symbolic length needs an integer correction, got {correction}")
+            return squares.sum(axes, keepdim).div(ssub(sint_of(n), int(correction)))
         return squares.sum(axes, keepdim).div(max(0, n - correction))
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:

@@ -52,11 +52,23 @@ def broadcast_shape(*shapes: Shape) -> Shape:
     for i, dims in enumerate(zip(*padded)):
         sizes = {d for d in dims if d != 1}
         if len(sizes) > 1:
-            raise RuntimeError(f"The size of tensor a ({dims[0]}) must match the size of tensor b ({dims[1]}) at "
-                               f"non-singleton dimension {i}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
-                               f"cannot be broadcast together")
+            from ember.ir.symbolic import binding_conflict, sint_str
+
+            if (conflict := binding_conflict(*sizes)) is not None:
+                raise RuntimeError(f"dimension {i} of shapes {' and '.join(_shape_text(s) for s in shapes)}: "
+                                   f"{conflict}")
+            raise RuntimeError(f"The size of tensor a ({sint_str(dims[0])}) must match the size of tensor b "
+                               f"({sint_str(dims[1])}) at non-singleton dimension {i}: shapes "
+                               f"{' and '.join(_shape_text(s) for s in shapes)} cannot be broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+def _shape_text(shape: Shape) -> str:
+    """A shape in a message; symbolic sizes written out (``(n=3, 4)``)."""
+    from ember.ir.symbolic import sint_str
+
+    return "(" + ", ".join(sint_str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def make_const(value: Scalar, dtype: DType, device: str) -> UOp:

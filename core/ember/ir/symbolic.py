@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Iterable
 
 from ember.dtype import dtypes
 from ember.ir.pattern import PatternMatcher, UPat, graph_rewrite
@@ -210,9 +211,36 @@ def sint_of(x: object) -> int | UOp:
     if isinstance(x, Variable):
         return x.bound_uop
     if isinstance(x, UOp):
-        y = simplify(x)
-        return y.arg if y.op is Ops.CONST else y
+        y = simplify(_sub_as_sum(x))
+        return y.arg if y.op is Ops.CONST else _ordered_sum(y)
     return operator.index(x)  # type: ignore[arg-type]
+
+
+def _ordered_sum(x: UOp) -> UOp:
+    """A simplified sum with its variable terms in one order (by their text) and the constant last, so
+    ``i + j`` and ``j + i`` are the same node."""
+    if x.op is not Ops.ADD:
+        return x
+    terms = split_terms(x)
+    const = [t for t in terms if t.op is Ops.CONST]
+    ordered = sorted((t for t in terms if t.op is not Ops.CONST), key=sint_str) + const
+    out = _sum(ordered, x.dtype)
+    return out
+
+
+def _sub_as_sum(x: UOp) -> UOp:
+    """``x`` with every integer ``a - b`` written ``a + b*-1``: sums simplify (like terms cancel), differences
+    do not, and sizes computed with ``-`` (``n - lo``) must compare equal to the same size built with ``+``."""
+    if not any(n.op is Ops.SUB for n in x.toposort()):
+        return x
+    memo: dict[UOp, UOp] = {}
+    for n in x.toposort():
+        src = tuple(memo[s] for s in n.src)
+        if n.op is Ops.SUB and _is_int(n):
+            memo[n] = UOp(Ops.ADD, n.dtype, (src[0], UOp(Ops.MUL, n.dtype, (src[1], UOp.const(n.value_dtype, -1)))))
+        else:
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return memo[x]
 
 
 def sadd(a: int | UOp, b: int | UOp) -> int | UOp:
@@ -251,6 +279,115 @@ def smin(a: int | UOp, b: int | UOp) -> int | UOp:
     return ssub(0, smax(ssub(0, a), ssub(0, b)))
 
 
+def smul(a: int | UOp, b: int | UOp) -> int | UOp:
+    """a * b (a symbolic factor first, the int coefficient last, so equal products are the same node)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int):
+        a, b = b, a
+    if isinstance(b, int):
+        return 0 if b == 0 else a if b == 1 else sint_of(a * b)
+    return sint_of(a * b)
+
+
+def sprod(xs: Iterable[int | UOp]) -> int | UOp:
+    """The product of symbolic ints: the int factors multiplied first, then the symbolic ones in order."""
+    xs = tuple(xs)
+    if not any(isinstance(x, UOp) for x in xs):
+        return math.prod(xs)
+    const, syms = 1, []
+    for x in xs:
+        if isinstance(x, UOp):
+            syms.append(x)
+        else:
+            const *= x
+    if not syms or const == 0:
+        return const
+    out: int | UOp = syms[0]
+    for x in syms[1:]:
+        out = sint_of(_u(out) * x)
+    return smul(out, const)
+
+
+def is_sym(x: object) -> bool:
+    """Whether ``x`` is a symbolic int (an expression over variables, not a plain int)."""
+    return isinstance(x, UOp)
+
+
+def sint_max(x: int | UOp) -> int:
+    """The largest value ``x`` takes over its variables' ranges (what a buffer for it is sized by)."""
+    if isinstance(x, int):
+        return x
+    hi = x.vmax
+    if not isinstance(hi, int):
+        raise ValueError(f"the size {sint_str(x)} has no known upper bound")
+    return hi
+
+
+def bound_vals(x: int | UOp) -> dict[str, int]:
+    """The values of the bound variables in ``x`` (by name); a variable bound to two values is an error."""
+    out: dict[str, int] = {}
+    if isinstance(x, UOp):
+        unbind_uop(x, out)
+    return out
+
+
+def sint_eval(x: int | UOp, var_vals: dict[str, int] | None = None) -> int:
+    """The value of ``x``: its variables at ``var_vals``, or at the values they are bound to."""
+    if isinstance(x, int):
+        return x
+    vals = bound_vals(x) if var_vals is None else var_vals
+    memo: dict[UOp, int] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR:
+            if n.arg[0] not in vals:
+                raise ValueError(f"variable {n.arg[0]!r} has no value (bind it: Variable(...).bind(n))")
+            memo[n] = vals[n.arg[0]]
+        elif n.op is Ops.CONST:
+            memo[n] = n.arg
+        elif n.op is Ops.CAST:
+            memo[n] = memo[n.src[0]]
+        else:
+            memo[n] = exec_alu(n.op, n.value_dtype, tuple(memo[s] for s in n.src))
+    return int(memo[x])
+
+
+def binding_conflict(*xs: int | UOp) -> str | None:
+    """A message when symbolic ints ``xs`` bind one variable to different values (``n`` to 3 and to 4), else
+    None."""
+    seen: dict[str, int] = {}
+    for x in xs:
+        if isinstance(x, UOp):
+            for n in x.toposort():
+                if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
+                    if seen.setdefault(n.arg[0], n.arg[3]) != n.arg[3]:
+                        return (f"variable {n.arg[0]!r} is bound to both {seen[n.arg[0]]} and {n.arg[3]}; use one "
+                                "value of a variable at a time")
+    return None
+
+
+def sint_str(x: int | UOp) -> str:
+    """A short readable form of a symbolic int, e.g. ``n``, ``n+1`` or ``n*4`` (a bound variable shows its value:
+    ``n=7``)."""
+    if isinstance(x, int):
+        return str(x)
+    names = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.SUB: "-"}
+    memo: dict[UOp, str] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR:
+            memo[n] = f"{n.arg[0]}={n.arg[3]}" if len(n.arg) == 4 else n.arg[0]
+        elif n.op is Ops.CONST:
+            memo[n] = str(n.arg)
+        elif n.op is Ops.CAST:
+            memo[n] = memo[n.src[0]]
+        elif n.op in names and len(n.src) == 2:
+            memo[n] = f"({memo[n.src[0]]}{names[n.op]}{memo[n.src[1]]})" if n is not x else \
+                f"{memo[n.src[0]]}{names[n.op]}{memo[n.src[1]]}"
+        else:
+            memo[n] = f"{n.op.name.lower()}({', '.join(memo[s] for s in n.src)})"
+    return memo[x]
+
+
 def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
     """``x`` with every bound variable replaced by the plain DEFINE_VAR kernels take; values go to ``var_vals``."""
     if isinstance(x, int):
@@ -260,8 +397,23 @@ def unbind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
         if n.op is Ops.DEFINE_VAR and len(n.arg) == 4:
             name, lo, hi, val = n.arg
             if var_vals.setdefault(name, val) != val:
-                raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {val} in one kernel")
+                raise ValueError(f"variable {name!r} is bound to both {var_vals[name]} and {val} in one computation; "
+                                 "use one value of a variable at a time")
             memo[n] = UOp(Ops.DEFINE_VAR, n.dtype, (), (name, lo, hi))
+        else:
+            src = tuple(memo[s] for s in n.src)
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return memo[x]
+
+
+def rebind_uop(x: int | UOp, var_vals: dict[str, int]) -> int | UOp:
+    """``x`` with the variables named in ``var_vals`` bound to those values (bound or not before)."""
+    if isinstance(x, int) or not var_vals:
+        return x
+    memo: dict[UOp, UOp] = {}
+    for n in x.toposort():
+        if n.op is Ops.DEFINE_VAR and n.arg[0] in var_vals:
+            memo[n] = UOp(Ops.DEFINE_VAR, n.dtype, (), (*n.arg[:3], var_vals[n.arg[0]]))
         else:
             src = tuple(memo[s] for s in n.src)
             memo[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)

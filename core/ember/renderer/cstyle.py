@@ -203,7 +203,8 @@ class CStyleRenderer(Renderer):
         work = 1
         for u in uops:
             if u.op is Ops.RANGE:
-                work *= max(1, u.src[1].arg - u.src[0].arg) if u.src[1].op is Ops.CONST else 1
+                # a symbolic bound counts at its maximum (the loop may run that long)
+                work *= max(1, (u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)) - u.src[0].arg)
         first_global = True
         locals_declared = 0
         wmma_results: dict[tuple[UOp, ...], str] = {}
