@@ -20,9 +20,14 @@ from ember_opencl.platforms import import_pyopencl
 
 
 def build_options(device: Any) -> tuple[str, ...]:
-    """Options for ``clBuildProgram`` on ``device``: IEEE-exact float32 division and sqrt where offered."""
+    """Options for ``clBuildProgram`` on ``device``: no warnings, and IEEE-exact float32 division and sqrt where
+    offered.
+
+    ``-w`` because some drivers (PoCL) print their compiler's warning count straight to the process's stderr
+    ("1 warning generated.") for harmless constructs in generated code, such as an integer compared with
+    itself; a failed build still raises with the driver's full log."""
     cl = import_pyopencl()
-    options: list[str] = []
+    options: list[str] = ["-w"]
     if device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
         options.append("-cl-fp32-correctly-rounded-divide-sqrt")
     return tuple(options)

@@ -97,3 +97,12 @@ def test_a_schedule_with_new_kernels_is_one_build(dev, monkeypatch):
     np.testing.assert_allclose(outs[0].numpy(), (xn * np.float32(1.2345)).sum(0), rtol=1e-6)
     np.testing.assert_allclose(outs[1].numpy(), np.exp2(xn - 7.125).max(1), rtol=1e-6)
     np.testing.assert_allclose(outs[2].numpy(), np.sqrt(xn + 0.0625), rtol=1e-6)
+
+
+def test_a_build_with_compiler_warnings_prints_nothing(dev, capfd):
+    # an int compared with itself draws a clang warning in PoCL, which would print its count to fd 2
+    src = ("__kernel void selfcmp(__global int* restrict data0, __global int* restrict data1) {\n"
+           "  int v = data1[get_global_id(0)];\n  data0[get_global_id(0)] = (v == v);\n}\n")
+    assert dev.compiler.build(src)
+    out, err = capfd.readouterr()
+    assert "warning" not in out + err
