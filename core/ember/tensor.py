@@ -254,7 +254,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         Device[dev]  # fail now, naming the device, rather than at realize time
         x = self.lazydata
         if base_of(x).op is Ops.CONST:
-            return Tensor(_retargetmake_const(x, dev))
+            return Tensor(_retarget_const(x, dev))
         src_dev = self.device
         out = Tensor(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
         return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")
@@ -927,17 +927,19 @@ def _assignable(x: UOp) -> bool:
     return v is not None and v.mask is None and all(st != 0 or s == 1 for s, st in zip(v.shape, v.strides))
 
 
-def _retargetmake_const(x: UOp, device: str) -> UOp:
+def _retarget_const(x: UOp, device: str) -> UOp:
     c = base_of(x)
     newc = UOp(Ops.CONST, c.dtype, (UOp(Ops.DEVICE, None, (), device),), c.arg)
     return newc if x is c else UOp(Ops.VIEW, x.dtype, (newc,), x.arg)
+
 
 def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     shape = tuple(arr.shape)
     if dt == dtypes.bfloat16:
         host = f32_to_bf16(np.asarray(arr, dtype=np.float32))
     else:
-        host = np.asarray(arr).astype(to_np_dtype(dt), copy=False)
+        with np.errstate(over="ignore"):  # a float too large for the dtype becomes inf, silently, as in torch
+            host = np.asarray(arr).astype(to_np_dtype(dt), copy=False)
     host = np.ascontiguousarray(host)
     node = new_buffer(device, prod(shape), dt)
     if host.size:

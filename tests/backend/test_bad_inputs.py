@@ -6,6 +6,7 @@ because ember raises those at the next read (:mod:`ember.frontend.checks`).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -181,3 +182,11 @@ def test_bad_input_raises_like_torch(device: str, name: str):
 
 def test_catalogue_is_large_enough():
     assert len(CASES) >= 60
+
+
+def test_a_float_too_large_for_the_dtype_becomes_inf_without_a_numpy_warning():
+    # torch.tensor([70000.], dtype=torch.float16) is inf, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert np.isinf(Tensor([70000.0], dtype=dtypes.float16).numpy()).all()
+        assert np.isinf(Tensor(np.array([1e300, -1e300]), dtype=dtypes.float32).numpy()).all()
