@@ -316,6 +316,14 @@ def test_two_bindings_of_one_variable_are_refused(device):
         (x[:v.bind(3)].sum(0) + x[:v.bind(4)].sum(0)).numpy()
 
 
+def test_unsupported_symbolic_ranges_and_scans_name_the_variable(device):
+    v = Variable("n", 1, 10).bind(3)
+    with pytest.raises(NotImplementedError, match="arange.*depends on a Variable"):
+        Tensor.arange(v, device=device)
+    with pytest.raises(NotImplementedError, match="cumulative sum along axis 0, whose size n=3"):
+        Tensor(_arr(10, 4), device=device)[:v].cumsum(0)
+
+
 def test_matmul_of_two_bindings_names_them(device):
     vi = Variable("i", 1, 10)
     a = Tensor(_arr(3, 4), device=device).reshape(3, vi.bind(4))

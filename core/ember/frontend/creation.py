@@ -23,7 +23,8 @@ from ember.engine.jit import record_upload
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
 from ember.helpers import prod
-from ember.ir.uop import Ops
+from ember.ir.symbolic import Variable
+from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -89,6 +90,9 @@ class CreationMixin(TensorBase):
         """
         if stop is None:
             start, stop = 0, start
+        if any(isinstance(v, (UOp, Variable)) for v in (start, stop, step)):
+            raise NotImplementedError(f"arange({start}, {stop}, {step}): a range whose size depends on a Variable "
+                                      "is not supported; take arange of the variable's max and shrink it")
         dtype = kwargs.pop("dtype", None)
         if dtype is not None:
             dt = to_dtype(dtype)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 from ember.dtype import DType, dtypes, promote_types, to_dtype
 from ember.frontend.base import TensorBase
 from ember.helpers import prod
+from ember.ir.symbolic import sint_str
 from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
@@ -299,6 +300,9 @@ class ReduceMixin(TensorBase):
         d = self._axis(axis)
         if self.ndim == 0:
             return self
+        if not isinstance(self.shape[d], int):
+            raise NotImplementedError(f"cumulative {op} along axis {d}, whose size {sint_str(self.shape[d])} "
+                                      "depends on a Variable, is not supported")
         if self.shape[d] == 0:
             return self
         last = self.ndim - 1
