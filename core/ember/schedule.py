@@ -63,11 +63,14 @@ RECOMPUTE_MIN = 1 << 14
 
 
 def _expands(view: UOp, src_shape: tuple[int, ...]) -> bool:
-    """Whether ``view`` repeats the elements of its source (of ``src_shape``) RECOMPUTE_MIN times or more."""
+    """Whether ``view`` repeats the elements of its source (of ``src_shape``) RECOMPUTE_MIN times or more: it
+    broadcasts (a stride 0 along a dim longer than 1; a pad alone adds zeros, not copies) and is that much larger."""
     size, src_size = view.arg.size, prod(src_shape)
     if not isinstance(size, int) or not isinstance(src_size, int):  # symbolic: no count to compare
         return False
-    return size - src_size >= RECOMPUTE_MIN
+    broadcasts = any(isinstance(st, int) and st == 0 and isinstance(n, int) and n > 1
+                     for v in view.arg.views for n, st in zip(v.shape, v.strides))
+    return broadcasts and size - src_size >= RECOMPUTE_MIN
 
 
 def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
