@@ -9,7 +9,10 @@ Fusion rules (each is tested):
 3. A subgraph that contains a reduction is materialized when it is used more than once, or
    through a view that is not a plain reshape (an expand, permute, pad ...): fusing it there
    would redo the reduction per element.
-4. Outputs, CONTIGUOUS, COPY and ASSIGN are always materialized.
+4. An elementwise subgraph with a transcendental op (exp, log, sin, sqrt, pow) is materialized when a
+   view expands it so that fused, it would be recomputed RECOMPUTE_MIN times or more beyond its own
+   size (a softmax gradient read by the next layer's weight gradient: an exp per multiply-add).
+5. Outputs, CONTIGUOUS, COPY and ASSIGN are always materialized.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
@@ -50,6 +53,26 @@ def _substitute_realized(roots: list[UOp]) -> dict[UOp, UOp]:
     return memo
 
 
+#: ops costly enough that an elementwise subgraph holding one is computed once, not once per expanded copy
+COSTLY_OPS = frozenset({Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.POW})
+#: how many redundant evaluations of a costly subgraph an expand of it may cause before the subgraph gets a
+#: kernel of its own: that kernel costs a launch (a few microseconds), an exp a few nanoseconds a copy. A
+#: log-softmax's log of 256 row sums read by 10 classes stays fused; a 256 x 10 softmax gradient read by a
+#: 10 x 512 weight gradient (1.3 M copies: 860 us fused, 40 us apart) does not
+RECOMPUTE_MIN = 1 << 14
+
+
+def _expands(view: UOp, src_shape: tuple[int, ...]) -> bool:
+    """Whether ``view`` repeats the elements of its source (of ``src_shape``) RECOMPUTE_MIN times or more: it
+    broadcasts (a stride 0 along a dim longer than 1; a pad alone adds zeros, not copies) and is that much larger."""
+    size, src_size = view.arg.size, prod(src_shape)
+    if not isinstance(size, int) or not isinstance(src_size, int):  # symbolic: no count to compare
+        return False
+    broadcasts = any(isinstance(st, int) and st == 0 and isinstance(n, int) and n > 1
+                     for v in view.arg.views for n, st in zip(v.shape, v.strides))
+    return broadcasts and size - src_size >= RECOMPUTE_MIN
+
+
 def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
     return st.contiguous and sprod(src_shape) == st.size  # (symbolic sizes: equal expressions are one node)
 
@@ -78,15 +101,21 @@ def _targets(roots: list[UOp]) -> list[UOp]:
                 # a copy moves a contiguous buffer: materialize its source first
                 targets.add(src if src.op is Ops.VIEW else sb)
     has_reduce: dict[UOp, bool] = {}
+    costly: dict[UOp, bool] = {}  # a costly op in the node's fused subgraph
     for n in nodes:
-        inner = any(has_reduce[s] for s in n.src if s not in targets and s.op is not Ops.BUFFER)
-        hr = n.op is Ops.REDUCE_AXIS or inner
+        fused = [s for s in n.src if s not in targets and s.op is not Ops.BUFFER]
+        hr = n.op is Ops.REDUCE_AXIS or any(has_reduce[s] for s in fused)
+        cost = n.op in COSTLY_OPS or any(costly[s] for s in fused)
         if hr and n not in targets:
             cons = consumers[n]
             expands = any(c.op is Ops.VIEW and not _is_reshape_only(c.arg, shape_of(n)) for c in cons)
             if len(cons) > 1 or expands:
                 targets.add(n)
+        elif cost and n not in targets and n.op is not Ops.VIEW and \
+                any(c.op is Ops.VIEW and _expands(c, shape_of(n)) for c in consumers[n]):
+            targets.add(n)
         has_reduce[n] = hr and n not in targets
+        costly[n] = cost and n not in targets
     for n in nodes:
         if n.op is Ops.ASSIGN and _reads_target_elsewhere(n, targets):
             targets.add(n.src[1])  # compute the new value aside, then copy it in

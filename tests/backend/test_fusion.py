@@ -127,3 +127,33 @@ def test_long_chain_stays_one_kernel(device, check, n_ops):
         out, ref = out * 0.5 + float(i), ref * np.float32(0.5) + np.float32(i)
     assert count_kernels(out) == 1
     check(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_costly_elementwise_expanded_into_a_reduction_is_computed_once(device, check):
+    # a softmax-style gradient (exp) read by a weight gradient: fused, every exp would be redone once per
+    # column of the product (64 x 512 copies); it gets a kernel of its own, the product reads it
+    a, b = randf(64, 8), randf(64, 512)
+    x, h = realized(a, device), realized(b, device)
+    g = (x - 1.0).exp()
+    out = g.T @ h
+    assert count_kernels(out) == 2
+    check(out, np.exp(a - 1).T @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_costly_elementwise_expanded_a_little_stays_fused(device, check):
+    # a log of row sums read by a handful of columns: recomputing it costs less than a kernel launch
+    a = randf(16, 4)
+    x = realized(a, device)
+    s = x.abs().sum(1, keepdim=True).realize()
+    out = x - s.log()
+    assert count_kernels(out) == 1
+    check(out, a - np.log(np.abs(a).sum(1, keepdims=True)), rtol=1e-5, atol=1e-5)
+
+
+def test_costly_elementwise_padded_stays_fused(device, check):
+    # a pad adds zeros around the values, it does not compute them again: no kernel of its own
+    a = randf(8, 8)
+    x = realized(a, device)
+    out = x.exp().pad(((0, 120), (0, 248))) * 2.0
+    assert count_kernels(out) == 1
+    check(out, np.pad(np.exp(a), ((0, 120), (0, 248))) * 2, rtol=1e-5)

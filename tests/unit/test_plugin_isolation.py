@@ -121,6 +121,33 @@ def test_a_probe_that_crashes_its_process_is_skipped_not_fatal(tmp_path: pathlib
         m.setattr(os, "fork", lambda: pytest.fail("forked for a probe that already passed"))
         assert fresh.probe("GOOD") is None
 
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_the_crash_check_sees_a_child_end_at_once_and_stops_waiting_at_its_limit():
+    from ember.device.isolation import _wait_child
+
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.03)
+        os._exit(3)
+    start = time.monotonic()
+    status = _wait_child(pid, 5.0)
+    waited = time.monotonic() - start
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3
+    assert waited < 1.0, f"a child that ended after 30 ms was noticed after {waited:.2f} s"
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(10)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        assert _wait_child(pid, 0.2) is None
+        assert time.monotonic() - start < 5.0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_hanging_import_and_hook_are_cut_off():
     slow_import = FakeEntryPoint("slow", hanging_import, "ember-slow")
     slow_hook = FakeEntryPoint("slowhook", lambda: plugin(DeviceSpec("SH", FACTORY), hook_sleeps=True), "ember-sh")

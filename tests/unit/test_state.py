@@ -957,3 +957,16 @@ def test_loaders_reject_what_they_cannot_open(tmp_path: Any) -> None:
         safe_load(12)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="uint8"):
         torch_load(Tensor([1.0, 2.0]))
+
+
+def test_weights_formats_load_on_first_use():
+    # `from ember import nn` builds and trains models without the gguf / safetensors / torch readers; nn.state and
+    # its names still resolve (then the readers are imported)
+    import subprocess
+    import sys
+
+    code = ("import sys; from ember import nn; before = 'ember.nn.state' in sys.modules; "
+            "from ember.nn import get_parameters; print(before, nn.state.get_parameters is get_parameters, "
+            "'ember.nn.gguf' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]

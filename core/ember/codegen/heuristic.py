@@ -26,6 +26,12 @@ from ember.renderer import Renderer
 #: most operations in the unrolled body of a tiled reduction loop (bounds the C source and its compile time:
 #: a float32 matmul, 5 per output, gets a 256-output tile; a padded convolution a smaller one)
 MAX_TILE_OPS = 1536
+#: a reduction kernel with fewer steps than this (its full shape's size) gets at most SMALL_KERNEL_TILE outputs per
+#: tile: it runs for tens of microseconds whatever its tile, while a wide tile's unrolled body costs the C compiler
+#: 100-200 ms more (an MLP's 10 x 512 x 256 weight gradient: 160 outputs 18 us and 220 ms of gcc, 64 outputs
+#: 29 us and 110 ms; its 256 x 512 x 10 input gradient: 66 us either way, 180 -> 110 ms)
+SMALL_KERNEL_WORK = 1 << 22
+SMALL_KERNEL_TILE = 64
 #: a full reduction smaller than this runs on one core
 THREAD_MIN_WORK = 1 << 17
 #: work-group targets: a reduction with fewer outputs than this leaves the device idle unless its work-items
@@ -222,6 +228,8 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
     dims = [i for i, d in enumerate(out_shape) if d != 1 and i not in reduce_axes and i not in skip]
     strides = {d: {s.get(d, 0) for s in loads} for d in dims}
     max_tile = max(1, MAX_TILE_OPS // body_ops)
+    if prod(shape) < SMALL_KERNEL_WORK:
+        max_tile = min(max_tile, SMALL_KERNEL_TILE)
     opts: list[Opt] = []
     # 1) the innermost dim some input reads contiguously: two vector registers of outputs per row of the tile,
     #    which the compiler turns into vector multiply-adds (matmul: a row of B times a broadcast element of A)

@@ -14,6 +14,7 @@ with ``EMBER_PROBE_GUARD=0``.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -93,18 +94,11 @@ def crash_checked(fn: Any, what: str, memo_key: str, timeout: float | None = Non
         except BaseException:  # noqa: BLE001  (an exception is the caller's to see when it runs fn itself)
             code = 0
         os._exit(code)
-    deadline = time.monotonic() + limit
-    delay = 0.0005
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT), tried in a child process"
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    status = _wait_child(pid, limit)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT), tried in a child process"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
@@ -113,3 +107,33 @@ def crash_checked(fn: Any, what: str, memo_key: str, timeout: float | None = Non
     if path is not None:
         diskcache.write(path, b"ok")
     return None
+
+
+def _wait_child(pid: int, limit: float) -> int | None:
+    """The exit status of child ``pid`` once it ends, or ``None`` when it is still running after ``limit`` s.
+
+    Woken the moment the child exits where the kernel offers a process file descriptor (Linux 5.3+);
+    elsewhere polled at growing intervals (a probe that takes 20 ms was noticed only after 31 ms)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(max(0, int(limit * 1000))):
+                return None
+        finally:
+            os.close(fd)
+        return os.waitpid(pid, 0)[1]
+    deadline = time.monotonic() + limit
+    delay = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

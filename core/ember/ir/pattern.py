@@ -6,7 +6,6 @@ a graph until nothing changes.
 """
 from __future__ import annotations
 
-import itertools
 import weakref
 from typing import Any, Callable
 
@@ -57,13 +56,15 @@ class UPat:
             return True
         if len(self.src) != len(u.src):
             return False
-        orders = [self.src]
-        if u.op in GroupOp.Commutative and len(self.src) == 2:
-            orders.append((self.src[1], self.src[0]))
-        for order in orders:
+        if len(self.src) != 2 or u.op not in GroupOp.Commutative:
+            # one order: bindings made before a failing source are left in ``store``, which the caller then drops
+            for p, s in zip(self.src, u.src):
+                if not p.match(s, store):
+                    return False
+            return True
+        for order in (self.src, (self.src[1], self.src[0])):
             trial = dict(store)
-            if all(p.match(s, trial) for p, s in zip(order, u.src)):
-                store.clear()
+            if order[0].match(u.src[0], trial) and order[1].match(u.src[1], trial):
                 store.update(trial)
                 return True
         return False
@@ -87,13 +88,16 @@ class PatternMatcher:
             else:
                 for op in pat.ops:
                     self.by_op.setdefault(op, []).append((pat, fn))
+        #: what :meth:`rewrite` tries for a node of each op: its op's rules, then the rules for any op
+        self.for_op: dict[Ops, tuple[tuple[UPat, RewriteFn], ...]] = {op: tuple(self.by_op.get(op, ())) +
+                                                                      tuple(self.any_op) for op in Ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp) -> UOp | None:
         """The first rule's replacement for ``u``, or None."""
-        for pat, fn in itertools.chain(self.by_op.get(u.op, ()), self.any_op):
+        for pat, fn in self.for_op[u.op]:
             store: dict[str, UOp] = {}
             if pat.match(u, store):
                 out = fn(**store)
@@ -117,13 +121,14 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
             replaced = pm.rewrite(node)
             if replaced is None:
                 return node
-            # the replacement may contain nodes not yet rewritten
-            for n in toposort([replaced]):
+            fresh = replaced not in memo
+            # the replacement may contain nodes not yet rewritten (a node in memo has its sources there too)
+            for n in toposort([replaced], stop=memo.__contains__):
                 if n not in memo:
                     memo[n] = n  # placeholder so rebuild sees its sources
                     memo[n] = rebuild(n)
             node = memo[replaced]
-            if pm.rewrite(node) is None:
+            if fresh or pm.rewrite(node) is None:  # rebuild(replaced) stopped at a fixed point itself
                 return node
         raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
 

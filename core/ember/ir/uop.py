@@ -17,9 +17,21 @@ from typing import Any, Callable, Sequence
 
 from ember.dtype import DType, PtrDType, dtypes, truncate
 
+try:
+    from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython: drops a dead entry only
+except ImportError:  # pragma: no cover - other interpreters
+    def _remove_dead_weakref(d: dict, key: Any) -> None:
+        ref = d.get(key)
+        if ref is not None and ref() is None:
+            d.pop(key, None)
+
 
 class Ops(Enum):
     """Every node kind. Groups below say where each kind appears."""
+
+    # members are singletons: identity hashing is exact, and C-level (Enum's own hashes the name in Python, and
+    # op sets and dicts are looked up on every node of every rewrite)
+    __hash__ = object.__hash__
 
     # tensor graph
     BUFFER = auto()        # arg=(uid, device, size); a realized allocation, shape (size,)
@@ -170,23 +182,30 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
 }
 
 
+#: the live nodes by (op, dtype, src, arg, sign of a float arg): weak references, dropped when a node dies
+_interned: dict[tuple, weakref.ref] = {}
+
+
+def _forget(key: tuple) -> Callable[[weakref.ref], None]:
+    """The callback that drops ``key`` from the intern table once its node is gone (if no newer node took it)."""
+    return lambda ref: _remove_dead_weakref(_interned, key)
+
+
 class UOpMeta(type):
     """Hash-conses UOp construction: identical (op, dtype, src, arg) give the same live object."""
-
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 
     def __call__(cls, op: Ops, dtype: DType | PtrDType | None = None, src: tuple[UOp, ...] = (),
                  arg: Any = None) -> UOp:
         # -0.0 == 0.0 in Python, but they are different constants
         key = (op, dtype, src, arg, math.copysign(1.0, arg) if type(arg) is float else 0)
         try:
-            hit = UOpMeta.cache.get(key)
+            ref = _interned.get(key)
         except TypeError as e:  # an unhashable arg is a bug in the caller: say which
             raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} for {op}") from e
-        if hit is not None:
+        if ref is not None and (hit := ref()) is not None:
             return hit
         node = super().__call__(op, dtype, src, arg)
-        UOpMeta.cache[key] = node
+        _interned[key] = weakref.ref(node, _forget(key))
         return node
 
 

@@ -14,16 +14,32 @@ As in tinygrad, ``from ember import nn`` also gives ``nn.optim`` and ``nn.state`
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ember.dtype import DType, dtypes, to_np_dtype
 from ember.frontend import checks
 from ember.helpers import prod
-from ember.nn import optim, state
-from ember.nn.state import get_parameters, get_state_dict, load_state_dict
+from ember.nn import optim
 from ember.tensor import Tensor
+
+if TYPE_CHECKING:  # for type checkers: the names resolved by __getattr__ below
+    from ember.nn import state
+    from ember.nn.state import get_parameters, get_state_dict, load_state_dict
+
+#: imported on first use (``nn.state``, ``nn.get_parameters`` ...): the weights formats it brings (gguf,
+#: safetensors, torch checkpoints) are not needed to build and train a model
+_FROM_STATE = ("get_parameters", "get_state_dict", "load_state_dict")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "state" or name in _FROM_STATE:
+        import importlib
+
+        state_module = importlib.import_module("ember.nn.state")  # (sets this module's ``state``)
+        return state_module if name == "state" else getattr(state_module, name)
+    raise AttributeError(f"module 'ember.nn' has no attribute {name!r}")
 
 
 def _pair(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:

@@ -24,19 +24,11 @@ import time
 import weakref
 from typing import Any
 
-import cffi
-
 from ember.device import KernelBinary
+from ember_cpu import cdefs
 
-ffi = cffi.FFI()
-ffi.cdef("""
-typedef void (*ember_kernel_fn)(void **bufs, const long long *vals);
-typedef void (*ember_batch_fn)(int n, ember_kernel_fn *fns, void ***bufs, const long long **vals);
-void *dlopen(const char *filename, int flags);
-void *dlsym(void *handle, const char *symbol);
-int dlclose(void *handle);
-char *dlerror(void);
-""")
+#: the declarations of :data:`ember_cpu.cdefs.CDEF` (prebuilt: parsing them at start-up costs ~65 ms)
+ffi = cdefs.load()
 
 
 def _open_libdl() -> Any:

@@ -55,8 +55,20 @@ def realized(*arrays: np.ndarray) -> list[Tensor]:
                                                   (8, 16, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)]),
                                                   (4, 16, [Opt("UPCAST", 1, 8), Opt("UPCAST", 0, 4)])])
 def test_matmul_tile_fits_the_register_file(lanes, registers, tile):
-    a, b = realized(randf(64, 48), randf(48, 64))
+    a, b = realized(randf(256, 256), randf(256, 128))  # large enough for a full tile (SMALL_KERNEL_WORK)
     assert heuristic_opts(kernel_ast(a @ b), RegisterFile(lanes, registers)) == tile
+
+
+def test_a_small_matmul_gets_a_small_tile():
+    """A 64 x 48 x 64 product runs for microseconds whatever its tile: it gets at most SMALL_KERNEL_TILE
+    accumulators (a 256-output tile costs the C compiler several times as long), and still matches numpy."""
+    from ember.codegen.heuristic import SMALL_KERNEL_TILE
+
+    a_np, b_np = randf(64, 48), randf(48, 64)
+    a, b = realized(a_np, b_np)
+    opts = heuristic_opts(kernel_ast(a @ b), RegisterFile(16, 32))
+    assert opts and np.prod([o.amount for o in opts]) <= SMALL_KERNEL_TILE
+    np.testing.assert_allclose((a @ b).numpy(), a_np @ b_np, rtol=1e-5, atol=1e-5)
 
 
 def test_tile_rows_are_whole_half_registers_where_the_size_allows():
@@ -106,11 +118,11 @@ def test_batched_tiled_matmul_matches_numpy():
 
 
 def test_matmul_kernel_is_register_tiled():
-    a, b = realized(randf(64, 64), randf(64, 64))
+    a, b = realized(randf(256, 256), randf(256, 128))
     renderer = RegisterFile(16, 32)
     src = get_program(kernel_ast(a @ b), renderer).src
     assert src.count("float acc") == 32 * 8  # one accumulator per output of the tile
-    assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 64; ridx\d+\+\+\)", src)
+    assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 256; ridx\d+\+\+\)", src)
 
 
 def test_elementwise_loop_is_simd_and_exp_vectorizes():

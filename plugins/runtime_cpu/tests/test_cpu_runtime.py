@@ -573,3 +573,18 @@ def test_kernels_with_attribute_macros_join_one_program(dev, monkeypatch):
         bufs = [to_device(dev, np.zeros(5, np.float32)), to_device(dev, a), to_device(dev, b)]
         dev.runtime(name, binary)(*bufs, vals=(5,))
         np.testing.assert_array_equal(from_device(dev, bufs[0], np.float32, 5), want)
+
+
+def test_prebuilt_declarations_match_the_cdef():
+    # the runtime loads ember_cpu._ffi instead of parsing CDEF at start-up: it must say the same
+    from ember_cpu import cdefs
+
+    with open(cdefs.MODULE_PATH) as f:
+        assert f.read() == cdefs.prebuilt_source(), "ember_cpu/_ffi.py is stale: run python -m ember_cpu.cdefs"
+
+
+def test_loading_the_runtime_parses_no_declarations():
+    # pycparser (what cffi's cdef needs) costs ~50 ms to import: a fresh process loading the runtime skips it
+    code = "import sys, ember_cpu.runtime as r; r.CPUProgram; print('pycparser' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
