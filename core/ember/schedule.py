@@ -65,7 +65,7 @@ RECOMPUTE_MIN = 1 << 14
 def _expands(view: UOp, src_shape: tuple[int, ...]) -> bool:
     """Whether ``view`` repeats the elements of its source (of ``src_shape``) RECOMPUTE_MIN times or more: it
     broadcasts (a stride 0 along a dim longer than 1; a pad alone adds zeros, not copies) and is that much larger."""
-    size, src_size = view.arg.size, prod(src_shape)
+    size, src_size = view.arg.size, sprod(src_shape)
     if not isinstance(size, int) or not isinstance(src_size, int):  # symbolic: no count to compare
         return False
     broadcasts = any(isinstance(st, int) and st == 0 and isinstance(n, int) and n > 1
