@@ -240,9 +240,13 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
         # the dim along which the costliest loads (gated, through several views) stay the same: they are shared
         # by the whole row (a convolution: the padded input is shared across output channels)
         rows = [d for d in sorted(strides, reverse=True) if d != opts[0].axis and 0 in strides[d]]
+        limit = min(acc_regs // vecs_per_row, max_tile // opts[0].arg)
         if rows:
-            d = max(rows, key=lambda d: sum(c for s, c in weighted if s.get(d, 0) == 0))
-            amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].arg))
+            # between dims that share equally, the one with room for the most rows (a weight gradient laid out
+            # (out channels, kh, kw, in channels): 8 output channels, not the 3 of a kernel row)
+            d = max(rows, key=lambda d: (sum(c for s, c in weighted if s.get(d, 0) == 0),
+                                         _largest_factor(out_shape[d], limit)))
+            amt = _largest_factor(out_shape[d], limit)
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
         if len(opts) == 1:
