@@ -146,6 +146,41 @@ def test_conv2d_backward_kernels(device):
         assert GlobalCounters.kernel_count == 1
 
 
+#: inputs large enough (PAD_COPY_MIN) that the weight gradient reads a channels-last copy of the input; the
+#: first one's weight gradient sums 8 * 64 * 64 = SPLIT_REDUCE_RATIO products per weight, so the scheduler splits
+#: it over the batch
+LARGE_CONV_CASES = [
+    ((8, 4, 64, 64), (6, 4, 3, 3), {"padding": 1}),
+    ((2, 8, 64, 66), (6, 4, 3, 2), {"groups": 2, "stride": (2, 1), "padding": (1, 0)}),
+    ((2, 16, 64, 64), (8, 16, 1, 1), {}),
+    ((1, 4, 130, 130), (4, 4, 3, 3), {"dilation": 2}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", LARGE_CONV_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in LARGE_CONV_CASES])
+def test_large_conv2d_gradients(xs, ws, kw):
+    """Both gradients of convolutions over large inputs (padded, unpadded, grouped, strided, dilated) with a
+    random output gradient equal torch's (CPU only: the PYTHON device takes minutes at these sizes)."""
+    from ember.frontend.conv import PAD_COPY_MIN
+
+    assert np.prod(xs) >= PAD_COPY_MIN
+    compare("CPU", lambda x, w: x.conv2d(w, **kw), lambda x, w: F.conv2d(x, w, **kw), [q(*xs), q(*ws)])
+
+
+def test_large_conv2d_weight_gradient_kernels():
+    """The weight gradient of a large convolution is a channels-last copy of the input, then (split over the
+    batch: 8 * 64 * 64 products per weight) the partial sums of each image and their sum: three kernels, none
+    writing more than the input's size."""
+    x = Tensor(q(8, 4, 64, 64), device="CPU", requires_grad=True)
+    w = Tensor(q(6, 4, 3, 3), device="CPU", requires_grad=True)
+    (x.conv2d(w, padding=1) * Tensor(q(8, 6, 64, 64), device="CPU")).sum().backward()
+    assert w.grad is not None
+    sched = w.grad.schedule()
+    assert len(sched) == 3
+    assert all(si.bufs[0].size <= 8 * 4 * 66 * 66 for si in sched)
+    assert sched[1].bufs[0].size == 8 * 6 * 4 * 3 * 3  # one partial weight gradient per image
+
+
 CONV_ERRORS = [
     ((1, 5, 6, 6), (4, 3, 3, 3), {}),                     # channel mismatch
     ((1, 3, 2, 2), (4, 3, 3, 3), {}),                     # kernel larger than the input

@@ -303,6 +303,30 @@ def test_register_tile_rows_are_whole_vectors():
     np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_weight_gradient_tile_rows_are_output_channels():
+    """A large convolution's weight gradient, laid out (groups, out, kh, kw, in) from a channels-last copy of the
+    input: its tile row runs along the input channels, and its rows go to the output channels (the loads the
+    dims share cost the same, and 8 rows fit where a kernel row has 3)."""
+    from ember.codegen.heuristic import heuristic_opts
+
+    torch = pytest.importorskip("torch")
+    x, w, up = randf(2, 16, 62, 62), randf(16, 16, 3, 3), randf(2, 16, 62, 62)
+    tx = Tensor(x, device="CPU", requires_grad=True).realize()
+    tw = Tensor(w, device="CPU", requires_grad=True).realize()
+    (tx.conv2d(tw, padding=1) * Tensor(up, device="CPU")).sum().backward()
+    assert tw.grad is not None
+    si = last_kernel(tw.grad)
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    assert {o.axis for o in opts if o.op == "UPCAST"} == {1, 4}, opts
+    assert all(o.arg >= 4 for o in opts), opts
+    px, pw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(px, pw, padding=1) * torch.tensor(up)).sum().backward()
+    assert pw.grad is not None
+    ref = pw.grad.numpy().transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
+
+
 def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
     """A sum over several axes whose innermost runs with unit stride gets ``omp simd`` on that loop (its
     accumulators live outside the outer reduce loops); a short inner loop does not."""
