@@ -250,7 +250,9 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dic
             symbolic = symbolic or n.arg.symbolic
             inner = memo[n.src[0]]
             if inner.op is Ops.VIEW:
-                out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), inner.arg + n.arg)
+                # over a contiguous view (a kernel's own buffer) the outer view alone addresses the buffer; composed,
+                # a masked outer view (a pad) stays a second view, indexed back into coordinates with / and %
+                out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), n.arg if inner.arg.contiguous else inner.arg + n.arg)
             else:
                 out = UOp(Ops.VIEW, n.dtype, (inner,), n.arg)
         elif n.op is Ops.CONST:

@@ -181,6 +181,25 @@ def test_large_conv2d_weight_gradient_kernels():
     assert sched[1].bufs[0].size == 8 * 6 * 4 * 3 * 3  # one partial weight gradient per image
 
 
+def test_large_conv2d_input_gradient_pads_a_stored_gradient():
+    """The input gradient of a large convolution pads a stored output gradient into its own buffer: the padding
+    kernel reads the buffer through one padded view, indexed without / or % (a padded view of an expression,
+    or a padded view composed over the buffer's own view, is indexed back into coordinates with them)."""
+    from ember.codegen import get_program
+    from ember.device import Device
+
+    x = Tensor(q(4, 4, 64, 64), device="CPU", requires_grad=True)
+    w = Tensor(q(6, 4, 3, 3), device="CPU", requires_grad=True)
+    (x.conv2d(w, padding=1) * Tensor(q(4, 6, 64, 64), device="CPU")).sum().backward()
+    assert x.grad is not None
+    sched = x.grad.schedule()
+    pads = [si for si in sched if si.bufs[0].size == 4 * 6 * 66 * 66]
+    assert len(pads) == 1
+    spec = get_program(pads[0].ast, Device["CPU"].renderer)
+    body = spec.src[spec.src.index(f"void {spec.name}("):]
+    assert "/" not in body and "%" not in body, body
+
+
 CONV_ERRORS = [
     ((1, 5, 6, 6), (4, 3, 3, 3), {}),                     # channel mismatch
     ((1, 3, 2, 2), (4, 3, 3, 3), {}),                     # kernel larger than the input
