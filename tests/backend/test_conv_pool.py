@@ -167,6 +167,27 @@ def test_large_conv2d_gradients(xs, ws, kw):
     compare("CPU", lambda x, w: x.conv2d(w, **kw), lambda x, w: F.conv2d(x, w, **kw), [q(*xs), q(*ws)])
 
 
+def test_large_conv_transpose2d_gradients():
+    """A strided transposed convolution whose spread, padded input is large (the channels-last path): values and
+    both gradients equal torch's."""
+    kw = {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}
+    compare("CPU", lambda x, w: x.conv_transpose2d(w, **kw), lambda x, w: F.conv_transpose2d(x, w, **kw),
+            [q(2, 8, 40, 40), q(8, 3, 3, 3)])
+
+
+def test_large_conv2d_output_layout():
+    """A large convolution is computed channels-last and returned as a view in (batch, channels, *spatial)
+    order: its values, its contiguous copy and what is fused after it (a bias, a relu) land where torch puts
+    them."""
+    x, w, b = q(2, 8, 64, 64), q(16, 8, 3, 3), q(16)
+    tx, tw, tb = Tensor(x, device="CPU"), Tensor(w, device="CPU"), Tensor(b, device="CPU")
+    out = tx.conv2d(tw, tb, padding=1).relu()
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1).relu().numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.contiguous().reshape(2, 16, -1).numpy(), ref.reshape(2, 16, -1), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_large_conv2d_weight_gradient_kernels():
     """The weight gradient of a large convolution is a channels-last copy of the input, then (split over the
     batch: 8 * 64 * 64 products per weight) the partial sums of each image and their sum: three kernels, none

@@ -105,7 +105,10 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[dict[int, int], int]], i
             if n.src[0].op is Ops.LOAD:
                 strides = _view_strides(n, rank)
                 masked = any(v.mask is not None for v in n.arg.views)
-                cost = 2 + 3 * masked + (len(n.arg.views) > 1) * 2
+                # a stack of views costs index math only where its index keeps a / or % (sliding windows over a
+                # buffer of their own simplify to plain strides)
+                indexed = len(n.arg.views) > 1 and any(c == -1 for c in strides.values())
+                cost = 2 + 3 * masked + indexed * 2
                 out.append(({to_full[d]: c for d, c in strides.items() if d in to_full}, cost))
                 ops += cost
             return
