@@ -167,21 +167,20 @@ def _windows(x: Tensor, ks: Sequence[int], s_: Sequence[int], d_: Sequence[int],
     loads: a 3x3 convolution ran 2.5x slower on CPU). The copy is one pass over the input; a small input keeps
     the padding in the convolution's kernel, so it stays one kernel.
 
-    ``channels_last``: a large input is copied (padded or not) with its channels innermost, for a kernel whose
-    output runs along the input channels (the weight gradient): its loads are then contiguous along an output
-    axis, which a register tile turns into vector multiply-adds (the windows are still indexed as above)."""
-    padded = x.pad(((0, 0), (0, 0)) + tuple(pads))
+    ``channels_last``: a large input is copied (padded or not) with its channels innermost, for the kernels that
+    tile along channels (see :func:`_conv_forward` and :func:`_conv_weight_grad`); the windows are still indexed
+    as above."""
     padding = any(p > 0 for pair in pads for p in pair)
-    if (channels_last or padding) and _copied(x, pads):
-        # a computed input (an output gradient) is stored first: the copy reads a padded view of a buffer
-        # directly, where a padded view of an expression is indexed back into coordinates with / and % (a 32x64x56x56
-        # output gradient: 28 ms of CPU time to pad, against 1.5 + 7 ms stored first)
-        padded = x.contiguous().pad(((0, 0), (0, 0)) + tuple(pads))
-    if channels_last and _copied(x, pads):
+    if not (channels_last or padding) or not _copied(x, pads):
+        return x.pad(((0, 0), (0, 0)) + tuple(pads))._pool(tuple(ks), tuple(s_), tuple(d_))
+    # a computed input (an output gradient) is stored first: the copy then reads a padded view of a buffer, where
+    # a padded view of an expression is indexed back into coordinates with / and % (a 32x64x56x56 output
+    # gradient: 28 ms of CPU time to pad, against 1.5 + 7 ms stored first)
+    padded = x.contiguous().pad(((0, 0), (0, 0)) + tuple(pads))
+    if channels_last:
         n = len(ks)
-        last = padded.permute(0, *range(2, 2 + n), 1).contiguous()
-        padded = last.permute(0, n + 1, *range(1, n + 1))
-    elif padding and _copied(x, pads):
+        padded = padded.permute(0, *range(2, 2 + n), 1).contiguous().permute(0, n + 1, *range(1, n + 1))
+    else:
         padded = padded.contiguous()
     return padded._pool(tuple(ks), tuple(s_), tuple(d_))
 
