@@ -80,3 +80,12 @@ def test_reduce_axis_without_small_divisor_is_left_whole():
     asts = kernels(out)
     assert len(asts) == 2 and asts[0].src[0].arg.shape[0] == 128
     np.testing.assert_array_equal(out.numpy(), x.sum((0, 1)))
+
+
+def test_split_reductions_feeding_each_other(device):
+    """A softmax along a long axis: its sum reads exp(x - max), a split reduction over another split reduction
+    broadcast back; the rows still sum to one and equal numpy's."""
+    x = RNG.standard_normal((2, 32768)).astype(np.float32)
+    out = Tensor(x, device=device).softmax(1)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-9)
