@@ -8,9 +8,9 @@
 
 Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
 already-scheduled, already-compiled kernel list. Prints one table row per case with the ratio
-``peer time / ember time`` (above 1: ember is faster) and the goal; the reductions also print both CPU times
-(every thread's) and their ratio. Run: ``python bench/bench_kernels.py`` (``--only matmul,reduce,...`` picks
-cases).
+``peer time / ember time`` (above 1: ember is faster) and the goal; the reductions and convolutions also print
+both CPU times (every thread's) and their ratio. Run: ``python bench/bench_kernels.py`` (``--only
+matmul,reduce,...`` picks cases).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def bench_conv(repeat: int) -> None:
             out = torch.nn.functional.conv2d(px, pw, padding=1)
             (out.sum() if pup is None else (out * pup).sum()).backward()
         ember_s, torch_s = interleaved([ember_step, torch_step], repeat)
-        report(f"conv2d 32x64x56x56 3x3 fwd+bwd{label}", ember_s, torch_s, 0.5, "torch")
+        report(f"conv2d 32x64x56x56 3x3 fwd+bwd{label}", ember_s, torch_s, 0.5, "torch", cpu=True)
 
 
 def bench_mlp(repeat: int) -> None:

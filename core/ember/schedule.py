@@ -13,6 +13,10 @@ Fusion rules (each is tested):
    view expands it so that fused, it would be recomputed RECOMPUTE_MIN times or more beyond its own
    size (a softmax gradient read by the next layer's weight gradient: an exp per multiply-add).
 5. Outputs, CONTIGUOUS, COPY and ASSIGN are always materialized.
+6. A reduction far longer than its output is wide (a weight gradient summed over a batch) is split in two:
+   partial results over blocks of its outermost reduce axis, stored, then combined. Each block's inputs are
+   small enough to stay in the caches while every output of the block is computed from them; in one kernel
+   every output tile streams the whole input from memory again.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
@@ -25,10 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.dtype import PtrDType
+from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import sint_max, sprod
-from ember.ir.uop import Ops, UOp, toposort
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,70 @@ def _expands(view: UOp, src_shape: tuple[int, ...]) -> bool:
     broadcasts = any(isinstance(st, int) and st == 0 and isinstance(n, int) and n > 1
                      for v in view.arg.views for n, st in zip(v.shape, v.strides))
     return broadcasts and size - src_size >= RECOMPUTE_MIN
+
+
+#: a reduction whose input is at least this many times larger than its output (of more than one element: a full
+#: reduction is split across the cores by the codegen's THREAD) is split in two kernels (fusion rule 6)
+SPLIT_REDUCE_RATIO = 32768
+#: the most blocks a split reduction's outermost reduce axis is cut into (partial results per output)
+SPLIT_REDUCE_MAX = 256
+
+
+def _split_reductions(roots: list[UOp]) -> list[UOp]:
+    """``roots`` with every long reduction split in two (fusion rule 6; see :func:`_split_reduce`)."""
+    memo: dict[UOp, UOp] = {}
+    for n in toposort(roots, stop=lambda u: u.op is Ops.BUFFER):
+        new_src = tuple(memo[s] for s in n.src)
+        new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
+        if new.op is Ops.REDUCE_AXIS:
+            new = _split_reduce(new) or new
+        memo[n] = new
+    return [memo[r] for r in roots]
+
+
+def _split_reduce(r: UOp) -> UOp | None:
+    """The REDUCE_AXIS ``r`` as two: one over blocks of its outermost reduce axis that divides (the block index
+    an axis of its output, first, so its kernel computes all outputs of one block before the next), stored,
+    and one over the blocks. None when ``r`` is not long enough to be worth it."""
+    op, axes = r.arg
+    shape, out = shape_of(r.src[0]), shape_of(r)
+    if not all(isinstance(d, int) for d in shape) or prod(out) <= 1 or prod(shape) < SPLIT_REDUCE_RATIO * prod(out):
+        return None
+    for a in sorted(axes):
+        k = next((k for k in range(min(SPLIT_REDUCE_MAX, shape[a]), 1, -1) if shape[a] % k == 0), 1)
+        if k > 1:
+            break
+    else:
+        return None
+    split = shape[:a] + (k, shape[a] // k) + shape[a + 1:]
+    front = (a, *range(a), *range(a + 1, len(split)))
+    moved = _moved(r.src[0], lambda st: st.reshape(split).permute(front))
+    if moved is None:
+        return None
+    partial = UOp(Ops.CONTIGUOUS, r.dtype, (UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes))),))
+    # the partial results, (k, *out), seen with the block index in place of the reduced axis a: one more reduction
+    pshape = (k, *out)
+    back = ShapeTracker.from_shape(pshape).permute((*range(1, a + 1), 0, *range(a + 1, len(pshape))))
+    view = UOp(Ops.VIEW, r.dtype, (partial,), back.reshape(out[:a] + (k,) + out[a + 1:]))
+    return UOp(Ops.REDUCE_AXIS, r.dtype, (view,), (op, (a,)))
+
+
+def _moved(value: UOp, move: Any) -> UOp | None:
+    """``value`` seen through the movement ``move`` (ShapeTracker -> ShapeTracker), pushed through its
+    elementwise ops onto the views and nodes they read: a kernel then indexes its buffers through views (a view
+    of a computed value is indexed through / and %). None when a node it reads has another shape."""
+    shape = shape_of(value)
+    memo: dict[UOp, UOp] = {}
+    for n in toposort([value], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH):
+        if shape_of(n) != shape:
+            return None
+        if n.op is Ops.VIEW:
+            memo[n] = UOp(Ops.VIEW, n.dtype, n.src, move(n.arg))
+        elif n.op in GroupOp.Elementwise or n.op is Ops.DETACH:
+            memo[n] = UOp(n.op, n.dtype, tuple(memo[s] for s in n.src), n.arg)
+        else:
+            memo[n] = UOp(Ops.VIEW, n.dtype, (n,), move(ShapeTracker.from_shape(shape)))
+    return memo[value]
 
 
 def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
@@ -211,7 +280,9 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dic
             symbolic = symbolic or n.arg.symbolic
             inner = memo[n.src[0]]
             if inner.op is Ops.VIEW:
-                out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), inner.arg + n.arg)
+                # over a contiguous view (a kernel's own buffer) the outer view alone addresses the buffer; composed,
+                # a masked outer view (a pad) stays a second view, indexed back into coordinates with / and %
+                out = UOp(Ops.VIEW, n.dtype, (inner.src[0],), n.arg if inner.arg.contiguous else inner.arg + n.arg)
             else:
                 out = UOp(Ops.VIEW, n.dtype, (inner,), n.arg)
         elif n.op is Ops.CONST:
@@ -257,7 +328,7 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     realized here: after running the items, the caller passes the map to :func:`mark_realized`.
     """
     sub = _substitute_realized(roots)
-    new_roots = [sub[r] for r in roots]
+    new_roots = _split_reductions([sub[r] for r in roots])
     targets = _targets(new_roots)
     target_bufs: dict[UOp, UOp] = {}
     items: list[tuple[UOp, ScheduleItem, set[UOp]]] = []  # (target, item, targets it reads)

@@ -146,6 +146,81 @@ def test_conv2d_backward_kernels(device):
         assert GlobalCounters.kernel_count == 1
 
 
+#: inputs large enough (PAD_COPY_MIN) that the weight gradient reads a channels-last copy of the input; the
+#: first one's weight gradient sums 8 * 64 * 64 = SPLIT_REDUCE_RATIO products per weight, so the scheduler splits
+#: it over the batch
+LARGE_CONV_CASES = [
+    ((8, 4, 64, 64), (6, 4, 3, 3), {"padding": 1}),
+    ((2, 8, 64, 66), (6, 4, 3, 2), {"groups": 2, "stride": (2, 1), "padding": (1, 0)}),
+    ((2, 16, 64, 64), (8, 16, 1, 1), {}),
+    ((1, 4, 130, 130), (4, 4, 3, 3), {"dilation": 2}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", LARGE_CONV_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in LARGE_CONV_CASES])
+def test_large_conv2d_gradients(xs, ws, kw):
+    """Both gradients of convolutions over large inputs (padded, unpadded, grouped, strided, dilated) with a
+    random output gradient equal torch's (CPU only: the PYTHON device takes minutes at these sizes)."""
+    from ember.frontend.conv import PAD_COPY_MIN
+
+    assert np.prod(xs) >= PAD_COPY_MIN
+    compare("CPU", lambda x, w: x.conv2d(w, **kw), lambda x, w: F.conv2d(x, w, **kw), [q(*xs), q(*ws)])
+
+
+def test_large_conv_transpose2d_gradients():
+    """A strided transposed convolution whose spread, padded input is large (the channels-last path): values and
+    both gradients equal torch's."""
+    kw = {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}
+    compare("CPU", lambda x, w: x.conv_transpose2d(w, **kw), lambda x, w: F.conv_transpose2d(x, w, **kw),
+            [q(2, 8, 40, 40), q(8, 3, 3, 3)])
+
+
+def test_large_conv2d_output_layout():
+    """A large convolution is computed channels-last and returned as a view in (batch, channels, *spatial)
+    order: its values, its contiguous copy and what is fused after it (a bias, a relu) land where torch puts
+    them."""
+    x, w, b = q(2, 8, 64, 64), q(16, 8, 3, 3), q(16)
+    tx, tw, tb = Tensor(x, device="CPU"), Tensor(w, device="CPU"), Tensor(b, device="CPU")
+    out = tx.conv2d(tw, tb, padding=1).relu()
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1).relu().numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.contiguous().reshape(2, 16, -1).numpy(), ref.reshape(2, 16, -1), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_large_conv2d_weight_gradient_kernels():
+    """The weight gradient of a large convolution is a channels-last copy of the input, then (split over the
+    batch: 8 * 64 * 64 products per weight) the partial sums of each image and their sum: three kernels, none
+    writing more than the input's size."""
+    x = Tensor(q(8, 4, 64, 64), device="CPU", requires_grad=True)
+    w = Tensor(q(6, 4, 3, 3), device="CPU", requires_grad=True)
+    (x.conv2d(w, padding=1) * Tensor(q(8, 6, 64, 64), device="CPU")).sum().backward()
+    assert w.grad is not None
+    sched = w.grad.schedule()
+    assert len(sched) == 3
+    assert all(si.bufs[0].size <= 8 * 4 * 66 * 66 for si in sched)
+    assert sched[1].bufs[0].size == 8 * 6 * 4 * 3 * 3  # one partial weight gradient per image
+
+
+def test_large_conv2d_input_gradient_pads_a_stored_gradient():
+    """The input gradient of a large convolution pads a stored output gradient into its own buffer: the padding
+    kernel reads the buffer through one padded view, indexed without / or % (a padded view of an expression,
+    or a padded view composed over the buffer's own view, is indexed back into coordinates with them)."""
+    from ember.codegen import get_program
+    from ember.device import Device
+
+    x = Tensor(q(4, 4, 64, 64), device="CPU", requires_grad=True)
+    w = Tensor(q(6, 4, 3, 3), device="CPU", requires_grad=True)
+    (x.conv2d(w, padding=1) * Tensor(q(4, 6, 64, 64), device="CPU")).sum().backward()
+    assert x.grad is not None
+    sched = x.grad.schedule()
+    pads = [si for si in sched if si.bufs[0].size == 4 * 6 * 66 * 66]
+    assert len(pads) == 1
+    spec = get_program(pads[0].ast, Device["CPU"].renderer)
+    body = spec.src[spec.src.index(f"void {spec.name}("):]
+    assert "/" not in body and "%" not in body, body
+
+
 CONV_ERRORS = [
     ((1, 5, 6, 6), (4, 3, 3, 3), {}),                     # channel mismatch
     ((1, 3, 2, 2), (4, 3, 3, 3), {}),                     # kernel larger than the input

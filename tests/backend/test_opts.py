@@ -14,6 +14,7 @@ from ember.codegen import get_program
 from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
 from ember.dtype import to_np_dtype
 from ember.engine.realize import CompiledRunner, run_schedule
+from ember.helpers import prod
 from ember.renderer import Renderer
 
 RNG = np.random.default_rng(7)
@@ -301,6 +302,53 @@ def test_register_tile_rows_are_whole_vectors():
     assert row and _whole_vectors(row[0].arg, renderer.vector_floats), opts
     ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
     np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_weight_gradient_tile_rows_are_output_channels():
+    """A large convolution's weight gradient, laid out (groups, out, kh, kw, in) from a channels-last copy of the
+    input: its tile row runs along the input channels, and its rows go to the output channels (the loads the
+    dims share cost the same, and 8 rows fit where a kernel row has 3)."""
+    from ember.codegen.heuristic import heuristic_opts
+
+    torch = pytest.importorskip("torch")
+    x, w, up = randf(2, 16, 62, 62), randf(16, 16, 3, 3), randf(2, 16, 62, 62)
+    tx = Tensor(x, device="CPU", requires_grad=True).realize()
+    tw = Tensor(w, device="CPU", requires_grad=True).realize()
+    (tx.conv2d(tw, padding=1) * Tensor(up, device="CPU")).sum().backward()
+    assert tw.grad is not None
+    si = last_kernel(tw.grad)
+    renderer = Device["CPU"].renderer
+    opts = heuristic_opts(si.ast, renderer)
+    assert {o.axis for o in opts if o.op == "UPCAST"} == {1, 4}, opts
+    assert all(o.arg >= 4 for o in opts), opts
+    px, pw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(px, pw, padding=1) * torch.tensor(up)).sum().backward()
+    assert pw.grad is not None
+    ref = pw.grad.numpy().transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_broadcast_axis_narrows_the_tile_row():
+    """With a constant output gradient (``out.sum()``) the weight gradient is the same for every output channel:
+    the tile takes the whole output-channel axis, narrowing its row of 64 input channels to fit."""
+    from ember.codegen.heuristic import broadcast_axes, heuristic_opts
+    from ember.codegen.opts import MAX_UPCAST
+
+    torch = pytest.importorskip("torch")
+    x, w = randf(2, 64, 30, 30), randf(64, 64, 3, 3)
+    tx = Tensor(x, device="CPU", requires_grad=True).realize()
+    tw = Tensor(w, device="CPU", requires_grad=True).realize()
+    tx.conv2d(tw, padding=1).sum().backward()
+    assert tw.grad is not None
+    si = last_kernel(tw.grad)
+    assert broadcast_axes(si.ast) == [1]
+    opts = heuristic_opts(si.ast, Device["CPU"].renderer)
+    assert Opt("UPCAST", 1, 64) in opts and prod(o.arg for o in opts) <= MAX_UPCAST, opts
+    pw = torch.tensor(w, requires_grad=True)
+    torch.nn.functional.conv2d(torch.tensor(x), pw, padding=1).sum().backward()
+    assert pw.grad is not None
+    ref = pw.grad.numpy().transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(run_opts(si, "CPU", opts).reshape(ref.shape), ref, rtol=1e-4, atol=1e-2)
 
 
 def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():

@@ -114,7 +114,10 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[dict[int, int], int]], i
             if n.src[0].op is Ops.LOAD:
                 strides = _view_strides(n, rank)
                 masked = any(v.mask is not None for v in n.arg.views)
-                cost = 2 + 3 * masked + (len(n.arg.views) > 1) * 2
+                # a stack of views costs index math only where its index keeps a / or % (sliding windows over a
+                # buffer of their own simplify to plain strides)
+                indexed = len(n.arg.views) > 1 and any(c == -1 for c in strides.values())
+                cost = 2 + 3 * masked + indexed * 2
                 out.append(({to_full[d]: c for d, c in strides.items() if d in to_full}, cost))
                 ops += cost
             return
@@ -251,9 +254,13 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
         # the dim along which the costliest loads (gated, through several views) stay the same: they are shared
         # by the whole row (a convolution: the padded input is shared across output channels)
         rows = [d for d in sorted(strides, reverse=True) if d != opts[0].axis and 0 in strides[d]]
+        limit = min(acc_regs // vecs_per_row, max_tile // opts[0].arg)
         if rows:
-            d = max(rows, key=lambda d: sum(c for s, c in weighted if s.get(d, 0) == 0))
-            amt = _largest_factor(out_shape[d], min(acc_regs // vecs_per_row, max_tile // opts[0].arg))
+            # between dims that share equally, the one with room for the most rows (a weight gradient laid out
+            # (out channels, kh, kw, in channels): 8 output channels, not the 3 of a kernel row)
+            d = max(rows, key=lambda d: (sum(c for s, c in weighted if s.get(d, 0) == 0),
+                                         _largest_factor(out_shape[d], limit)))
+            amt = _largest_factor(out_shape[d], limit)
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
         if len(opts) == 1:
@@ -446,6 +453,16 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     # such axis in the tile divides the kernel's work by its size
     for axis in same:
         tile = prod(o.arg for o in opts)
+        if tile * out_shape[axis] > MAX_UPCAST and opts and opts[0].op == "UPCAST":
+            # a narrower row leaves room for the whole axis: one vector row computed once for all of it beats a
+            # wide row computed again per part of it (a weight gradient from a constant output gradient, laid
+            # out (out, kh, kw, in): a 64-wide row of input channels took 4x the CPU time of 16 x all 64 outputs)
+            room = MAX_UPCAST // (out_shape[axis] * (tile // opts[0].arg))
+            row = max([a for a in range(4, room + 1, 4) if out_shape[opts[0].axis] % a == 0
+                       and _whole_vectors(a, renderer.vector_floats)], default=0)
+            if row:
+                opts[0] = Opt("UPCAST", opts[0].axis, row)
+                tile = prod(o.arg for o in opts)
         if tile * out_shape[axis] <= MAX_UPCAST:
             opts.append(Opt("UPCAST", axis, out_shape[axis]))
     if not opts:
