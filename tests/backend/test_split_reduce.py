@@ -1,4 +1,4 @@
-"""Fusion rule 5 of the scheduler: a reduction far longer than its output is wide is split in two kernels
+"""Fusion rule 6 of the scheduler: a reduction far longer than its output is wide is split in two kernels
 (partial results over blocks of its outermost reduce axis, then their combination). The results must equal
 numpy's; short reductions and full reductions stay one kernel.
 
