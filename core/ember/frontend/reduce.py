@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 #: axes longer than this are scanned in blocks (of ~sqrt(n) elements, at most SCAN_BLOCK) instead of one O(n^2) window
 SCAN_SPLIT = 512
 SCAN_BLOCK = 256
+#: mean/var statistics over at least STAT_BLOCK**2 elements are summed in two levels (see _blocked_sum)
+STAT_BLOCK = 64
 
 Axis = int | Sequence[int] | None
 
@@ -150,31 +152,60 @@ class ReduceMixin(TensorBase):
         return s.div(n) if n else s * math.nan
 
     def var(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-        """Variance over ``axis`` with ``correction`` (1 is Bessel's correction, the default)."""
+        """Variance over ``axis`` with ``correction`` (1 is Bessel's correction, the default).
+
+        Two passes: the mean (see :meth:`_centered_mean`), then the sum of squared deviations from it, which
+        does not cancel the way ``E[x^2] - E[x]^2`` does when the mean is large next to the spread."""
         if self.dtype.kind != "f":
             raise RuntimeError("std and var only support floating point and complex dtypes")
         axes = self._reduce_axes(axis)
+        return self._var_about(self._centered_mean(axes), axes, keepdim, correction)
+
+    def _var_about(self, mean: Tensor, axes: tuple[int, ...], keepdim: bool, correction: int | float) -> Tensor:
+        """The variance over ``axes`` about ``mean`` (kept as size-1 dims): squared deviations summed, divided
+        by ``n - correction`` (at least 0, so too large a correction gives inf or nan like torch)."""
         n = prod(self.shape[a] for a in axes)
-        squares = (self - self.mean(axes, keepdim=True)).square()
+        squares = (self - mean).square()
         if not isinstance(n, int):  # a length that depends on a variable: divided by n - correction at run time
             from ember.ir.symbolic import sint_of, ssub
 
             if not float(correction).is_integer():
                 raise ValueError(f"var over a symbolic length needs an integer correction, got {correction}")
             return squares.sum(axes, keepdim).div(ssub(sint_of(n), int(correction)))
-        return squares.sum(axes, keepdim).div(max(0, n - correction))
+        return _blocked_sum(squares, axes, keepdim).div(max(0, n - correction))
+
+    def _centered_mean(self, axes: tuple[int, ...]) -> Tensor:
+        """The mean over ``axes`` (kept as size-1 dims) as ``shift + mean(self - shift)``, for statistics.
+
+        ``shift`` is the first element along ``axes`` (0 where it is not finite), detached. A float32 sum
+        of many values near a large mean rounds at the scale of the running total (65536 values near
+        1000: errors of ~1e-3 in the mean, and ten times that in a normalized output); the deviations from
+        a nearby sample add up to far less, so their sum rounds far less. One more load per output, in the
+        same kernel. Plain :meth:`mean` stays a single sum (torch's ``mean`` is one too)."""
+        sizes = [self.shape[a] for a in axes]
+        if not all(isinstance(s, int) and s > 0 for s in sizes):  # empty or symbolic: nothing to sample
+            return self.mean(axes, keepdim=True)
+        first = self.detach().shrink(tuple((0, 1) if i in axes else None for i in range(self.ndim)))
+        shift = ((first - first) == 0).where(first, 0.0)  # inf - inf and nan - nan are nan: non-finite -> 0
+        return shift + _blocked_sum(self - shift, axes, True).div(prod(sizes))
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
         """Standard deviation over ``axis`` (the square root of :meth:`var`)."""
         return self.var(axis, keepdim, correction).sqrt()
 
     def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
-        """``(var, mean)`` over ``axis``, like ``torch.var_mean``."""
-        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+        """``(var, mean)`` over ``axis``, like ``torch.var_mean``; the mean is computed once, for both."""
+        if self.dtype.kind != "f":
+            raise RuntimeError("std and var only support floating point and complex dtypes")
+        axes = self._reduce_axes(axis)
+        mean = self._centered_mean(axes)
+        var = self._var_about(mean, axes, keepdim, correction)
+        return var, mean if keepdim else mean.reshape(self._reduced_shape(axes))
 
     def std_mean(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
         """``(std, mean)`` over ``axis``, like ``torch.std_mean``."""
-        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+        var, mean = self.var_mean(axis, keepdim, correction)
+        return var.sqrt(), mean
 
     def any(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
         """True where any element along ``axis`` is nonzero (False for an empty reduction).
@@ -362,6 +393,35 @@ class ReduceMixin(TensorBase):
         run_max = (run_max.abs() == math.inf).where(0.0, run_max)
         shifted = below.where(rows - run_max.unsqueeze(-1), -math.inf)
         return shifted.exp().sum(-1).log() + run_max
+
+
+def _blocked_sum(x: Tensor, axes: tuple[int, ...], keepdim: bool) -> Tensor:
+    """``x.sum(axes)`` of a float ``x`` in two levels: blocks of about sqrt(n) trailing elements, then their sums.
+
+    One float32 accumulator over n elements rounds at the scale of its growing total, and adding many equal
+    values (the zeros of a ReLU, centered) drifts systematically: 65536 of them lose ~4e-4 of a variance. Two
+    levels of ~sqrt(n) additions each keep every total small; the codegen nests both loops in one kernel.
+    Reductions shorter than STAT_BLOCK**2 elements, or of symbolic length, are one sum."""
+    sizes = [x.shape[a] for a in axes]
+    if not all(isinstance(s, int) for s in sizes) or prod(sizes) < STAT_BLOCK * STAT_BLOCK or x.dtype.kind != "f":
+        return x.sum(axes, keepdim)
+    target = math.isqrt(prod(sizes))
+    inner: list[int] = []
+    for a in reversed(axes):  # whole trailing axes, while their product stays near sqrt(n)
+        if prod(x.shape[i] for i in inner) * x.shape[a] > target:
+            break
+        inner.append(a)
+    if inner:
+        out = x.sum(tuple(inner), keepdim=True).sum(tuple(a for a in axes if a not in inner), keepdim=True)
+    else:  # the last reduce axis alone is longer than sqrt(n): cut it in (length / b, b), b dividing it
+        a, length = axes[-1], x.shape[axes[-1]]
+        b = next((d for d in range(math.isqrt(length), 1, -1) if length % d == 0), 1)
+        if b < 8:  # a prime-ish length: no useful cut
+            return x.sum(axes, keepdim)
+        cut = x.reshape(x.shape[:a] + (length // b, b) + x.shape[a + 1:])
+        out = cut.sum(a + 1, keepdim=True).sum(axes, keepdim=True).reshape(
+            tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
+    return out if keepdim else out.reshape(x._reduced_shape(axes))
 
 
 def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
