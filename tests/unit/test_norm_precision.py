@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ember import Tensor, nn
+from ember import Tensor, dtypes, nn
 
 OFFSET = 1000.0
 #: one float32 spacing at the inputs' magnitude (6.1e-5): the mean subtracted from x is rounded to half of it; a
@@ -107,6 +107,25 @@ def test_var_std_long_axis_large_mean() -> None:
     assert var.shape == mean.shape == (4, 1)
     # the mean of var_mean rounds once at ~1000: within half a spacing of float64's
     assert _err(mean.numpy(), x64.mean(1, keepdims=True)) <= TOL / 2
+
+
+def test_var_of_many_equal_deviations() -> None:
+    """Half zeros, half 0.3: 16384 equal squared deviations, which one accumulator adds up with a drift."""
+    x = np.zeros((16384, 4), np.float32)
+    x[::2] = 0.3
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(Tensor(x).var(0).numpy(), x64.var(0, ddof=1), rtol=5e-7)
+    np.testing.assert_allclose(Tensor(x.T.copy()).var(1).numpy(), x64.var(0, ddof=1), rtol=5e-7)
+
+
+def test_var_float16_long_axis() -> None:
+    """A float16 variance sums and divides in float32: 65536 squares near 1 add up past float16's 65504."""
+    x = (np.random.default_rng(5).standard_normal((4, 65536)) + 10).astype(np.float16)
+    var, mean = Tensor(x).var_mean(1)
+    assert var.dtype == mean.dtype == dtypes.float16
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(var.numpy().astype(np.float64), x64.var(1, ddof=1), rtol=2e-3)
+    np.testing.assert_allclose(mean.numpy().astype(np.float64), x64.mean(1), rtol=1e-3)
 
 
 @pytest.mark.parametrize("values", [[np.inf, 1.0, 2.0], [1.0, np.inf, 2.0], [np.nan, 1.0, 2.0], [-np.inf, 3.0, 5.0]])

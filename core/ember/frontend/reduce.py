@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 #: axes longer than this are scanned in blocks (of ~sqrt(n) elements, at most SCAN_BLOCK) instead of one O(n^2) window
 SCAN_SPLIT = 512
 SCAN_BLOCK = 256
-#: mean/var statistics over at least STAT_BLOCK**2 elements are summed in two levels (see _blocked_sum)
+#: mean/var statistics over at least STAT_BLOCK**2 elements are summed in levels of at most STAT_BLOCK additions
+#: (see _blocked_sum)
 STAT_BLOCK = 64
 
 Axis = int | Sequence[int] | None
@@ -171,23 +172,25 @@ class ReduceMixin(TensorBase):
 
             if not float(correction).is_integer():
                 raise ValueError(f"var over a symbolic length needs an integer correction, got {correction}")
-            return squares.sum(axes, keepdim).div(ssub(sint_of(n), int(correction)))
-        return _blocked_sum(squares, axes, keepdim).div(max(0, n - correction))
+            total = squares.sum(axes, keepdim, dtype=_stat_dtype(self.dtype))
+            return total.div(ssub(sint_of(n), int(correction))).cast(self.dtype)
+        # divided before the cast back: a float16 sum of 65536 squares near 1 would overflow to inf
+        return _blocked_sum(squares, axes, keepdim).div(max(0, n - correction)).cast(self.dtype)
 
     def _centered_mean(self, axes: tuple[int, ...]) -> Tensor:
         """The mean over ``axes`` (kept as size-1 dims) as ``shift + mean(self - shift)``, for statistics.
 
         ``shift`` is the first element along ``axes`` (0 where it is not finite), detached. A float32 sum
-        of many values near a large mean rounds at the scale of the running total (65536 values near
-        1000: errors of ~1e-3 in the mean, and ten times that in a normalized output); the deviations from
-        a nearby sample add up to far less, so their sum rounds far less. One more load per output, in the
-        same kernel. Plain :meth:`mean` stays a single sum (torch's ``mean`` is one too)."""
+        of many values near a large mean rounds at the scale of the running total (65536 values near 1000
+        in one accumulator: the mean off by ~5e-3, and an output normalized to unit spread by as much);
+        the deviations from a nearby sample add up to far less, so their sum rounds far less. One more
+        load per output, in the same kernel. Plain :meth:`mean` stays a single sum, as torch's is."""
         sizes = [self.shape[a] for a in axes]
         if not all(isinstance(s, int) and s > 0 for s in sizes):  # empty or symbolic: nothing to sample
             return self.mean(axes, keepdim=True)
         first = self.detach().shrink(tuple((0, 1) if i in axes else None for i in range(self.ndim)))
         shift = ((first - first) == 0).where(first, 0.0)  # inf - inf and nan - nan are nan: non-finite -> 0
-        return shift + _blocked_sum(self - shift, axes, True).div(prod(sizes))
+        return shift + _blocked_sum(self - shift, axes, True).div(prod(sizes)).cast(self.dtype)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
         """Standard deviation over ``axis`` (the square root of :meth:`var`)."""
@@ -395,33 +398,52 @@ class ReduceMixin(TensorBase):
         return shifted.exp().sum(-1).log() + run_max
 
 
+def _stat_dtype(dt: DType) -> DType:
+    """The dtype statistics of ``dt`` are summed and divided in: float32 for float16 and bfloat16."""
+    return dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+
+
 def _blocked_sum(x: Tensor, axes: tuple[int, ...], keepdim: bool) -> Tensor:
-    """``x.sum(axes)`` of a float ``x`` in two levels: blocks of about sqrt(n) trailing elements, then their sums.
+    """``x.sum(axes)`` of a float ``x`` in levels of at most STAT_BLOCK additions each, innermost first, in
+    the dtype :func:`_stat_dtype` gives (a float16 total is returned as float32, for the caller to divide).
 
     One float32 accumulator over n elements rounds at the scale of its growing total, and adding many equal
-    values (the zeros of a ReLU, centered) drifts systematically: 65536 of them lose ~4e-4 of a variance. Two
-    levels of ~sqrt(n) additions each keep every total small; the codegen nests both loops in one kernel.
-    Reductions shorter than STAT_BLOCK**2 elements, or of symbolic length, are one sum."""
+    values (the zeros of a ReLU, centered) drifts systematically: a variance over 65536 such values in one
+    OpenCL accumulator was off by 4e-4 (relative), in levels by 1e-6.
+    Summed in levels (each reduce axis longer than STAT_BLOCK cut into factors of at most STAT_BLOCK where its
+    length allows), every total stays small, as in a pairwise sum; the codegen nests the levels' loops in one
+    kernel. Reductions shorter than STAT_BLOCK**2 elements, or of symbolic length, are one sum."""
     sizes = [x.shape[a] for a in axes]
-    if not all(isinstance(s, int) for s in sizes) or prod(sizes) < STAT_BLOCK * STAT_BLOCK or x.dtype.kind != "f":
-        return x.sum(axes, keepdim)
-    target = math.isqrt(prod(sizes))
-    inner: list[int] = []
-    for a in reversed(axes):  # whole trailing axes, while their product stays near sqrt(n)
-        if prod(x.shape[i] for i in inner) * x.shape[a] > target:
+    acc_dt = _stat_dtype(x.dtype)
+    if not all(isinstance(s, int) for s in sizes) or prod(sizes) < STAT_BLOCK * STAT_BLOCK:
+        return x.sum(axes, keepdim, dtype=acc_dt)
+    shape: list[int] = []
+    reduced: list[int] = []  # positions of the reduced (cut) axes in ``shape``
+    for i, s in enumerate(x.shape):
+        factors = _block_factors(s) if i in axes else [s]
+        reduced += [len(shape) + k for k in range(len(factors))] if i in axes else []
+        shape += factors
+    y = x.cast(acc_dt).reshape(tuple(shape))
+    level: list[int] = []
+    for a in reversed(reduced):  # trailing reduced axes grouped while their product stays within a block
+        if level and prod(shape[i] for i in level) * shape[a] > STAT_BLOCK:
+            y, level = y._reduce(Ops.ADD, tuple(level), True), []
+        level.append(a)
+    y = y._reduce(Ops.ADD, tuple(level), True)
+    return y.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keepdim else x._reduced_shape(axes))
+
+
+def _block_factors(length: int) -> list[int]:
+    """``length`` as factors (outermost first) of at most STAT_BLOCK each, as far as its divisors allow:
+    65536 -> [16, 64, 64]; a factor with no divisor from 8 to STAT_BLOCK stays whole (a large prime)."""
+    factors: list[int] = []
+    while length > STAT_BLOCK:
+        b = next((d for d in range(STAT_BLOCK, 7, -1) if length % d == 0), 0)
+        if not b:
             break
-        inner.append(a)
-    if inner:
-        out = x.sum(tuple(inner), keepdim=True).sum(tuple(a for a in axes if a not in inner), keepdim=True)
-    else:  # the last reduce axis alone is longer than sqrt(n): cut it in (length / b, b), b dividing it
-        a, length = axes[-1], x.shape[axes[-1]]
-        b = next((d for d in range(math.isqrt(length), 1, -1) if length % d == 0), 1)
-        if b < 8:  # a prime-ish length: no useful cut
-            return x.sum(axes, keepdim)
-        cut = x.reshape(x.shape[:a] + (length // b, b) + x.shape[a + 1:])
-        out = cut.sum(a + 1, keepdim=True).sum(axes, keepdim=True).reshape(
-            tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
-    return out if keepdim else out.reshape(x._reduced_shape(axes))
+        factors.insert(0, b)
+        length //= b
+    return [length, *factors]
 
 
 def _logaddexp(a: Tensor, b: Tensor) -> Tensor:
