@@ -189,7 +189,7 @@ class ReduceMixin(TensorBase):
         if not all(isinstance(s, int) and s > 0 for s in sizes):  # empty or symbolic: nothing to sample
             return self.mean(axes, keepdim=True)
         first = self.detach().shrink(tuple((0, 1) if i in axes else None for i in range(self.ndim)))
-        shift = ((first - first) == 0).where(first, 0.0)  # inf - inf and nan - nan are nan: non-finite -> 0
+        shift = first.isfinite().where(first, 0.0)
         return shift + _blocked_sum(self - shift, axes, True).div(prod(sizes)).cast(self.dtype)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
