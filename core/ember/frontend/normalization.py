@@ -23,8 +23,11 @@ class NormalizationMixin(TensorBase):
     __slots__ = ()
 
     def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
-        """Normalize to zero mean and unit (biased) variance over ``axis``, like ``F.layer_norm`` without affine."""
-        centered = self - self.mean(axis, keepdim=True)
+        """Normalize to zero mean and unit (biased) variance over ``axis``, like ``F.layer_norm`` without affine.
+
+        The mean is taken about a sample of the data (``_centered_mean``), so a large common offset does
+        not cost the float32 sums their precision."""
+        centered = _centered(self, axis)
         return centered * ((centered * centered).mean(axis, keepdim=True) + eps).sqrt().reciprocal()
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
@@ -80,6 +83,11 @@ class NormalizationMixin(TensorBase):
             return self * 0
         keep = type(self).rand(*self.shape, device=self.device) >= p
         return keep.where(self * (1.0 / (1.0 - p)), 0)
+
+
+def _centered(x: Tensor, axis: int | Sequence[int]) -> Tensor:
+    """``x`` minus its mean over ``axis``, the mean taken about a sample of ``x`` (see ``Tensor._centered_mean``)."""
+    return x - x._centered_mean(x._reduce_axes(axis))
 
 
 def _vector_norm(x: Tensor, p: float, dim: int | Sequence[int]) -> Tensor:

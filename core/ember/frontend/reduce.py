@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 #: axes longer than this are scanned in blocks (of ~sqrt(n) elements, at most SCAN_BLOCK) instead of one O(n^2) window
 SCAN_SPLIT = 512
 SCAN_BLOCK = 256
+#: mean/var statistics over at least STAT_BLOCK**2 elements are summed in levels of at most STAT_BLOCK additions
+#: (see _blocked_sum)
+STAT_BLOCK = 64
 
 Axis = int | Sequence[int] | None
 
@@ -150,31 +153,62 @@ class ReduceMixin(TensorBase):
         return s.div(n) if n else s * math.nan
 
     def var(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-        """Variance over ``axis`` with ``correction`` (1 is Bessel's correction, the default)."""
+        """Variance over ``axis`` with ``correction`` (1 is Bessel's correction, the default).
+
+        Two passes: the mean (see :meth:`_centered_mean`), then the sum of squared deviations from it, which
+        does not cancel the way ``E[x^2] - E[x]^2`` does when the mean is large next to the spread."""
         if self.dtype.kind != "f":
             raise RuntimeError("std and var only support floating point and complex dtypes")
         axes = self._reduce_axes(axis)
+        return self._var_about(self._centered_mean(axes), axes, keepdim, correction)
+
+    def _var_about(self, mean: Tensor, axes: tuple[int, ...], keepdim: bool, correction: int | float) -> Tensor:
+        """The variance over ``axes`` about ``mean`` (kept as size-1 dims): squared deviations summed, divided
+        by ``n - correction`` (at least 0, so too large a correction gives inf or nan like torch)."""
         n = prod(self.shape[a] for a in axes)
-        squares = (self - self.mean(axes, keepdim=True)).square()
+        squares = (self - mean).square()
         if not isinstance(n, int):  # a length that depends on a variable: divided by n - correction at run time
             from ember.ir.symbolic import sint_of, ssub
 
             if not float(correction).is_integer():
                 raise ValueError(f"var over a symbolic length needs an integer correction, got {correction}")
-            return squares.sum(axes, keepdim).div(ssub(sint_of(n), int(correction)))
-        return squares.sum(axes, keepdim).div(max(0, n - correction))
+            total = squares.sum(axes, keepdim, dtype=_stat_dtype(self.dtype))
+            return total.div(ssub(sint_of(n), int(correction))).cast(self.dtype)
+        # divided before the cast back: a float16 sum of 65536 squares near 1 would overflow to inf
+        return _blocked_sum(squares, axes, keepdim).div(max(0, n - correction)).cast(self.dtype)
+
+    def _centered_mean(self, axes: tuple[int, ...]) -> Tensor:
+        """The mean over ``axes`` (kept as size-1 dims) as ``shift + mean(self - shift)``, for statistics.
+
+        ``shift`` is the first element along ``axes`` (0 where it is not finite), detached. A float32 sum
+        of many values near a large mean rounds at the scale of the running total (65536 values near 1000
+        in one accumulator: the mean off by ~5e-3, and an output normalized to unit spread by as much);
+        the deviations from a nearby sample add up to far less, so their sum rounds far less. One more
+        load per output, in the same kernel. Plain :meth:`mean` stays a single sum, as torch's is."""
+        sizes = [self.shape[a] for a in axes]
+        if not all(isinstance(s, int) and s > 0 for s in sizes):  # empty or symbolic: nothing to sample
+            return self.mean(axes, keepdim=True)
+        first = self.detach().shrink(tuple((0, 1) if i in axes else None for i in range(self.ndim)))
+        shift = first.isfinite().where(first, 0.0)
+        return shift + _blocked_sum(self - shift, axes, True).div(prod(sizes)).cast(self.dtype)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
         """Standard deviation over ``axis`` (the square root of :meth:`var`)."""
         return self.var(axis, keepdim, correction).sqrt()
 
     def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
-        """``(var, mean)`` over ``axis``, like ``torch.var_mean``."""
-        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+        """``(var, mean)`` over ``axis``, like ``torch.var_mean``; the mean is computed once, for both."""
+        if self.dtype.kind != "f":
+            raise RuntimeError("std and var only support floating point and complex dtypes")
+        axes = self._reduce_axes(axis)
+        mean = self._centered_mean(axes)
+        var = self._var_about(mean, axes, keepdim, correction)
+        return var, mean if keepdim else mean.reshape(self._reduced_shape(axes))
 
     def std_mean(self, axis: Axis = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
         """``(std, mean)`` over ``axis``, like ``torch.std_mean``."""
-        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+        var, mean = self.var_mean(axis, keepdim, correction)
+        return var.sqrt(), mean
 
     def any(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
         """True where any element along ``axis`` is nonzero (False for an empty reduction).
@@ -362,6 +396,54 @@ class ReduceMixin(TensorBase):
         run_max = (run_max.abs() == math.inf).where(0.0, run_max)
         shifted = below.where(rows - run_max.unsqueeze(-1), -math.inf)
         return shifted.exp().sum(-1).log() + run_max
+
+
+def _stat_dtype(dt: DType) -> DType:
+    """The dtype statistics of ``dt`` are summed and divided in: float32 for float16 and bfloat16."""
+    return dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+
+
+def _blocked_sum(x: Tensor, axes: tuple[int, ...], keepdim: bool) -> Tensor:
+    """``x.sum(axes)`` of a float ``x`` in levels of at most STAT_BLOCK additions each, innermost first, in
+    the dtype :func:`_stat_dtype` gives (a float16 total is returned as float32, for the caller to divide).
+
+    One float32 accumulator over n elements rounds at the scale of its growing total, and adding many equal
+    values (the zeros of a ReLU, centered) drifts systematically: a variance over 65536 such values in one
+    OpenCL accumulator was off by 4e-4 (relative), in levels by 1e-6.
+    Summed in levels (each reduce axis longer than STAT_BLOCK cut into factors of at most STAT_BLOCK where its
+    length allows), every total stays small, as in a pairwise sum; the codegen nests the levels' loops in one
+    kernel. Reductions shorter than STAT_BLOCK**2 elements, or of symbolic length, are one sum."""
+    sizes = [x.shape[a] for a in axes]
+    acc_dt = _stat_dtype(x.dtype)
+    if not all(isinstance(s, int) for s in sizes) or prod(sizes) < STAT_BLOCK * STAT_BLOCK:
+        return x.sum(axes, keepdim, dtype=acc_dt)
+    shape: list[int] = []
+    reduced: list[int] = []  # positions of the reduced (cut) axes in ``shape``
+    for i, s in enumerate(x.shape):
+        factors = _block_factors(s) if i in axes else [s]
+        reduced += [len(shape) + k for k in range(len(factors))] if i in axes else []
+        shape += factors
+    y = x.cast(acc_dt).reshape(tuple(shape))
+    level: list[int] = []
+    for a in reversed(reduced):  # trailing reduced axes grouped while their product stays within a block
+        if level and prod(shape[i] for i in level) * shape[a] > STAT_BLOCK:
+            y, level = y._reduce(Ops.ADD, tuple(level), True), []
+        level.append(a)
+    y = y._reduce(Ops.ADD, tuple(level), True)
+    return y.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keepdim else x._reduced_shape(axes))
+
+
+def _block_factors(length: int) -> list[int]:
+    """``length`` as factors (outermost first) of at most STAT_BLOCK each, as far as its divisors allow:
+    65536 -> [16, 64, 64]; a factor with no divisor from 8 to STAT_BLOCK stays whole (a large prime)."""
+    factors: list[int] = []
+    while length > STAT_BLOCK:
+        b = next((d for d in range(STAT_BLOCK, 7, -1) if length % d == 0), 0)
+        if not b:
+            break
+        factors.insert(0, b)
+        length //= b
+    return [length, *factors]
 
 
 def _logaddexp(a: Tensor, b: Tensor) -> Tensor:

@@ -215,11 +215,8 @@ class BatchNorm:
             self.running_var = _filled(sz, 1.0).requires_grad_(False)
 
     def calc_stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The batch mean and (biased) variance per channel."""
-        axes = tuple(i for i in range(x.ndim) if i != 1)
-        mean = x.mean(axis=axes)
-        centered = x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))
-        var = (centered * centered).mean(axis=axes)
+        """The batch mean and (biased) variance per channel, in two passes (``Tensor.var_mean``)."""
+        var, mean = x.var_mean(axis=tuple(i for i in range(x.ndim) if i != 1), correction=0)
         return mean, var
 
     def __call__(self, x: Tensor) -> Tensor:
