@@ -158,9 +158,7 @@ class BatchCompiler(Compiler):
                     continue
                 waiting.append(src)
                 if sum(not fut.done() for _, fut in builds) < self.parallel_builds:
-                    # a few kernels at a time: the next free slot takes the next few
-                    cut = min(self.max_batch, self.min_group + 1)
-                    group, waiting = waiting[:cut], waiting[cut:]
+                    group, waiting = self._next_few(waiting)
                     builds.append((group, pool.submit(self._build_group, group)))
             if waiting:
                 tail = [[waiting[i] for i in group] for group in self._groups(waiting)]
@@ -169,6 +167,21 @@ class BatchCompiler(Compiler):
                 for src, binary in zip(built, fut.result()):
                     found[src] = self.store(src, binary)
         return [found[src] for src in order]
+
+    def _next_few(self, waiting: list[str]) -> tuple[list[str], list[str]]:
+        """The program a free build slot takes while sources are still being rendered, and those left waiting:
+        the costliest waiting source, with the next costliest while the program stays under a few builds'
+        fixed costs (``min_group`` + 1 kernels at most). A long source is built alone: joined with another
+        long one, it would hold its slot for both while the other slot may have nothing left to do."""
+        order = sorted(waiting, key=self.build_cost, reverse=True)
+        group, load = [order[0]], self.build_cost(order[0])
+        for src in order[1:min(self.max_batch, self.min_group + 1)]:
+            if load + self.build_cost(src) > self.heavy_build:
+                break
+            group.append(src)
+            load += self.build_cost(src)
+        taken = set(group)
+        return group, [src for src in waiting if src not in taken]
 
     def _groups(self, srcs: Sequence[str]) -> list[list[int]]:
         """The programs :meth:`compile_batch` builds, as indices into ``srcs``, costliest first.
@@ -194,6 +207,8 @@ class BatchCompiler(Compiler):
 
     #: the fixed cost of one build (process start, headers, linking), in the units of :meth:`build_cost`
     build_overhead: int = 8000
+    #: a program costlier than this gains little from having more kernels joined (a few fixed costs)
+    heavy_build: int = 4 * build_overhead
 
     def build_cost(self, src: str) -> int:
         """An estimate of what building ``src`` costs beyond a build's fixed cost: its length (the compiler's
