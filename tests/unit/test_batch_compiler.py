@@ -104,6 +104,16 @@ def test_costly_kernels_build_alone_and_first():
     assert [len(g) for g in c._groups([src(f"k{i}") for i in range(10)])] == [2] * 5
 
 
+def test_a_free_slot_while_rendering_takes_a_long_source_alone():
+    c = FakeCompiler(parallel=2)
+    small = [src(f"s{i}", "x" * 3000) for i in range(4)]
+    big = [src(f"b{i}", "x" * 95000) for i in range(2)]
+    group, left = c._next_few([small[0], big[0], small[1], big[1]])
+    assert group == [big[0]] and left == [small[0], small[1], big[1]]  # the rest keep their order
+    group, left = c._next_few(small)
+    assert group == small[:3] and left == small[3:]  # min_group + 1 short ones share a program
+
+
 def test_a_slow_group_holds_up_one_slot_not_half_the_batch():
     """While one program builds slowly, the other slot builds the rest of the batch."""
     built_while_slow: list[int] = []
