@@ -11,7 +11,10 @@ So a bad index never gives a silent wrong answer: the error comes at the latest 
 program looks at, and a program that reads nothing runs at full speed.
 
 The cost is one small reduction kernel per checked op, run with the next read (measured in
-``bench/index_checks.py``). ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
+``bench/index_checks.py``). A checked tensor that is already in a buffer by then (labels a training
+step computed from) and small (``HOST_CHECK_MAX``) is instead copied to the host and summarized there:
+a copy of a few kilobytes costs less than a kernel, whose first build in a process with an empty cache
+takes 50-100 ms. ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
 unread checks are flushed early so a loop that never reads keeps bounded memory.
 
 Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``RuntimeError``: torch raises
@@ -23,8 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ember.dtype import dtypes
+import numpy as np
+
+from ember.dtype import DType, dtypes, to_np_dtype
 from ember.helpers import ContextVar
+from ember.ir.lazy import buffers, realized
+from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -33,6 +40,9 @@ if TYPE_CHECKING:
 INDEX_CHECK = ContextVar("INDEX_CHECK", 1)
 #: Unread checks kept before they are flushed without waiting for a read.
 MAX_PENDING = 256
+#: The most elements of a checked tensor that is read to the host (when already in a buffer) and
+#: summarized there instead of by a kernel.
+HOST_CHECK_MAX = 1 << 18
 
 
 class IndexOutOfRange(IndexError, RuntimeError):
@@ -48,6 +58,8 @@ class _Check:
     summary: Tensor                        # a few values computed on the device
     verdict: Callable[[list], str | None]  # the summary's values -> an error message, or None when fine
     error: type[Exception]
+    checked: UOp | None = None             # the checked tensor's node, for the host path
+    on_host: Callable[[np.ndarray], list] | None = None  # its flat values -> the summary's values
 
 
 _pending: list[_Check] = []
@@ -75,7 +87,13 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
             return message.format(index=low, size=size, dim=dim)
         return None
 
-    _add(_Check(summary, verdict, IndexOutOfRange))
+    def on_host(a: np.ndarray) -> list:
+        a = a.astype(np.int64)  # as the summary's cast: exact, but for uint64 above 2**63 (wraps, as there)
+        if ignore is not None:
+            a = np.where(a == ignore, lo, a)
+        return [int(a.min()), int(a.max())]
+
+    _add(_Check(summary, verdict, IndexOutOfRange, index.lazydata, on_host))
 
 
 def nonzero_divisor(divisor: Tensor) -> None:
@@ -83,7 +101,8 @@ def nonzero_divisor(divisor: Tensor) -> None:
     if not INDEX_CHECK.value or divisor.numel() == 0:
         return
     summary = (divisor == 0).reshape(-1).cast(dtypes.int32).max().reshape(1)
-    _add(_Check(summary, lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero))
+    _add(_Check(summary, lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero,
+                divisor.lazydata, lambda a: [int((a == 0).any())]))
 
 
 def _add(check: _Check) -> None:
@@ -108,8 +127,30 @@ def flush() -> None:
         return
     checks = list(_pending)
     _pending.clear()
-    type(checks[0].summary).realize_all(*(c.summary for c in checks))
-    for c in checks:
-        msg = c.verdict(c.summary.numpy().tolist())
+    values = [_on_host(c) for c in checks]
+    on_device = [c.summary for c, v in zip(checks, values) if v is None]
+    if on_device:
+        type(on_device[0]).realize_all(*on_device)
+    for c, v in zip(checks, values):
+        msg = c.verdict(c.summary.numpy().tolist() if v is None else v)
         if msg is not None:
             raise c.error(msg)
+
+
+def _on_host(check: _Check) -> list | None:
+    """The summary's values computed on the host, when the checked tensor now lies whole in a buffer of an
+    integer or bool dtype and is small; else ``None`` (its summary kernel runs)."""
+    node = check.checked
+    if node is None or check.on_host is None:
+        return None
+    node = realized.get(node, node)
+    base = node.src[0] if node.op is Ops.VIEW else node
+    if base.op is not Ops.BUFFER or not isinstance(size := base.arg[2], int) or size > HOST_CHECK_MAX:
+        return None
+    if node.op is Ops.VIEW and not (node.arg.contiguous and node.arg.size == size):
+        return None
+    dtype = base.dtype
+    if node.dtype != dtype or not isinstance(dtype, DType) or dtype.kind not in ("b", "i", "u"):
+        return None
+    data: np.ndarray = np.frombuffer(buffers[base].as_bytes(), dtype=to_np_dtype(dtype))
+    return check.on_host(data) if data.size else None
