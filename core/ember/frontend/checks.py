@@ -3,15 +3,16 @@ host round trip per op.
 
 An index *tensor* is lazy, so an op cannot look at its values when it builds the graph. Instead, an op
 that takes one (``t[idx]``, ``t[idx] = v``, ``gather``, ``scatter``, ``index_select``, ``Embedding``,
-``one_hot``, ``nll_loss``/``cross_entropy``, integer ``//`` and ``%`` by a tensor) registers a check: a
-tiny lazy summary of the values (their minimum and maximum, or "any divisor is zero") and the message to
-raise. At the next read to the host (``numpy``, ``item``, ``tolist``) every pending check is realized
-in one schedule together with nothing else, its few bytes are read, and the first that failed raises.
+``one_hot``, ``nll_loss``/``cross_entropy``, integer ``//`` and ``%`` by a tensor) registers a check: the
+tensor's node, how to summarize its values (their minimum and maximum, or "any divisor is zero") and the
+message to raise. At the next read to the host (``numpy``, ``item``, ``tolist``) the pending checks'
+summaries are built and realized in one schedule together with nothing else, their few bytes are read,
+and the first that failed raises.
 So a bad index never gives a silent wrong answer: the error comes at the latest with the first value the
 program looks at, and a program that reads nothing runs at full speed.
 
 The cost is one small reduction kernel per checked op, run with the next read (measured in
-``bench/index_checks.py``). A checked tensor that is already in a buffer by then (labels a training
+``bench/bench_index_checks.py``). A checked tensor that is already in a buffer by then (labels a training
 step computed from) and small (``HOST_CHECK_MAX``) is instead copied to the host and summarized there:
 a copy of a few kilobytes costs less than a kernel, whose first build in a process with an empty cache
 takes 50-100 ms. ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
@@ -55,11 +56,11 @@ class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
 
 @dataclass
 class _Check:
-    summary: Tensor                        # a few values computed on the device
-    verdict: Callable[[list], str | None]  # the summary's values -> an error message, or None when fine
+    checked: UOp                                 # the checked tensor's node when the op was built
+    summarize: Callable[[Tensor], Tensor]        # the checked tensor -> a few values, computed on the device
+    on_host: Callable[[np.ndarray], list]        # its flat values -> the same values, computed on the host
+    verdict: Callable[[list], str | None]        # the summary's values -> an error message, or None when fine
     error: type[Exception]
-    checked: UOp | None = None             # the checked tensor's node, for the host path
-    on_host: Callable[[np.ndarray], list] | None = None  # its flat values -> the summary's values
 
 
 _pending: list[_Check] = []
@@ -74,10 +75,12 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
     if not INDEX_CHECK.value or index.numel() == 0:
         return
     lo = -size if negative_ok else 0
-    vals = index if ignore is None else (index == ignore).where(lo, index)
     wide = index.dtype.itemsize == 8 or (index.dtype.kind == "u" and index.dtype.itemsize == 4)  # uint32 > 2**31
-    flat = vals.reshape(-1).cast(dtypes.int64 if wide else dtypes.int32)
-    summary = type(index).cat(flat.min().reshape(1), flat.max().reshape(1))
+
+    def summarize(t: Tensor) -> Tensor:
+        vals = t if ignore is None else (t == ignore).where(lo, t)
+        flat = vals.reshape(-1).cast(dtypes.int64 if wide else dtypes.int32)
+        return type(t).cat(flat.min().reshape(1), flat.max().reshape(1))
 
     def verdict(v: list) -> str | None:
         low, high = int(v[0]), int(v[1])
@@ -93,16 +96,16 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
             a = np.where(a == ignore, lo, a)
         return [int(a.min()), int(a.max())]
 
-    _add(_Check(summary, verdict, IndexOutOfRange, index.lazydata, on_host))
+    _add(_Check(index.lazydata, summarize, on_host, verdict, IndexOutOfRange))
 
 
 def nonzero_divisor(divisor: Tensor) -> None:
     """Check, at the next read, that the integer ``divisor`` has no zero (torch raises for ``x // 0``)."""
     if not INDEX_CHECK.value or divisor.numel() == 0:
         return
-    summary = (divisor == 0).reshape(-1).cast(dtypes.int32).max().reshape(1)
-    _add(_Check(summary, lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero,
-                divisor.lazydata, lambda a: [int((a == 0).any())]))
+    _add(_Check(divisor.lazydata, lambda t: (t == 0).reshape(-1).cast(dtypes.int32).max().reshape(1),
+                lambda a: [int((a == 0).any())], lambda v: "ZeroDivisionError" if int(v[0]) else None,
+                IntegerDivisionByZero))
 
 
 def _add(check: _Check) -> None:
@@ -125,14 +128,18 @@ def flush() -> None:
     """Run every pending check now (one schedule) and raise the first failure."""
     if not _pending:
         return
+    from ember.tensor import Tensor  # imported here: the tensor module imports this one
+
     checks = list(_pending)
     _pending.clear()
     values = [_on_host(c) for c in checks]
-    on_device = [c.summary for c, v in zip(checks, values) if v is None]
-    if on_device:
-        type(on_device[0]).realize_all(*on_device)
-    for c, v in zip(checks, values):
-        msg = c.verdict(c.summary.numpy().tolist() if v is None else v)
+    # the summaries are built only now, for the checks the host cannot do (from the node seen at the op: the
+    # tensor object may have been reassigned since)
+    summaries = {i: c.summarize(Tensor(c.checked)) for i, (c, v) in enumerate(zip(checks, values)) if v is None}
+    if summaries:
+        Tensor.realize_all(*summaries.values())
+    for i, c in enumerate(checks):
+        msg = c.verdict(summaries[i].numpy().tolist() if i in summaries else values[i])
         if msg is not None:
             raise c.error(msg)
 
@@ -140,10 +147,7 @@ def flush() -> None:
 def _on_host(check: _Check) -> list | None:
     """The summary's values computed on the host, when the checked tensor now lies whole in a buffer of an
     integer or bool dtype and is small; else ``None`` (its summary kernel runs)."""
-    node = check.checked
-    if node is None or check.on_host is None:
-        return None
-    node = realized.get(node, node)
+    node = realized.get(check.checked, check.checked)
     base = node.src[0] if node.op is Ops.VIEW else node
     if base.op is not Ops.BUFFER or not isinstance(size := base.arg[2], int) or size > HOST_CHECK_MAX:
         return None
