@@ -9,8 +9,10 @@
    loss) and the CPU time of the process and its compiler children (what the machine's load does
    not change). The children run with Python's bytecode cache on, as an installed ember does
    (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment; a first import writes it).
+   ``--first-runs N`` repeats each pair with a new cache and gives medians (and the range): on a
+   busy machine one run says little.
 
-Run: ``python bench/bench_jit.py [--device CPU] [--steps 20]``.
+Run: ``python bench/bench_jit.py [--device CPU] [--steps 20] [--first-runs 5]``.
 """
 from __future__ import annotations
 
@@ -146,12 +148,22 @@ def bench_replay_overhead(device: str, kernels: int = 100, reps: int = 200) -> N
           f"kernel ({len(f.captured.runs)} launch{'es' if len(f.captured.runs) != 1 else ''}; target <= 10 us)")
 
 
-def bench_first_step(device: str) -> None:
+def bench_first_step(device: str, runs: int = 1) -> None:
     """A fresh process runs one MLP training step: with an empty cache, then with the cache it filled; by
     default, then with tiered compilation (``TIERED=1``: quick builds first, the optimized ones in the
-    background; the first process waits for those at exit, so the second finds them)."""
-    for tiered in ("0", "1"):
-        _first_step_pair(device, tiered)
+    background; the first process waits for those at exit, so the second finds them). ``runs`` pairs
+    each, alternating the two settings, give medians."""
+    results: dict[str, list[tuple[float, float, float, str]]] = {}
+    for _ in range(runs):
+        for tiered in ("0", "1"):
+            for label, row in _first_step_pair(device, tiered).items():
+                results.setdefault(label, []).append(row)
+    for label, rows in results.items():
+        inside, wall, cpu = (sorted(r[i] for r in rows) for i in range(3))
+        spread = f" (range {inside[0]:.2f}-{inside[-1]:.2f} s over {len(rows)} runs)" if len(rows) > 1 else ""
+        print(f"first MLP training step, fresh process, {label}: {float(np.median(inside)):.2f} s from import to loss"
+              f"{spread} ({float(np.median(wall)):.2f} s with interpreter start; {float(np.median(cpu)):.2f} s CPU "
+              f"with the compiler's), loss {rows[0][3]}")
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -161,7 +173,9 @@ def _child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _first_step_pair(device: str, tiered: str) -> None:
+def _first_step_pair(device: str, tiered: str) -> dict[str, tuple[float, float, float, str]]:
+    """Seconds from import to loss, with interpreter start, and CPU seconds, and the loss: per cache state."""
+    rows: dict[str, tuple[float, float, float, str]] = {}
     with tempfile.TemporaryDirectory() as cache:
         # compiled bytecode exists for an installed package: write it before timing (with a kernel cache of its own)
         subprocess.run([sys.executable, "-c", "import ember, ember.nn.optim; ember.Device[ember.Device.DEFAULT]"],
@@ -178,11 +192,11 @@ def _first_step_pair(device: str, tiered: str) -> None:
             wall = time.perf_counter() - st
             if proc.returncode != 0:
                 print(f"first step ({label}): failed: {proc.stderr.strip().splitlines()[-1:]}")
-                return
+                return rows
             cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
             inside, loss = proc.stdout.split()[-2:]
-            print(f"first MLP training step, fresh process, {label}: {float(inside):.2f} s from import to loss "
-                  f"({wall:.2f} s with interpreter start; {cpu:.2f} s CPU with the compiler's), loss {float(loss):.4f}")
+            rows[label] = (float(inside), wall, cpu, f"{float(loss):.4f}")
+    return rows
 
 
 def main() -> None:
@@ -190,11 +204,12 @@ def main() -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--first-runs", type=int, default=1, help="fresh-process runs per first-step row (medians)")
     args = p.parse_args()
     print(json.dumps({"device": args.device, "steps": args.steps}))
     bench_mlp(args.device, args.steps, args.threads)
     bench_replay_overhead(args.device)
-    bench_first_step(args.device)
+    bench_first_step(args.device, args.first_runs)
 
 
 if __name__ == "__main__":

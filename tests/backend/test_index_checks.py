@@ -11,6 +11,7 @@ from backend_utils import same_error
 
 from ember import Context, Tensor, dtypes, nn
 from ember.frontend import checks
+from ember.helpers import GlobalCounters
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -119,3 +120,54 @@ def test_pending_checks_are_bounded(device: str, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(IndexError, match="index 5 is out of bounds"):
         x[_i([5], device)]  # the 4th check flushes all of them before any read
     assert checks.pending() == 0
+
+
+def _message(fn) -> str | None:
+    try:
+        fn()
+    except (IndexError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_host_and_device_summaries_give_the_same_error(device: str, name: str, monkeypatch: pytest.MonkeyPatch):
+    """A small index tensor already in a buffer is checked on the host; forced to the summary kernel
+    (``HOST_CHECK_MAX = 0``), the same error comes."""
+    ours = CASES[name][0]
+
+    def run():
+        out = ours(device)
+        (out if out is not None else Tensor([0])).numpy()
+
+    on_host = _message(run)
+    monkeypatch.setattr(checks, "HOST_CHECK_MAX", 0)
+    assert on_host is not None and on_host == _message(run)
+
+
+@pytest.mark.parametrize("dtype, values", [("int64", [3, -100, 4]), ("int32", [-100, 5]), ("uint8", [4, 200]),
+                                           ("uint64", [1, 2 ** 63 + 5]), ("int16", [-7, 2])])
+def test_host_path_matches_the_kernel_for_each_dtype(device: str, dtype: str, values: list[int],
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """Ignored labels, negative values and uint64 above 2**63 (wraps to negative in the summary's cast)."""
+    labels = Tensor(np.array(values, dtype=dtype), device=device).realize()
+
+    def run():
+        logits = Tensor.ones(len(values), 5, device=device)
+        logits.cross_entropy(labels, ignore_index=-100 if dtype.startswith("int") else -1).numpy()
+
+    on_host = _message(run)
+    monkeypatch.setattr(checks, "HOST_CHECK_MAX", 0)
+    assert on_host == _message(run)
+
+
+def test_a_realized_label_tensor_is_checked_without_a_kernel(device: str):
+    labels = Tensor(np.array([1, 4, 2], dtype=np.int32), device=device).realize()
+    loss = Tensor.ones(3, 5, device=device).sparse_categorical_crossentropy(labels).realize()
+    assert checks.pending() == 1
+    before = GlobalCounters.kernel_count
+    loss.numpy()  # the read runs the check: a copy of the labels, no summary kernel
+    assert checks.pending() == 0 and GlobalCounters.kernel_count == before
+    bad = Tensor(np.array([1, 5, 2], dtype=np.int32), device=device).realize()
+    with pytest.raises(IndexError, match="5"):
+        Tensor.ones(3, 5, device=device).sparse_categorical_crossentropy(bad).numpy()

@@ -118,14 +118,18 @@ class BatchCompiler(Compiler):
     def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
         """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and, when
         ``parallel_builds`` > 1, about ``groups_per_build`` programs per build slot (of ``min_group``
-        kernels at least), handed in order to whichever slot is free."""
+        kernels at least, or more programs when that finishes sooner by the cost estimate), the costliest
+        handed first to whichever slot is free."""
         if not srcs:
             return []
-        groups = self._groups(srcs)
+        groups = [[srcs[i] for i in group] for group in self._groups(srcs)]
         if len(groups) == 1:
-            return self._build_group(groups[0])
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(groups), self.parallel_builds)) as pool:
-            return [binary for built in pool.map(self._build_group, groups) for binary in built]
+            built = [self._build_group(groups[0])]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(groups), self.parallel_builds)) as pool:
+                built = list(pool.map(self._build_group, groups))
+        found = {src: binary for group, binaries in zip(groups, built) for src, binary in zip(group, binaries)}
+        return [found[src] for src in srcs]
 
     def compile_cached_stream(self, srcs: Iterable[str]) -> list[bytes]:
         """Start building while ``srcs`` is still being produced (when builds run in parallel).
@@ -154,23 +158,62 @@ class BatchCompiler(Compiler):
                     continue
                 waiting.append(src)
                 if sum(not fut.done() for _, fut in builds) < self.parallel_builds:
-                    # a few kernels at a time: the next free slot takes the next few
-                    cut = min(self.max_batch, self.min_group + 1)
-                    group, waiting = waiting[:cut], waiting[cut:]
+                    group, waiting = self._next_few(waiting)
                     builds.append((group, pool.submit(self._build_group, group)))
             if waiting:
-                builds += [(group, pool.submit(self._build_group, group)) for group in self._groups(waiting)]
+                tail = [[waiting[i] for i in group] for group in self._groups(waiting)]
+                builds += [(group, pool.submit(self._build_group, group)) for group in tail]
             for built, fut in builds:
                 for src, binary in zip(built, fut.result()):
                     found[src] = self.store(src, binary)
         return [found[src] for src in order]
 
-    def _groups(self, srcs: Sequence[str]) -> list[Sequence[str]]:
-        """``srcs`` cut into the programs :meth:`compile_batch` builds (see there)."""
-        spread = self.parallel_builds * self.groups_per_build if self.parallel_builds > 1 else 1
-        count = max(-(-len(srcs) // self.max_batch), min(spread, -(-len(srcs) // self.min_group)))
-        size = -(-len(srcs) // count)
-        return [srcs[i:i + size] for i in range(0, len(srcs), size)]
+    def _next_few(self, waiting: list[str]) -> tuple[list[str], list[str]]:
+        """The program a free build slot takes while sources are still being rendered, and those left waiting:
+        the costliest waiting source, with the next costliest while the program stays under a few builds'
+        fixed costs (``min_group`` + 1 kernels at most). A long source is built alone: joined with another
+        long one, it would hold its slot for both while the other slot may have nothing left to do."""
+        order = sorted(waiting, key=self.build_cost, reverse=True)
+        group, load = [order[0]], self.build_cost(order[0])
+        for src in order[1:min(self.max_batch, self.min_group + 1)]:
+            if load + self.build_cost(src) > self.heavy_build:
+                break
+            group.append(src)
+            load += self.build_cost(src)
+        taken = set(group)
+        return group, [src for src in waiting if src not in taken]
+
+    def _groups(self, srcs: Sequence[str]) -> list[list[int]]:
+        """The programs :meth:`compile_batch` builds, as indices into ``srcs``, costliest first.
+
+        About ``groups_per_build`` per build slot of ``min_group`` kernels at least (see the class), each
+        filled longest-first so their estimated costs (:meth:`build_cost`) are about equal. When a few
+        kernels are far costlier than the rest (a large matrix multiplication among elementwise kernels),
+        more and smaller programs can finish sooner on the slots: the count with the shortest estimated
+        finish is taken, if it saves more than one build's fixed cost (the estimate is rough)."""
+        n = len(srcs)
+        slots = self.parallel_builds if self.parallel_builds > 1 else 1
+        spread = slots * self.groups_per_build if slots > 1 else 1
+        count = max(-(-n // self.max_batch), min(spread, -(-n // self.min_group)))
+        costs = [self.build_cost(src) for src in srcs]
+        best = _fill(costs, count, self.max_batch)
+        if slots > 1:
+            finish = _finish(best, costs, slots, self.build_overhead)
+            for more in range(count + 1, min(n, 2 * spread) + 1):  # beyond that, more builds only add fixed costs
+                groups = _fill(costs, more, self.max_batch)
+                if (t := _finish(groups, costs, slots, self.build_overhead)) < finish - self.build_overhead:
+                    best, finish = groups, t
+        return sorted(best, key=lambda g: -sum(costs[i] for i in g))
+
+    #: the fixed cost of one build (process start, headers, linking), in the units of :meth:`build_cost`
+    build_overhead: int = 8000
+    #: a program costlier than this gains little from having more kernels joined (a few fixed costs)
+    heavy_build: int = 4 * build_overhead
+
+    def build_cost(self, src: str) -> int:
+        """An estimate of what building ``src`` costs beyond a build's fixed cost: its length (the compiler's
+        work grows with the code, and the unrolled tiles of a large kernel are long)."""
+        return len(src)
 
     def _build_group(self, group: Sequence[str]) -> list[bytes]:
         """One program for ``group`` (or one per source when they cannot be joined or the joined build fails)."""
@@ -183,3 +226,22 @@ class BatchCompiler(Compiler):
             else:
                 return [KernelBinary(sym, program).pack() for sym in joined[1]]
         return [self.compile(src) for src in group]
+
+
+def _fill(costs: Sequence[int], count: int, most: int) -> list[list[int]]:
+    """``count`` groups of at most ``most`` indices, filled costliest first into the cheapest group so far."""
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        g = min((g for g in range(count) if len(groups[g]) < most), key=lambda g: loads[g])
+        groups[g].append(i)
+        loads[g] += costs[i]
+    return [sorted(g) for g in groups if g]
+
+
+def _finish(groups: Sequence[Sequence[int]], costs: Sequence[int], slots: int, overhead: int) -> int:
+    """When the last of ``groups`` is built, costliest first, each by the first free of ``slots``."""
+    ends = [0] * slots
+    for load in sorted((overhead + sum(costs[i] for i in g) for g in groups), reverse=True):
+        ends[ends.index(min(ends))] += load
+    return max(ends)

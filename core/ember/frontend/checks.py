@@ -3,15 +3,19 @@ host round trip per op.
 
 An index *tensor* is lazy, so an op cannot look at its values when it builds the graph. Instead, an op
 that takes one (``t[idx]``, ``t[idx] = v``, ``gather``, ``scatter``, ``index_select``, ``Embedding``,
-``one_hot``, ``nll_loss``/``cross_entropy``, integer ``//`` and ``%`` by a tensor) registers a check: a
-tiny lazy summary of the values (their minimum and maximum, or "any divisor is zero") and the message to
-raise. At the next read to the host (``numpy``, ``item``, ``tolist``) every pending check is realized
-in one schedule together with nothing else, its few bytes are read, and the first that failed raises.
+``one_hot``, ``nll_loss``/``cross_entropy``, integer ``//`` and ``%`` by a tensor) registers a check: the
+tensor's node, how to summarize its values (their minimum and maximum, or "any divisor is zero") and the
+message to raise. At the next read to the host (``numpy``, ``item``, ``tolist``) the pending checks'
+summaries are built and realized in one schedule together with nothing else, their few bytes are read,
+and the first that failed raises.
 So a bad index never gives a silent wrong answer: the error comes at the latest with the first value the
 program looks at, and a program that reads nothing runs at full speed.
 
 The cost is one small reduction kernel per checked op, run with the next read (measured in
-``bench/index_checks.py``). ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
+``bench/bench_index_checks.py``). A checked tensor that is already in a buffer by then (labels a training
+step computed from) and small (``HOST_CHECK_MAX``) is instead copied to the host and summarized there:
+a copy of a few kilobytes costs less than a kernel, whose first build in a process with an empty cache
+takes 50-100 ms. ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
 unread checks are flushed early so a loop that never reads keeps bounded memory.
 
 Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``RuntimeError``: torch raises
@@ -23,8 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ember.dtype import dtypes
+import numpy as np
+
+from ember.dtype import DType, dtypes, to_np_dtype
 from ember.helpers import ContextVar
+from ember.ir.lazy import buffers, realized
+from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -33,6 +41,9 @@ if TYPE_CHECKING:
 INDEX_CHECK = ContextVar("INDEX_CHECK", 1)
 #: Unread checks kept before they are flushed without waiting for a read.
 MAX_PENDING = 256
+#: The most elements of a checked tensor that is read to the host (when already in a buffer) and
+#: summarized there instead of by a kernel.
+HOST_CHECK_MAX = 1 << 18
 
 
 class IndexOutOfRange(IndexError, RuntimeError):
@@ -45,8 +56,10 @@ class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
 
 @dataclass
 class _Check:
-    summary: Tensor                        # a few values computed on the device
-    verdict: Callable[[list], str | None]  # the summary's values -> an error message, or None when fine
+    checked: UOp                                 # the checked tensor's node when the op was built
+    summarize: Callable[[Tensor], Tensor]        # the checked tensor -> a few values, computed on the device
+    on_host: Callable[[np.ndarray], list]        # its flat values -> the same values, computed on the host
+    verdict: Callable[[list], str | None]        # the summary's values -> an error message, or None when fine
     error: type[Exception]
 
 
@@ -62,10 +75,12 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
     if not INDEX_CHECK.value or index.numel() == 0:
         return
     lo = -size if negative_ok else 0
-    vals = index if ignore is None else (index == ignore).where(lo, index)
     wide = index.dtype.itemsize == 8 or (index.dtype.kind == "u" and index.dtype.itemsize == 4)  # uint32 > 2**31
-    flat = vals.reshape(-1).cast(dtypes.int64 if wide else dtypes.int32)
-    summary = type(index).cat(flat.min().reshape(1), flat.max().reshape(1))
+
+    def summarize(t: Tensor) -> Tensor:
+        vals = t if ignore is None else (t == ignore).where(lo, t)
+        flat = vals.reshape(-1).cast(dtypes.int64 if wide else dtypes.int32)
+        return type(t).cat(flat.min().reshape(1), flat.max().reshape(1))
 
     def verdict(v: list) -> str | None:
         low, high = int(v[0]), int(v[1])
@@ -75,15 +90,22 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
             return message.format(index=low, size=size, dim=dim)
         return None
 
-    _add(_Check(summary, verdict, IndexOutOfRange))
+    def on_host(a: np.ndarray) -> list:
+        a = a.astype(np.int64)  # as the summary's cast: exact, but for uint64 above 2**63 (wraps, as there)
+        if ignore is not None:
+            a = np.where(a == ignore, lo, a)
+        return [int(a.min()), int(a.max())]
+
+    _add(_Check(index.lazydata, summarize, on_host, verdict, IndexOutOfRange))
 
 
 def nonzero_divisor(divisor: Tensor) -> None:
     """Check, at the next read, that the integer ``divisor`` has no zero (torch raises for ``x // 0``)."""
     if not INDEX_CHECK.value or divisor.numel() == 0:
         return
-    summary = (divisor == 0).reshape(-1).cast(dtypes.int32).max().reshape(1)
-    _add(_Check(summary, lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero))
+    _add(_Check(divisor.lazydata, lambda t: (t == 0).reshape(-1).cast(dtypes.int32).max().reshape(1),
+                lambda a: [int((a == 0).any())], lambda v: "ZeroDivisionError" if int(v[0]) else None,
+                IntegerDivisionByZero))
 
 
 def _add(check: _Check) -> None:
@@ -106,10 +128,33 @@ def flush() -> None:
     """Run every pending check now (one schedule) and raise the first failure."""
     if not _pending:
         return
+    from ember.tensor import Tensor  # imported here: the tensor module imports this one
+
     checks = list(_pending)
     _pending.clear()
-    type(checks[0].summary).realize_all(*(c.summary for c in checks))
-    for c in checks:
-        msg = c.verdict(c.summary.numpy().tolist())
+    values = [_on_host(c) for c in checks]
+    # the summaries are built only now, for the checks the host cannot do (from the node seen at the op: the
+    # tensor object may have been reassigned since)
+    summaries = {i: c.summarize(Tensor(c.checked)) for i, (c, v) in enumerate(zip(checks, values)) if v is None}
+    if summaries:
+        Tensor.realize_all(*summaries.values())
+    for i, c in enumerate(checks):
+        msg = c.verdict(summaries[i].numpy().tolist() if i in summaries else values[i])
         if msg is not None:
             raise c.error(msg)
+
+
+def _on_host(check: _Check) -> list | None:
+    """The summary's values computed on the host, when the checked tensor now lies whole in a buffer of an
+    integer or bool dtype and is small; else ``None`` (its summary kernel runs)."""
+    node = realized.get(check.checked, check.checked)
+    base = node.src[0] if node.op is Ops.VIEW else node
+    if base.op is not Ops.BUFFER or not isinstance(size := base.arg[2], int) or size > HOST_CHECK_MAX:
+        return None
+    if node.op is Ops.VIEW and not (node.arg.contiguous and node.arg.size == size):
+        return None
+    dtype = base.dtype
+    if node.dtype != dtype or not isinstance(dtype, DType) or dtype.kind not in ("b", "i", "u"):
+        return None
+    data: np.ndarray = np.frombuffer(buffers[base].as_bytes(), dtype=to_np_dtype(dtype))
+    return check.on_host(data) if data.size else None

@@ -14,6 +14,10 @@ from ember.device import DeviceSpec, getenv, hookimpl
 #: Above the CPU (10) and OpenCL (5) devices, below CUDA (60): a machine with a usable AMD GPU runs on it.
 PRIORITY = 55
 MOCK_NOTE = "mock KFD (AMD_MOCK=1): checks ioctls, packets and synchronization, not the GPU's instructions"
+#: ``ember_amd.kfd.KFD_PATH``, named here so a machine without it is told so without importing the runtime
+KFD_PATH = "/dev/kfd"
+NO_KFD = ("no /dev/kfd: the amdgpu kernel driver with KFD is not loaded (no AMD GPU, or a kernel built without "
+          "CONFIG_HSA_AMD); install an AMD GPU and a distribution kernel, or set AMD_MOCK=1 to run on the mock KFD")
 
 
 def _group_of(path: str) -> str:
@@ -25,7 +29,12 @@ def _group_of(path: str) -> str:
 
 def probe() -> str | None:
     """``None`` when KFD shows a supported GPU this user may open and clang builds for it, else why not and
-    what to install or change."""
+    what to install or change.
+
+    Without the mock, a machine without ``/dev/kfd`` is told so before the runtime is imported (10-12 ms):
+    each device probe runs in every process that picks a default device."""
+    if not getenv("AMD_MOCK", 0) and not os.path.exists(KFD_PATH):
+        return NO_KFD
     from ember_amd.device import os_interface
 
     return problem(os_interface())
@@ -38,9 +47,7 @@ def problem(osif: Any) -> str | None:
 
     prefix = f"{MOCK_NOTE}: " if osif.mock else ""
     if not osif.exists(kfd.KFD_PATH):
-        return ("no /dev/kfd: the amdgpu kernel driver with KFD is not loaded (no AMD GPU, or a kernel built "
-                "without CONFIG_HSA_AMD); install an AMD GPU and a distribution kernel, or set AMD_MOCK=1 to run on "
-                "the mock KFD")
+        return NO_KFD
     if not osif.access(kfd.KFD_PATH, os.R_OK | os.W_OK):
         group = _group_of(kfd.KFD_PATH)
         return (f"no permission to open /dev/kfd: add the user to group {group!r} (sudo usermod -aG {group} $USER) "

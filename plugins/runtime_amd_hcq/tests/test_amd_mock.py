@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -142,6 +144,20 @@ def test_probe_on_this_machine():
     if os.path.exists(kfd.KFD_PATH):
         pytest.skip("this machine has /dev/kfd: the no-driver reason cannot be checked here")
     assert reason is not None and reason.startswith("no /dev/kfd") and "AMD_MOCK=1" in reason
+
+
+def test_probe_without_kfd_never_imports_the_runtime():
+    """The plugin's own path is the runtime's, and its quick answer is the one the full check gives."""
+    import ember_amd.plugin as plugin
+
+    assert plugin.KFD_PATH == kfd.KFD_PATH
+    if os.path.exists(kfd.KFD_PATH) or os.environ.get("AMD_MOCK"):
+        pytest.skip("this machine has /dev/kfd (or AMD_MOCK is set): the probe goes on to the runtime")
+    code = ("import sys; from ember_amd.plugin import probe; reason = probe(); "
+            "print(reason.startswith('no /dev/kfd'), 'ember_amd.device' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False"], out.stderr
+    assert plugin.probe() == problem(kfd.RealOS())
 
 
 def test_probe_on_the_mock_says_so_or_passes():

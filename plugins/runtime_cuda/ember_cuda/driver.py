@@ -6,12 +6,17 @@ that far has its own reason (:func:`driver_problem`), which the probe reports an
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 #: the pip extra that installs cuda-python and NVRTC
 INSTALL_HINT = 'pip install "ember[cuda]"'
+#: the driver library cuda-python loads
+LIBCUDA = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 
 class CUDAError(RuntimeError):
@@ -59,18 +64,46 @@ def init_driver() -> Any:
     return import_driver()
 
 
+def cuda_python_missing() -> str | None:
+    """Why cuda-python cannot be imported, found without importing it (that costs 20-50 ms), or ``None``."""
+    try:
+        found = importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError) as e:
+        return str(e)
+    return None if found else "No module named 'cuda.bindings'"
+
+
+def libcuda_problem() -> str | None:
+    """Why the driver library cannot be loaded (a ~2 ms ``dlopen``), or ``None``."""
+    try:
+        ctypes.CDLL(LIBCUDA)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _no_driver(why: str) -> str:
+    return (f"no NVIDIA driver: {LIBCUDA} cannot be loaded ({why}); install the NVIDIA display driver on a machine "
+            f"with an NVIDIA GPU")
+
+
 @functools.cache
 def driver_problem() -> str | None:
-    """``None`` when the CUDA driver initializes and sees a GPU, else why not (with what to install)."""
+    """``None`` when the CUDA driver initializes and sees a GPU, else why not (with what to install).
+
+    A machine without the driver is told so before cuda-python is imported (the import costs more than
+    every other check together): each device probe runs in every process that picks a default device."""
+    if (no_driver := libcuda_problem()) is not None:
+        missing = cuda_python_missing()
+        return _no_driver(no_driver) if missing is None else f"cuda-python is not installed ({missing}): {INSTALL_HINT}"
     try:
         driver = import_driver()
     except ImportError as e:
         return f"cuda-python is not installed ({e}): {INSTALL_HINT}"
     try:
         status = driver.cuInit(0)[0]
-    except Exception as e:  # noqa: BLE001 - cuda-python raises (not returns) when libcuda.so.1 is missing
-        return (f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({type(e).__name__}: {e}); install the NVIDIA "
-                f"display driver on a machine with an NVIDIA GPU")
+    except Exception as e:  # noqa: BLE001 - cuda-python raises (not returns) when it cannot load the driver
+        return _no_driver(f"{type(e).__name__}: {e}")
     name = getattr(status, "name", str(status))
     if name == "CUDA_ERROR_NO_DEVICE":
         return "no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE; check CUDA_VISIBLE_DEVICES)"

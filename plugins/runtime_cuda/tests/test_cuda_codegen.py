@@ -204,9 +204,39 @@ def test_probe_names_missing_cuda_python(monkeypatch):
     def missing():
         raise ImportError("No module named 'cuda'")
 
+    monkeypatch.setattr(cuda_driver, "libcuda_problem", lambda: None)
     monkeypatch.setattr(cuda_driver, "import_driver", missing)
     reason = cuda_driver.driver_problem.__wrapped__()
     assert reason.startswith("cuda-python is not installed") and 'pip install "ember[cuda]"' in reason
+
+
+def never_imported():
+    raise AssertionError("cuda-python was imported although the driver library cannot be loaded")
+
+
+@pytest.mark.parametrize("missing, expect", [
+    (None, "no NVIDIA driver: libcuda.so.1 cannot be loaded (OSError: libcuda.so.1: cannot open shared object"),
+    ("No module named 'cuda'", "cuda-python is not installed (No module named 'cuda'): pip install"),
+])
+def test_probe_without_the_driver_library_never_imports_cuda_python(monkeypatch, missing, expect):
+    """The dlopen of the driver library fails in ~2 ms; importing cuda-python first cost 20-50 ms on every
+    machine without an NVIDIA GPU. The reason stays what it was: cuda-python first when it is missing too."""
+    monkeypatch.setattr(cuda_driver, "LIBCUDA", "libcuda.so.1")
+    monkeypatch.setattr(cuda_driver.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(
+        OSError(f"{name}: cannot open shared object file: No such file or directory")))
+    monkeypatch.setattr(cuda_driver, "cuda_python_missing", lambda: missing)
+    monkeypatch.setattr(cuda_driver, "import_driver", never_imported)
+    reason = cuda_driver.driver_problem.__wrapped__()
+    assert reason.startswith(expect), reason
+
+
+def test_cuda_python_missing_agrees_with_an_import():
+    try:
+        import cuda.bindings  # noqa: F401
+    except ImportError:
+        assert cuda_driver.cuda_python_missing() is not None
+    else:
+        assert cuda_driver.cuda_python_missing() is None
 
 
 class FakeDriver:
@@ -243,6 +273,7 @@ class Status(int):
     (Status(0, "CUDA_SUCCESS"), 1, 13000, None),
 ])
 def test_probe_reason_for_each_driver_state(monkeypatch, init, count, version, expect):
+    monkeypatch.setattr(cuda_driver, "libcuda_problem", lambda: None)  # the library loads; cuInit decides
     monkeypatch.setattr(cuda_driver, "import_driver", lambda: FakeDriver(init, count, version))
     reason = cuda_driver.driver_problem.__wrapped__()
     assert reason == expect if expect is None else reason.startswith(expect), reason
