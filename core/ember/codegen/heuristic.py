@@ -440,6 +440,37 @@ def _group_opts(ast: UOp, renderer: Renderer, base: list[Opt]) -> list[list[Opt]
     return out
 
 
+def _elementwise_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
+    """The stride maps (per output axis; -1: used through / or %) of the loads of an elementwise kernel's first
+    stored value, and an estimate of the operations per output (loads, ALU). The value is indexed with one
+    variable per output axis, so a view of a computed value (a transposed relu) counts as its loads' strides."""
+    from ember.codegen.lowerer import LoweringContext, _lower
+    from ember.dtype import DType, dtypes
+
+    out_shape = ast.src[0].arg.shape
+    ctx = LoweringContext(dtypes.int32)
+    vars_ = tuple(UOp(Ops.DEFINE_VAR, dtypes.int32, (), (f"o{i}", 0, max(d - 1, 0))) for i, d in enumerate(out_shape))
+    body = _lower(ctx, ast.src[0].src[1], vars_, UOp.const(dtypes.bool, True))
+    loads: list[dict[int, int]] = []
+    ops = 0
+    for n in body.toposort():
+        if n.op is Ops.LOAD:
+            strides: dict[int, int] = {}
+            for t in split_terms(n.src[1]):
+                var, c = term_coeff(t)
+                if var is not None and var in vars_:
+                    strides[vars_.index(var)] = c
+                elif var is not None:
+                    for sub in var.toposort():
+                        if sub in vars_:
+                            strides.setdefault(vars_.index(sub), -1)
+            loads.append(strides)
+            ops += 2
+        elif (n.op in GroupOp.ALU or n.op is Ops.CAST) and isinstance(n.dtype, DType) and n.dtype.kind == "f":
+            ops += 1
+    return loads, max(1, ops)
+
+
 def _transpose_tile(ast: UOp) -> list[Opt]:
     """An elementwise kernel that reads some input across the axis it writes along (a transposing copy): a square
     tile of both axes, so each loaded row and each stored row is a run of neighbours (a 1024^2 transposing copy
@@ -447,19 +478,12 @@ def _transpose_tile(ast: UOp) -> list[Opt]:
     out_shape = ast.src[0].arg.shape
     if prod(out_shape) < TRANSPOSE_MIN_SIZE or not all(isinstance(d, int) for d in out_shape):
         return []
-    rank = len(out_shape)
-    stored = _view_strides(ast.src[0], rank)
+    stored = _view_strides(ast.src[0], len(out_shape))
     along = [d for d, s in stored.items() if s == 1 and out_shape[d] > 1]
     if len(along) != 1:
         return []
     s_axis = along[0]
-    loads, body_ops = [], 0
-    for n in ast.toposort():
-        if n.op is Ops.VIEW and n.src and n.src[0].op is Ops.LOAD:
-            loads.append(_view_strides(n, rank))
-            body_ops += 2
-        elif n.op in GroupOp.ALU or n.op is Ops.CAST:
-            body_ops += 1
+    loads, body_ops = _elementwise_loads(ast)
     # an input read contiguously along another axis, moving along the stored axis too (not a broadcast row)
     across = sorted({d for st in loads for d, s in st.items()
                      if s == 1 and d != s_axis and out_shape[d] > 1 and st.get(s_axis, 0) not in (0, 1)})
