@@ -7,7 +7,8 @@ Loop targets (CPU-style): register tiles sized from the register file (``vector_
 ``vector_registers`` registers): enough independent accumulators to cover the latency of the multiply-adds,
 few enough that they stay in registers. A full reduction is split across the cores (THREAD) and unrolled
 so a max or min has independent chains; so is a max along a contiguous axis (ROW_MAX_UNROLL). A column sum,
-and a column max on a renderer with ``vector_max_tiles``, get a row wider than the register file. Work-group
+and a column max on a renderer with ``vector_max_tiles``, get a row wider than the register file. An elementwise
+kernel that reads an input across the axis it stores along (a transposing copy) gets a square tile. Work-group
 targets: smaller tiles, LOCAL sizes from the
 renderer's ``local_max``, a matmul on a tensor core where the renderer declares one whose dtypes and tile fit
 (``TC=0``: never), and GROUP/GROUPTOP (a reduction shared by a work-group through local memory) for

@@ -2,7 +2,8 @@
 
 The C it writes is scalar; speed comes from giving the host compiler code it can vectorize:
 register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` from
-:attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`), ``omp simd`` on
+:attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`; their results handed on
+in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`), ``omp simd`` on
 unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
 
