@@ -421,3 +421,14 @@ def test_transposing_copy_gets_a_tile():
                                atol=1e-5)
     assert heuristic_opts(last_kernel((tx * 2).contiguous()).ast, renderer) == []
     assert heuristic_opts(last_kernel(tx[:, :1].expand(128, 256).contiguous()).ast, renderer) == []
+
+
+def test_transposing_copy_of_a_costly_value_stays_untiled():
+    """A random tensor's kernel reads its bits across the axis it stores along, and computes their hash (integer
+    work) per element: tiled, gcc would build dozens of copies of that hash (1.3 s for 256 x 784), so the kernel
+    keeps its plain loops."""
+    from ember.codegen.heuristic import _elementwise_loads, heuristic_opts
+
+    si = last_kernel(Tensor.randn(256, 784, device="CPU"))
+    assert _elementwise_loads(si.ast)[1] > 100
+    assert heuristic_opts(si.ast, Device["CPU"].renderer) == []

@@ -444,10 +444,11 @@ def _group_opts(ast: UOp, renderer: Renderer, base: list[Opt]) -> list[list[Opt]
 
 def _elementwise_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
     """The stride maps (per output axis; -1: used through / or %) of the loads of an elementwise kernel's first
-    stored value, and an estimate of the operations per output (loads, ALU). The value is indexed with one
-    variable per output axis, so a view of a computed value (a transposed relu) counts as its loads' strides."""
+    stored value, and an estimate of the operations per output (loads, ALU, index math included). The value is
+    indexed with one variable per output axis, so a view of a computed value (a transposed relu) counts as its
+    loads' strides."""
     from ember.codegen.lowerer import LoweringContext, _lower
-    from ember.dtype import DType, dtypes
+    from ember.dtype import dtypes
 
     out_shape = ast.src[0].arg.shape
     ctx = LoweringContext(dtypes.int32)
@@ -468,7 +469,7 @@ def _elementwise_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
                             strides.setdefault(vars_.index(sub), -1)
             loads.append(strides)
             ops += 2
-        elif (n.op in GroupOp.ALU or n.op is Ops.CAST) and isinstance(n.dtype, DType) and n.dtype.kind == "f":
+        elif n.op in GroupOp.ALU or n.op is Ops.CAST:  # integer work too: a random number's hash is all of it
             ops += 1
     return loads, max(1, ops)
 
