@@ -35,7 +35,7 @@ from ember.renderer import (
     toposort,
 )
 from ember_cpu.compiler import host_cpu
-from ember_cpu.renderer_tile_order import tile_order
+from ember_cpu.renderer_tile_order import TileOrders
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a
 #: degree-8 Taylor polynomial (relative error < 3e-10), one rounding to float at the end. That is
@@ -245,7 +245,7 @@ class MaxTile:
         return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
 
 
-class CPURenderer(CStyleRenderer):
+class CPURenderer(CStyleRenderer, TileOrders):
     """Plain C for the host compiler.
 
     Every kernel has the signature ``void NAME(void** bufs, const long long* vals)`` so the
@@ -390,16 +390,7 @@ class CPURenderer(CStyleRenderer):
                 self._max_tiles[u] = tile
         self._open_tile, self._tile_load, self._closed_tile, self._declared_tiles = None, None, None, []
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
-        self._tile_orders: dict[UOp, list[int]] = {}
-        opened: list[UOp] = []
-        for u in uops:
-            if u.op is Ops.DEFINE_ACC:
-                opened.append(u)
-            elif u.op in (Ops.RANGE, Ops.ENDRANGE):
-                if u.op is Ops.RANGE and u.arg[1] == "reduce" and u not in self._max_tiles and \
-                        (slots := tile_order(uops, u, opened)) is not None:
-                    self._tile_orders[u] = slots
-                opened = []
+        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles))
         self._closing: UOp | None = None
         dropped = set().union(*(t.dropped for t in self._max_tiles.values()))
         return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)

@@ -9,7 +9,8 @@ tile with its lanes along the loads.
 
 :func:`tile_order` finds such tiles and the order that puts neighbouring loads in neighbouring lanes; the
 renderer then stores the accumulators to an array in that order right after the loop (a group of stores along
-the loads), and the code after it reads the array.
+the loads), and the code after it reads the array. :class:`TileOrders` is the renderer's part of it, a base
+class, so the lowering cache's fingerprint of the renderer's code covers this module too.
 """
 from __future__ import annotations
 
@@ -86,3 +87,22 @@ def tile_order(uops: list[UOp], reduce_range: UOp, accs: list[UOp]) -> list[int]
     for slot, t in enumerate(order):
         slots[t] = slot
     return slots
+
+
+class TileOrders:
+    """The CPU renderer's base that finds, before rendering, the register tiles to store in another order."""
+
+    def tile_orders(self, uops: list[UOp], skip: frozenset[UOp] | set[UOp] = frozenset()) -> dict[UOp, list[int]]:
+        """Each reduce loop of ``uops`` (but those in ``skip``) whose tile :func:`tile_order` reorders, with the
+        slot of each of its accumulators (those opened right before the loop)."""
+        orders: dict[UOp, list[int]] = {}
+        opened: list[UOp] = []
+        for u in uops:
+            if u.op is Ops.DEFINE_ACC:
+                opened.append(u)
+            elif u.op in (Ops.RANGE, Ops.ENDRANGE):
+                if u.op is Ops.RANGE and u.arg[1] == "reduce" and u not in skip and \
+                        (slots := tile_order(uops, u, opened)) is not None:
+                    orders[u] = slots
+                opened = []
+        return orders

@@ -226,3 +226,22 @@ def test_tile_order_leaves_sums_along_k_alone():
     ast = kernel_ast(x @ w.T)
     src = get_program(ast, RegisterFile(16, 32), opts=[Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 4)]).src
     assert "tile0" not in src
+
+
+def test_lowering_cache_fingerprint_covers_the_tile_order_module(monkeypatch):
+    """The lowering cache's key hashes the code of every module of the renderer's class hierarchy: the tile order
+    module is one of them (a change to it must not reuse programs rendered by the old code)."""
+    import pathlib
+
+    import ember_cpu.renderer_tile_order as tile_order_module
+    from ember.codegen import cachekey
+
+    assert tile_order_module.__name__ in {cls.__module__ for cls in CPURenderer.__mro__}
+    read = pathlib.Path.read_bytes
+    before = cachekey.codegen_fingerprint.__wrapped__(CPURenderer)
+    changed = pathlib.Path(tile_order_module.__file__ or "")
+
+    def edited(self: pathlib.Path) -> bytes:
+        return read(self) + (b"# edited" if self == changed else b"")
+    monkeypatch.setattr(pathlib.Path, "read_bytes", edited)
+    assert cachekey.codegen_fingerprint.__wrapped__(CPURenderer) != before
