@@ -252,24 +252,25 @@ def test_matmul_then_elementwise(device, check):
 
 
 #: a product large enough for its operands' layout to count (see ember.frontend.linalg._tile_layout): n, k, m
-LARGE_NKM = (96, 1024, 80)
+LARGE_NKM = (384, 1024, 352)
 #: the four layouts: (a stored as, b stored as, how the product reads them)
 LAYOUTS = {
-    "a@b": ((96, 1024), (1024, 80), lambda a, b: a @ b),
-    "a@b.T": ((96, 1024), (80, 1024), lambda a, b: a @ b.T),
-    "a.T@b": ((1024, 96), (1024, 80), lambda a, b: a.T @ b),
-    "a.T@b.T": ((1024, 96), (80, 1024), lambda a, b: a.T @ b.T),
+    "a@b": ((384, 1024), (1024, 352), lambda a, b: a @ b),
+    "a@b.T": ((384, 1024), (352, 1024), lambda a, b: a @ b.T),
+    "a.T@b": ((1024, 384), (1024, 352), lambda a, b: a.T @ b),
+    "a.T@b.T": ((1024, 384), (352, 1024), lambda a, b: a.T @ b.T),
 }
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_large_matmul_layouts(check, layout):
     """A large product in each layout matches numpy. Operands both contiguous along k (a @ b.T) or both along
-    their output axes (a.T @ b, with k >= 1024) are computed with one of them copied into another layout first:
-    one more kernel; the other two layouts are one kernel."""
-    from ember.frontend.linalg import COPY_MIN_K_ACROSS, COPY_MIN_MACS
+    their output axes (a.T @ b, with a long k and many outputs) are computed with one of them copied into another
+    layout first: one more kernel; the other two layouts are one kernel."""
+    from ember.frontend.linalg import COPY_MIN_K_ACROSS, COPY_MIN_MACS, COPY_MIN_OUTPUTS_ACROSS
 
-    assert np.prod(LARGE_NKM) >= COPY_MIN_MACS and LARGE_NKM[1] >= COPY_MIN_K_ACROSS
+    n, k, m = LARGE_NKM
+    assert n * k * m >= COPY_MIN_MACS and k >= COPY_MIN_K_ACROSS and n * m >= COPY_MIN_OUTPUTS_ACROSS
     sa, sb, f = LAYOUTS[layout]
     a, b = randf(*sa), randf(*sb)
     out = f(Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize())

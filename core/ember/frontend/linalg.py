@@ -197,10 +197,12 @@ COPY_MIN_MACS = 1 << 21
 #: ... and only when both output dims are at least this long: each element of the copy is then read that many
 #: times, and the tile has room along both (a @ b.T, 32 x 512 x 512: 1.33 ms copied against 0.14)
 COPY_MIN_DIM = 64
-#: operands both contiguous along their output axes are copied only for a reduction at least this long: each
-#: step of k then reads a new row of both, which a long k turns into cache and TLB misses (on CPU, a.T @ b with
-#: k = 1000-2048: 1.2-1.4x faster copied; with k = 256-768 the copy costs as much as it saves, or more)
+#: operands both contiguous along their output axes are copied only for a reduction at least this long, with at
+#: least this many outputs: each step of k then reads a new row of both, which a long k over many output tiles
+#: turns into cache and TLB misses (on CPU, a.T @ b with k = 1000-4096 and 512^2 outputs or more: 1.2-1.5x faster
+#: copied; with k = 256-768, or 256^2 outputs or fewer, the copy costs as much as it saves, or more)
 COPY_MIN_K_ACROSS = 1024
+COPY_MIN_OUTPUTS_ACROSS = 1 << 17
 
 
 def _last_strides(t: Tensor) -> tuple[int, int] | None:
@@ -246,7 +248,7 @@ def _tile_layout(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     if a_k and b_k:
         # one operand contiguous along its output axis: a as (..., k, n), or b as (..., k, m)
         return (a.transpose(-1, -2).contiguous().transpose(-1, -2), b) if size_a < size_b else (a, b.contiguous())
-    if a_out and b_out and k >= COPY_MIN_K_ACROSS:
+    if a_out and b_out and k >= COPY_MIN_K_ACROSS and n * m >= COPY_MIN_OUTPUTS_ACROSS:
         # one operand contiguous along k: a as (..., n, k), or b as (..., m, k)
         return (a.contiguous(), b) if size_a <= size_b else (a, b.transpose(-1, -2).contiguous().transpose(-1, -2))
     return a, b
