@@ -7,7 +7,10 @@
 - CL (when usable): 512^2 matmul with the heuristic's opts vs no opts
 
 Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
-already-scheduled, already-compiled kernel list. Prints one table row per case with the ratio
+already-scheduled, already-compiled kernel list. ``--settle S`` sleeps S seconds before each timed matmul call:
+OpenBLAS's worker threads spin for about 0.1 s after a call before they sleep, taking a core from whatever runs
+next (on 2 cores, a 1024^2 ember matmul timed right after numpy took 10-17 ms, after a 0.25 s pause 7.5-11 ms,
+while numpy's own time stayed 9.0-9.5 ms). Prints one table row per case with the ratio
 ``peer time / ember time`` (above 1: ember is faster) and the goal; the reductions and convolutions also print
 both CPU times (every thread's) and their ratio. Run: ``python bench/bench_kernels.py`` (``--only
 matmul,reduce,...`` picks cases).
@@ -25,16 +28,19 @@ import numpy as np
 LAST_CPU: list[float] = []
 
 
-def interleaved(fns: list[Callable[[], object]], repeat: int) -> list[float]:
+def interleaved(fns: list[Callable[[], object]], repeat: int, settle: float = 0.0) -> list[float]:
     """Best wall time of each function, calling them in turn ``repeat`` times after one warm-up each (the best CPU
     time of each is left in :data:`LAST_CPU`: on a loaded machine it compares the work done, where wall time
-    also counts the waits for a core)."""
+    also counts the waits for a core). ``settle``: seconds to sleep before each timed call, so the threads the
+    previous contender left spinning have gone to sleep."""
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
     LAST_CPU[:] = [float("inf")] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
+            if settle:
+                time.sleep(settle)
             st, cpu = time.perf_counter(), time.process_time()
             fn()
             best[i] = min(best[i], time.perf_counter() - st)
@@ -67,7 +73,8 @@ def report(case: str, ember_s: float, peer_s: float, goal: float, peer: str, cpu
           f"(goal >= {goal}x) {'ok' if ratio >= goal else 'MISS'}{cpu_part}", flush=True)
 
 
-def bench_matmul(repeat: int, n: int = 1024) -> None:
+def bench_matmul(repeat: int, n: int = 1024, settle: float = 0.0) -> None:
+    """The four layouts against numpy; ``settle``: seconds to sleep before each timed call (``--settle``)."""
     from ember import Tensor
 
     rng = np.random.default_rng(0)
@@ -76,7 +83,7 @@ def bench_matmul(repeat: int, n: int = 1024) -> None:
     for name, out, ref in [("a@b", ta @ tb, lambda: a @ b), ("a@b.T", ta @ tb.T, lambda: a @ b.T),
                            ("a.T@b", ta.T @ tb, lambda: a.T @ b), ("a.T@b.T", ta.T @ tb.T, lambda: a.T @ b.T)]:
         run = runner(out)
-        ember_s, np_s = interleaved([run, ref], repeat)
+        ember_s, np_s = interleaved([run, ref], repeat, settle=settle)
         report(f"matmul {n}^2 {name}", ember_s, np_s, 0.6, "numpy")
 
 
@@ -209,8 +216,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="matmul,reduce,mlp,conv,cl", help="comma-separated cases")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds to sleep before each timed matmul call")
     args = parser.parse_args()
-    cases = {"matmul": bench_matmul, "reduce": bench_reduce, "conv": bench_conv, "mlp": bench_mlp, "cl": bench_cl}
+    cases: dict[str, Callable[[int], None]] = {
+        "matmul": lambda repeat: bench_matmul(repeat, settle=args.settle), "reduce": bench_reduce, "conv": bench_conv,
+        "mlp": bench_mlp, "cl": bench_cl}
     print(f"cores: {os.cpu_count()}")
     for name in args.only.split(","):
         cases[name](args.repeat)

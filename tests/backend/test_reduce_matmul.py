@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ember import Tensor, dtypes
+from ember.ir.uop import Ops
 
 RNG = np.random.default_rng(99)
 
@@ -248,3 +249,61 @@ def test_matmul_then_elementwise(device, check):
     a, b, c = randf(3, 4), randf(4, 5), randf(5)
     out = (Tensor(a, device=device) @ Tensor(b, device=device) + Tensor(c, device=device)).relu()
     check(out, np.maximum(a @ b + c, 0), **MATMUL_TOL)
+
+
+#: a product large enough for its operands' layout to count (see ember.frontend.linalg._tile_layout): n, k, m
+LARGE_NKM = (384, 1024, 352)
+#: the four layouts: (a stored as, b stored as, how the product reads them)
+LAYOUTS = {
+    "a@b": ((384, 1024), (1024, 352), lambda a, b: a @ b),
+    "a@b.T": ((384, 1024), (352, 1024), lambda a, b: a @ b.T),
+    "a.T@b": ((1024, 384), (1024, 352), lambda a, b: a.T @ b),
+    "a.T@b.T": ((1024, 384), (352, 1024), lambda a, b: a.T @ b.T),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_large_matmul_layouts(check, layout):
+    """A large product in each layout matches numpy. Operands both contiguous along k (a @ b.T) or both along
+    their output axes (a.T @ b, with a long k and many outputs) are computed with one of them copied into another
+    layout first: one more kernel; the other two layouts are one kernel."""
+    from ember.frontend.linalg import COPY_MIN_K_ACROSS, COPY_MIN_MACS, COPY_MIN_OUTPUTS_ACROSS
+
+    n, k, m = LARGE_NKM
+    assert n * k * m >= COPY_MIN_MACS and k >= COPY_MIN_K_ACROSS and n * m >= COPY_MIN_OUTPUTS_ACROSS
+    sa, sb, f = LAYOUTS[layout]
+    a, b = randf(*sa), randf(*sb)
+    out = f(Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize())
+    kernels = [si for si in out.schedule() if si.ast.op is Ops.SINK]
+    assert len(kernels) == (2 if layout in ("a@b.T", "a.T@b") else 1), [si.ast.src[0].arg.shape for si in kernels]
+    check(out, f(a, b), rtol=1e-4, atol=1e-3)
+
+
+def test_small_or_broadcast_matmuls_are_not_copied(check):
+    """A product below COPY_MIN_MACS, one with a short output dim, and one whose operand is a broadcast view (a
+    copy would store every repeat) stay one kernel, and match numpy."""
+    a, b = randf(48, 64), randf(40, 64)
+    ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
+    for out, want in ((ta @ tb.T, a @ b.T),):
+        assert len(out.schedule()) == 1
+        check(out, want, **MATMUL_TOL)
+    thin, wide = randf(32, 1024), randf(512, 1024)
+    out = Tensor(thin, device="CPU").realize() @ Tensor(wide, device="CPU").realize().T
+    assert len(out.schedule()) == 1
+    check(out, thin @ wide.T, rtol=1e-4, atol=1e-3)
+    row = randf(1, 1024)
+    rows = Tensor(row, device="CPU").realize().expand(256, 1024)
+    out = rows @ Tensor(wide, device="CPU").realize().T
+    assert len(out.schedule()) == 1
+    check(out, np.broadcast_to(row, (256, 1024)) @ wide.T, rtol=1e-4, atol=1e-3)
+
+
+def test_copied_matmul_operand_gets_its_gradient(check):
+    """The gradients flow through the layout copy of a @ b.T (dL/da = g @ b, dL/db = g.T @ a)."""
+    a, b, g = randf(96, 1024), randf(80, 1024), randf(96, 80)
+    ta = Tensor(a, device="CPU", requires_grad=True).realize()
+    tb = Tensor(b, device="CPU", requires_grad=True).realize()
+    (ta @ tb.T * Tensor(g, device="CPU")).sum().backward()
+    assert ta.grad is not None and tb.grad is not None
+    check(ta.grad, g @ b, rtol=1e-4, atol=1e-3)
+    check(tb.grad, g.T @ a, rtol=1e-4, atol=1e-3)

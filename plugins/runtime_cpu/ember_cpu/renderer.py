@@ -2,7 +2,8 @@
 
 The C it writes is scalar; speed comes from giving the host compiler code it can vectorize:
 register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` from
-:attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`), ``omp simd`` on
+:attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`; their results handed on
+in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`), ``omp simd`` on
 unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
 
@@ -34,6 +35,7 @@ from ember.renderer import (
     toposort,
 )
 from ember_cpu.compiler import host_cpu
+from ember_cpu.renderer_tile_order import TileOrders
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a
 #: degree-8 Taylor polynomial (relative error < 3e-10), one rounding to float at the end. That is
@@ -243,7 +245,7 @@ class MaxTile:
         return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
 
 
-class CPURenderer(CStyleRenderer):
+class CPURenderer(CStyleRenderer, TileOrders):
     """Plain C for the host compiler.
 
     Every kernel has the signature ``void NAME(void** bufs, const long long* vals)`` so the
@@ -387,6 +389,9 @@ class CPURenderer(CStyleRenderer):
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and (tile := MaxTile.find(uops, u)) is not None:
                 self._max_tiles[u] = tile
         self._open_tile, self._tile_load, self._closed_tile, self._declared_tiles = None, None, None, []
+        # register tiles whose results are stored in another order than their accumulators' (see tile_order)
+        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles))
+        self._closing: UOp | None = None
         dropped = set().union(*(t.dropped for t in self._max_tiles.values()))
         return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
 
@@ -426,20 +431,24 @@ class CPURenderer(CStyleRenderer):
         return [f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
 
     def render_loop_results(self, accs: list[str], dts: list[DType]) -> tuple[list[str], list[str]]:
-        """In a fused register tile, the accumulators of a loop are stored to an array the code after it reads
-        (the compiler barrier keeps the stores, so the compiler sees one contiguous group of them). A max tile's
-        results are its array's elements."""
+        """In a fused register tile, and in a tile whose lanes should run across its accumulators' order (see
+        :func:`~ember_cpu.renderer_tile_order.tile_order`), the accumulators of a loop are stored to an array the
+        code after it reads (the compiler barrier keeps the stores, so the compiler sees one contiguous group of
+        them, in the array's order). A max tile's results are its array's elements."""
+        closing, self._closing = self._closing, None
         if self._closed_tile is not None:
             arr, self._closed_tile = self._closed_tile, None
             return [], [f"{arr}[{j}]" for j in range(len(accs))]
-        if not self._fused or len(accs) < 2 or len(set(dts)) != 1:
+        slots = self._tile_orders.get(closing) if closing is not None else None
+        if (slots is None and not self._fused) or len(accs) < 2 or len(set(dts)) != 1:
             return [], accs
+        slots = slots if slots is not None and len(slots) == len(accs) else list(range(len(accs)))
         self._tiles += 1
         tile = f"tile{self._tiles - 1}"
         lines = [f"{self.render_dtype(dts[0])} {tile}[{len(accs)}];"]
-        lines += [f"{tile}[{i}] = {a};" for i, a in enumerate(accs)]
+        lines += [f"{tile}[{slot}] = {a};" for slot, a in sorted(zip(slots, accs))]
         lines.append(f'__asm__ volatile("" : : "r"({tile}) : "memory");')
-        return lines, [f"{tile}[{i}]" for i in range(len(accs))]
+        return lines, [f"{tile}[{slot}]" for slot in slots]
 
     def _max_tile_open(self, u: UOp, loop: str) -> list[str]:
         """A column max tile's accumulators as an array (its scalar accumulators are left unused)."""
@@ -452,6 +461,7 @@ class CPURenderer(CStyleRenderer):
         return [f"{t} {arr}[{k}];", f"for (int {j} = 0; {j} < {k}; {j}++) {arr}[{j}] = {init};", loop]
 
     def render_range_close(self, u: UOp) -> list[str]:
+        self._closing = u  # the loop whose results render_loop_results names next
         if u not in self._max_tiles:
             return super().render_range_close(u)
         # the tile's per-element uops are gone: its loop must be rendered here

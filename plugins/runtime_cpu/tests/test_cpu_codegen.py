@@ -199,3 +199,49 @@ def test_thread_loop_inside_another_reduce_loop_reduces_the_outer_accumulator():
     src = get_program(kernel_ast(t.sum()), CPURenderer(), opts=[Opt("THREAD", 1, 2)]).src
     parallel = [ln for ln in src.splitlines() if "omp parallel for" in ln]
     assert len(parallel) == 1 and "reduction(+:acc0)" in parallel[0], src
+
+
+def test_tile_with_lanes_across_its_accumulators_stores_them_in_load_order():
+    """``a.T @ b.T``: the tile's lanes run along a's rows (output axis 0, which a is contiguous along), while its
+    accumulators are numbered along axis 1. The accumulators go to an array in load order (slot 1 holds output
+    row 1 of column 0: accumulator 8 of a 32 x 8 tile), so gcc's lanes read neighbouring elements of a; an
+    ``a @ b`` tile, numbered along its loads already, is stored as it is. Both match numpy."""
+    a_np, b_np = randf(128, 256), randf(128, 128)  # a: (k, n), b: (m, k)
+    a, b = realized(a_np, b_np)
+    renderer = RegisterFile(16, 32)
+    out = a.T @ b.T
+    ast = kernel_ast(out)
+    src = get_program(ast, renderer, opts=[Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)]).src
+    assert "tile0[1] = acc8;" in src and "tile0[32] = acc1;" in src
+    np.testing.assert_allclose(out.numpy(), a_np.T @ b_np.T, rtol=1e-5, atol=1e-4)
+    c, d = realized(randf(128, 128), randf(128, 256))
+    plain = get_program(kernel_ast(c @ d), renderer, opts=[Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)]).src
+    assert "tile0" not in plain
+
+
+def test_tile_order_leaves_sums_along_k_alone():
+    """A tile whose loads all run along the reduction (``x @ w.T``, summed in vector lanes) has no order that puts
+    neighbouring loads in neighbouring accumulators: it is left as it is."""
+    x, w = realized(randf(64, 48), randf(64, 48))
+    ast = kernel_ast(x @ w.T)
+    src = get_program(ast, RegisterFile(16, 32), opts=[Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 4)]).src
+    assert "tile0" not in src
+
+
+def test_lowering_cache_fingerprint_covers_the_tile_order_module(monkeypatch):
+    """The lowering cache's key hashes the code of every module of the renderer's class hierarchy: the tile order
+    module is one of them (a change to it must not reuse programs rendered by the old code)."""
+    import pathlib
+
+    import ember_cpu.renderer_tile_order as tile_order_module
+    from ember.codegen import cachekey
+
+    assert tile_order_module.__name__ in {cls.__module__ for cls in CPURenderer.__mro__}
+    read = pathlib.Path.read_bytes
+    before = cachekey.codegen_fingerprint.__wrapped__(CPURenderer)
+    changed = pathlib.Path(tile_order_module.__file__ or "")
+
+    def edited(self: pathlib.Path) -> bytes:
+        return read(self) + (b"# edited" if self == changed else b"")
+    monkeypatch.setattr(pathlib.Path, "read_bytes", edited)
+    assert cachekey.codegen_fingerprint.__wrapped__(CPURenderer) != before
