@@ -53,6 +53,7 @@ KNOWN_PLUGINS: dict[str, tuple[str, str]] = {
     "CL": ("opencl", "ember-opencl"),
     "CUDA": ("cuda", "ember-cuda"),
     "METAL": ("metal", "ember-metal"),
+    "AMD": ("amd", "ember-amd"),
 }
 
 #: Devices that ship inside the core distribution. They are registered by core itself (not via
