@@ -6,11 +6,11 @@
 - the kernels of a 784-512-512-10 MLP training step (batch 256, SGD): average GFLOPS, goal 50
 - CL (when usable): 512^2 matmul with the heuristic's opts vs no opts
 
-Each contender is timed interleaved with its peer (best of ``--repeat`` runs); ember's time is running an
-already-scheduled, already-compiled kernel list. ``--settle S`` sleeps S seconds before each timed matmul call:
-OpenBLAS's worker threads spin for about 0.1 s after a call before they sleep, taking a core from whatever runs
-next (on 2 cores, a 1024^2 ember matmul timed right after numpy took 10-17 ms, after a 0.25 s pause 7.5-11 ms,
-while numpy's own time stayed 9.0-9.5 ms). Prints one table row per case with the ratio
+Each contender is timed interleaved with its peer, in blocks of a few calls (best of them all); ember's time
+is running an already-scheduled, already-compiled kernel list. ``--settle S`` sleeps S seconds before each
+timed matmul call: OpenBLAS's worker threads spin for about 0.1 s after a call before they sleep, taking a
+core from whatever runs next (on 2 cores, a 1024^2 ember matmul timed right after numpy took 10-17 ms, after a
+0.25 s pause 7.5-11 ms, while numpy's own time stayed 9.0-9.5 ms). Prints one table row per case with the ratio
 ``peer time / ember time`` (above 1: ember is faster) and the goal; the reductions and convolutions also print
 both CPU times (every thread's) and their ratio. Run: ``python bench/bench_kernels.py`` (``--only
 matmul,reduce,...`` picks cases).
@@ -28,23 +28,32 @@ import numpy as np
 LAST_CPU: list[float] = []
 
 
+#: calls of one contender in a row within each round of :func:`interleaved`
+BLOCK = 3
+
+
 def interleaved(fns: list[Callable[[], object]], repeat: int, settle: float = 0.0) -> list[float]:
-    """Best wall time of each function, calling them in turn ``repeat`` times after one warm-up each (the best CPU
-    time of each is left in :data:`LAST_CPU`: on a loaded machine it compares the work done, where wall time
-    also counts the waits for a core). ``settle``: seconds to sleep before each timed call, so the threads the
-    previous contender left spinning have gone to sleep."""
+    """Best wall time of each function over ``repeat`` rounds after one warm-up each; in a round each function
+    runs :data:`BLOCK` times in a row, then the next one. The best CPU time of each is left in :data:`LAST_CPU`
+    (on a loaded machine it compares the work done, where wall time also counts the waits for a core).
+
+    Blocks rather than strict alternation: a thread pool keeps spinning for a while after its call (OpenBLAS
+    about 0.1 s, OpenMP a few ms), taking a core from whatever runs next; with strict alternation every timed
+    call started next to the other's spinning threads. ``settle``: seconds to sleep before each timed call as
+    well."""
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
     LAST_CPU[:] = [float("inf")] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
-            if settle:
-                time.sleep(settle)
-            st, cpu = time.perf_counter(), time.process_time()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - st)
-            LAST_CPU[i] = min(LAST_CPU[i], time.process_time() - cpu)
+            for _ in range(BLOCK):
+                if settle:
+                    time.sleep(settle)
+                st, cpu = time.perf_counter(), time.process_time()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - st)
+                LAST_CPU[i] = min(LAST_CPU[i], time.process_time() - cpu)
     return best
 
 
