@@ -153,7 +153,7 @@ def test_not_installed_hint_names_only_existing_extras() -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("ember is not installed, so its extras are unknown")
     reg = _DeviceRegistry(entry_points=[])
-    assert "AMD" not in KNOWN_PLUGINS
+    assert "TPU" not in KNOWN_PLUGINS
     for name, (extra, dist) in KNOWN_PLUGINS.items():
         with pytest.raises(DeviceNotFoundError) as err:
             reg[name]
@@ -161,7 +161,7 @@ def test_not_installed_hint_names_only_existing_extras() -> None:
         assert dist in msg
         assert (f'ember[{extra}]' in msg) == (extra in extras), msg
     with pytest.raises(DeviceNotFoundError) as err:
-        reg["AMD"]
+        reg["TPU"]  # no first-party plugin: no install hint
     assert "ember[" not in str(err.value)
 
 
