@@ -85,11 +85,11 @@ for i in "${!lane_pids[@]}"; do
     fi
     rm -f "${lane_logs[$i]}" "${lane_logs[$i]}.summary"
 done
-# the recorded corpus (~5,600 kernels) costs 75-100 s of compiler time per target: Turing, Ampere and RDNA3 build
-# all of it; Hopper and CDNA3 build the representative kernels (every dtype, TC, local memory, variables)
+# the recorded corpus (~5,600 kernels) costs 75-100 s of compiler time per target: Ampere and RDNA3 build
+# all of it; Turing, Hopper and CDNA3 build the representative kernels (every dtype, TC, local memory, variables)
 if "$PY" -m pytest --collect-only -q -m corpus $PLUGIN_TESTS >/dev/null 2>&1; then
     stage "compile checks of the kernel corpus (targets without hardware here)" \
-        env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" KERNEL_CORPUS_ARCHS="sm_75 sm_80 gfx1100" "${PYTEST[@]}" -n 2 -m corpus \
+        env KERNEL_CORPUS="$KERNEL_CORPUS_DIR" KERNEL_CORPUS_ARCHS="sm_80 gfx1100" "${PYTEST[@]}" -n 2 -m corpus \
             $PLUGIN_TESTS
 fi
 
