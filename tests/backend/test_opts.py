@@ -359,7 +359,7 @@ def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
     si = last_kernel(Tensor(x, device="CPU").realize().sum((0, 2)))
     src = get_program(si.ast, renderer, opts=[]).src
     assert "#pragma omp simd reduction(+:" in src
-    np.testing.assert_allclose(run_opts(si, "CPU", []), x.sum((0, 2)), rtol=1e-5)
+    np.testing.assert_allclose(run_opts(si, "CPU", []), x.sum((0, 2)), rtol=1e-5, atol=1e-4)  # sums may cancel to ~0
     short = last_kernel(Tensor(randf(4, 6, 3), device="CPU").realize().sum((0, 2)))
     assert "omp simd" not in get_program(short.ast, renderer, opts=[]).src
 
