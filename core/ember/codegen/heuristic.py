@@ -148,6 +148,20 @@ class _NestedView(Exception):
     """A view of a computed value inside a reduction: its loads' strides need the index expressions."""
 
 
+def _load_strides(index: UOp, vars_: tuple[UOp, ...]) -> dict[int, int]:
+    """The stride of each loop variable in a load's ``index``: its coefficient where it appears as a plain term,
+    -1 where it appears only inside a ``//`` or ``%`` (no fixed stride)."""
+    strides: dict[int, int] = {}
+    for t in split_terms(index):
+        var, c = term_coeff(t)
+        if var is not None and var in vars_:
+            strides[vars_.index(var)] = c
+        elif var is not None:
+            for sub in var.toposort():
+                if sub in vars_:
+                    strides.setdefault(vars_.index(sub), -1)
+    return strides
+
 def _indexed_loads(reduces: list[UOp], rank: int) -> tuple[list[tuple[dict[int, int], int]], int]:
     """Index the reductions' bodies with one variable per axis of their input, and read each load's strides
     (per axis) from its index expression; an axis used through / or % counts as non-contiguous (-1)."""
@@ -164,17 +178,8 @@ def _indexed_loads(reduces: list[UOp], rank: int) -> tuple[list[tuple[dict[int, 
         body = _lower(ctx, red.src[0], vars_, true)
         for n in body.toposort():
             if n.op is Ops.LOAD:
-                strides: dict[int, int] = {}
-                for t in split_terms(n.src[1]):
-                    var, c = term_coeff(t)
-                    if var is not None and var in vars_:
-                        strides[vars_.index(var)] = c
-                    elif var is not None:
-                        for sub in var.toposort():
-                            if sub in vars_:
-                                strides.setdefault(vars_.index(sub), -1)
                 cost = 2 + 3 * (len(n.src) > 2)
-                out.append((strides, cost))
+                out.append((_load_strides(n.src[1], vars_), cost))
                 ops += cost
             elif n.op in GroupOp.ALU and not (isinstance(n.dtype, type(dtypes.int32)) and n.dtype.kind in "iub"):
                 ops += 1
@@ -458,16 +463,7 @@ def _elementwise_loads(ast: UOp) -> tuple[list[dict[int, int]], int]:
     ops = 0
     for n in body.toposort():
         if n.op is Ops.LOAD:
-            strides: dict[int, int] = {}
-            for t in split_terms(n.src[1]):
-                var, c = term_coeff(t)
-                if var is not None and var in vars_:
-                    strides[vars_.index(var)] = c
-                elif var is not None:
-                    for sub in var.toposort():
-                        if sub in vars_:
-                            strides.setdefault(vars_.index(sub), -1)
-            loads.append(strides)
+            loads.append(_load_strides(n.src[1], vars_))
             ops += 2
         elif n.op in GroupOp.ALU or n.op is Ops.CAST:  # integer work too: a random number's hash is all of it
             ops += 1

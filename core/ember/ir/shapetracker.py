@@ -17,6 +17,7 @@ would split or merge a symbolic dimension with others of a strided view stack a 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -232,23 +233,17 @@ class View:
 
     def unbind(self, var_vals: dict[str, int]) -> View:
         """This view with its variables' values stripped (collected into ``var_vals``)."""
-        if not self.symbolic:
-            return self
-
-        def u(x: sint) -> sint:
-            return unbind_uop(x, var_vals)
-
-        mask = tuple((u(lo), u(hi)) for lo, hi in self.mask) if self.mask is not None else None
-        return View.create(tuple(map(u, self.shape)), tuple(map(u, self.strides)), u(self.offset), mask)
+        return self._map_sints(lambda x: unbind_uop(x, var_vals))
 
     def rebind(self, var_vals: dict[str, int]) -> View:
         """This view with the variables named in ``var_vals`` bound to those values."""
+        return self._map_sints(lambda x: rebind_uop(x, var_vals))
+
+    def _map_sints(self, u: Callable[[sint], sint]) -> View:
+        """This view with ``u`` applied to every size, stride, offset and mask bound (itself when none is
+        symbolic)."""
         if not self.symbolic:
             return self
-
-        def u(x: sint) -> sint:
-            return rebind_uop(x, var_vals)
-
         mask = tuple((u(lo), u(hi)) for lo, hi in self.mask) if self.mask is not None else None
         return View.create(tuple(map(u, self.shape)), tuple(map(u, self.strides)), u(self.offset), mask)
 
