@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ember.dtype import dtypes, to_np_dtype
+from ember.ir.uop import Ops
 from ember.tensor import Tensor, no_grad
 
 
@@ -80,8 +81,12 @@ class Optimizer:
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
         self.buffers = _dedup(p for p in params if not p.requires_grad)
-        # lazy initial values (constants, unrealized math) would make step 1's graph differ from the rest
-        Tensor.realize_all(*self.params, *self.buffers)
+        # lazy initial values (constants, unrealized math) are made buffers of their own in the first schedule
+        # that uses them (the first step's, so their kernels build in the same batch): the step's kernels then
+        # read them from memory as every later step does, instead of recomputing random numbers per use
+        for t in (*self.params, *self.buffers):
+            if t.lazydata.op is not Ops.CONTIGUOUS:  # (a buffer already is its own contiguous form)
+                t.lazydata = t.contiguous().lazydata
         self.device = self.params[0].device
         # exact Python values of the scalar hyperparameters, for schedules
         self._host: dict[str, _HostValue] = {}
