@@ -6,7 +6,7 @@ a graph until nothing changes.
 """
 from __future__ import annotations
 
-import weakref
+import itertools
 from typing import Any, Callable
 
 from ember.dtype import DType
@@ -73,13 +73,21 @@ class UPat:
 RewriteFn = Callable[..., "UOp | None"]
 
 
+#: a matcher's cache entry for a node that rewrites to itself (storing the node would make it refer to itself)
+_SELF = None
+_MISSING = object()
+_matcher_ids = itertools.count()
+
+
 class PatternMatcher:
-    """An ordered list of (pattern, function) rules, indexed by root op for speed."""
+    """An ordered list of (pattern, function) rules, indexed by root op (and dtype) for speed."""
 
     def __init__(self, rules: list[tuple[UPat, RewriteFn]]):
         self.rules = rules
-        # rewriting is a pure function of the (immutable, hash-consed) node: remember results
-        self.cache: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+        # rewriting is a pure function of the (immutable, hash-consed) node: each node remembers its result under
+        # this matcher's key in its own ``__dict__`` (it lives as long as the node does, like a weak-keyed cache,
+        # without a weak reference per entry)
+        self.cache_key = f"_rw{next(_matcher_ids)}"
         self.by_op: dict[Ops, list[tuple[UPat, RewriteFn]]] = {}
         self.any_op: list[tuple[UPat, RewriteFn]] = []
         for pat, fn in rules:
@@ -91,13 +99,24 @@ class PatternMatcher:
         #: what :meth:`rewrite` tries for a node of each op: its op's rules, then the rules for any op
         self.for_op: dict[Ops, tuple[tuple[UPat, RewriteFn], ...]] = {op: tuple(self.by_op.get(op, ())) +
                                                                       tuple(self.any_op) for op in Ops}
+        #: the rules of ``for_op`` whose root pattern accepts a node's dtype, by (op, dtype), filled as met
+        self._for_op_dtype: dict[tuple[Ops, Any], tuple[tuple[UPat, RewriteFn], ...]] = {}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
+    def _rules_for(self, op: Ops, dtype: Any) -> tuple[tuple[UPat, RewriteFn], ...]:
+        rules = tuple((pat, fn) for pat, fn in self.for_op[op] if _dtype_may_match(pat, dtype))
+        self._for_op_dtype[(op, dtype)] = rules
+        return rules
+
     def rewrite(self, u: UOp) -> UOp | None:
         """The first rule's replacement for ``u``, or None."""
-        for pat, fn in self.for_op[u.op]:
+        try:
+            rules = self._for_op_dtype[(u.op, u.dtype)]
+        except KeyError:
+            rules = self._rules_for(u.op, u.dtype)
+        for pat, fn in rules:
             store: dict[str, UOp] = {}
             if pat.match(u, store):
                 out = fn(**store)
@@ -106,17 +125,25 @@ class PatternMatcher:
         return None
 
 
+def _dtype_may_match(pat: UPat, dtype: Any) -> bool:
+    """Whether ``pat``'s root checks on the dtype (:meth:`UPat.match`'s) accept ``dtype``."""
+    if pat.dtype is not None and dtype != pat.dtype:
+        return False
+    return pat.kinds is None or (isinstance(dtype, DType) and dtype.kind in pat.kinds)
+
+
 def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
     """Rewrite every node bottom-up with ``pm`` until a fixed point; returns the new root."""
-    cache = pm.cache
-    if root in cache:
-        return cache[root]
+    key = pm.cache_key
+    hit = root.__dict__.get(key, _MISSING)
+    if hit is not _MISSING:
+        return root if hit is _SELF else hit
     memo: dict[UOp, UOp] = {}
 
     def rebuild(node: UOp) -> UOp:
         for _ in range(max_iters):
             new_src = tuple(memo[s] for s in node.src)
-            if any(a is not b for a, b in zip(new_src, node.src)):
+            if new_src != node.src:  # UOps compare by identity
                 node = UOp(node.op, node.dtype, new_src, node.arg)
             replaced = pm.rewrite(node)
             if replaced is None:
@@ -132,9 +159,20 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
                 return node
         raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
 
-    for n in toposort([root], stop=lambda u: u in cache):
-        hit = cache.get(n)
-        memo[n] = hit if hit is not None else rebuild(n)
+    # sources before users (toposort's order), not looking below a node rewritten before
+    seen: set[UOp] = {root}
+    stack = [(root, iter(root.src))]
+    while stack:
+        node, it = stack[-1]
+        for s in it:
+            if s not in seen:
+                seen.add(s)
+                stack.append((s, iter(() if key in s.__dict__ else s.src)))
+                break
+        else:
+            stack.pop()
+            hit = node.__dict__.get(key, _MISSING)
+            memo[node] = rebuild(node) if hit is _MISSING else node if hit is _SELF else hit
     for n, out in memo.items():
-        cache[n] = out
+        n.__dict__[key] = _SELF if out is n else out
     return memo[root]

@@ -183,12 +183,12 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
 
 
 #: the live nodes by (op, dtype, src, arg, sign of a float arg): weak references, dropped when a node dies
-_interned: dict[tuple, weakref.ref] = {}
+_interned: dict[tuple, weakref.KeyedRef] = {}
 
 
-def _forget(key: tuple) -> Callable[[weakref.ref], None]:
-    """The callback that drops ``key`` from the intern table once its node is gone (if no newer node took it)."""
-    return lambda ref: _remove_dead_weakref(_interned, key)
+def _forget(ref: weakref.KeyedRef) -> None:
+    """Drop a dead node's entry (``ref.key``) from the intern table (unless a newer node took it)."""
+    _remove_dead_weakref(_interned, ref.key)
 
 
 class UOpMeta(type):
@@ -205,7 +205,7 @@ class UOpMeta(type):
         if ref is not None and (hit := ref()) is not None:
             return hit
         node = super().__call__(op, dtype, src, arg)
-        _interned[key] = weakref.ref(node, _forget(key))
+        _interned[key] = weakref.KeyedRef(node, _forget, key)
         return node
 
 
@@ -338,23 +338,28 @@ def toposort(roots: list[Any], stop: Callable[[Any], bool] | None = None,
     """Nodes reachable from ``roots`` in dependency order (iterative: no recursion limit).
 
     ``stop(n)`` keeps n but not its sources; ``sources(n)`` overrides ``n.src`` (any DAG can be walked).
+    The order is a depth-first post-order: each node's sources in their order, then the node.
     """
     order: list[Any] = []
     seen: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
+    for root in roots:
+        if id(root) in seen:
             continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if stop is None or not stop(node):
-            for s in reversed(node.src if sources is None else sources(node)):
+        seen.add(id(root))
+        # one (node, iterator over its sources) per open node: a node is appended once its iterator is spent
+        stack = [(root, iter(() if stop is not None and stop(root) else
+                             root.src if sources is None else sources(root)))]
+        while stack:
+            node, it = stack[-1]
+            for s in it:
                 if id(s) not in seen:
-                    stack.append((s, False))
+                    seen.add(id(s))
+                    stack.append((s, iter(() if stop is not None and stop(s) else
+                                          s.src if sources is None else sources(s))))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
     return order
 
 
