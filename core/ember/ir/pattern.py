@@ -63,7 +63,7 @@ class UPat:
                     return False
             return True
         for order in (self.src, (self.src[1], self.src[0])):
-            trial = dict(store)
+            trial = store.copy()
             if order[0].match(u.src[0], trial) and order[1].match(u.src[1], trial):
                 store.update(trial)
                 return True
@@ -142,7 +142,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
 
     def rebuild(node: UOp) -> UOp:
         for _ in range(max_iters):
-            new_src = tuple(memo[s] for s in node.src)
+            new_src = tuple(map(memo.__getitem__, node.src))
             if new_src != node.src:  # UOps compare by identity
                 node = UOp(node.op, node.dtype, new_src, node.arg)
             replaced = pm.rewrite(node)

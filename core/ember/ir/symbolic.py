@@ -52,8 +52,43 @@ def _mk(var: UOp | None, coeff: int, dtype) -> UOp:
     return var if coeff == 1 else UOp(Ops.MUL, dtype, (var, UOp.const(dtype, coeff)))
 
 
+def _is_canonical_sum(x: UOp) -> bool:
+    """Whether :func:`_canonical_sum` would rebuild ``x`` as it is (checked without building anything new): a
+    left-nested sum of distinct terms, each as ``_mk`` writes it, with a nonzero constant only last. False
+    says nothing (the full rebuild decides)."""
+    terms: list[UOp] = []
+    y = x
+    while y.op is Ops.ADD:
+        if y.dtype is not x.dtype or y.arg is not None or y.src[1].op is Ops.ADD:
+            return False
+        terms.append(y.src[1])
+        y = y.src[0]
+    terms.append(y)
+    seen: set[UOp] = set()
+    last = len(terms) - 1
+    for i, t in enumerate(reversed(terms)):
+        if t.op is Ops.CONST:
+            # the constant term: last only, and rebuilt as the same node
+            if i != last or t.arg == 0 or UOp.const(x.value_dtype, 0 + t.arg) is not t:
+                return False
+            continue
+        v, c = term_coeff(t)
+        if v is None or v in seen or c == 0:
+            return False
+        seen.add(v)
+        if c == 1:
+            if v is not t:
+                return False
+        elif not (t.op is Ops.MUL and t.arg is None and t.dtype == x.dtype and t.src[0] is v and
+                  t.src[1] is UOp.const(x.dtype, c)):
+            return False
+    return True
+
+
 def _canonical_sum(x: UOp) -> UOp | None:
     """Combine like terms and constants of a nested sum; None when already canonical."""
+    if _is_canonical_sum(x):
+        return None
     terms = split_terms(x)
     if len(terms) < 2:
         return None

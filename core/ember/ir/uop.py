@@ -340,22 +340,46 @@ def toposort(roots: list[Any], stop: Callable[[Any], bool] | None = None,
     ``stop(n)`` keeps n but not its sources; ``sources(n)`` overrides ``n.src`` (any DAG can be walked).
     The order is a depth-first post-order: each node's sources in their order, then the node.
     """
+    if sources is not None:
+        return _toposort_by_id(roots, stop, sources)
+    # nodes with ``src`` (UOps) hash and compare by identity: the set holds them directly
+    order: list[Any] = []
+    seen: set[Any] = set()
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        # one (node, iterator over its sources) per open node: a node is appended once its iterator is spent
+        stack = [(root, iter(() if stop is not None and stop(root) else root.src))]
+        while stack:
+            node, it = stack[-1]
+            for s in it:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append((s, iter(() if stop is not None and stop(s) else s.src)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def _toposort_by_id(roots: list[Any], stop: Callable[[Any], bool] | None,
+                    sources: Callable[[Any], Sequence[Any]]) -> list[Any]:
+    """:func:`toposort` over any objects (their own ``==`` is never called)."""
     order: list[Any] = []
     seen: set[int] = set()
     for root in roots:
         if id(root) in seen:
             continue
         seen.add(id(root))
-        # one (node, iterator over its sources) per open node: a node is appended once its iterator is spent
-        stack = [(root, iter(() if stop is not None and stop(root) else
-                             root.src if sources is None else sources(root)))]
+        stack = [(root, iter(() if stop is not None and stop(root) else sources(root)))]
         while stack:
             node, it = stack[-1]
             for s in it:
                 if id(s) not in seen:
                     seen.add(id(s))
-                    stack.append((s, iter(() if stop is not None and stop(s) else
-                                          s.src if sources is None else sources(s))))
+                    stack.append((s, iter(() if stop is not None and stop(s) else sources(s))))
                     break
             else:
                 stack.pop()
