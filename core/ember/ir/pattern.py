@@ -99,14 +99,15 @@ class PatternMatcher:
         #: what :meth:`rewrite` tries for a node of each op: its op's rules, then the rules for any op
         self.for_op: dict[Ops, tuple[tuple[UPat, RewriteFn], ...]] = {op: tuple(self.by_op.get(op, ())) +
                                                                       tuple(self.any_op) for op in Ops}
-        #: the rules of ``for_op`` whose root pattern accepts a node's dtype, by (op, dtype), filled as met
-        self._for_op_dtype: dict[tuple[Ops, Any], tuple[tuple[UPat, RewriteFn], ...]] = {}
+        #: the rules of ``for_op`` whose root pattern accepts a node's dtype, by (op, dtype), filled as met; each
+        #: with the name a pattern that checks nothing but the op binds the node to (it needs no matching)
+        self._for_op_dtype: dict[tuple[Ops, Any], tuple[tuple[UPat, RewriteFn, str | None], ...]] = {}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
-    def _rules_for(self, op: Ops, dtype: Any) -> tuple[tuple[UPat, RewriteFn], ...]:
-        rules = tuple((pat, fn) for pat, fn in self.for_op[op] if _dtype_may_match(pat, dtype))
+    def _rules_for(self, op: Ops, dtype: Any) -> tuple[tuple[UPat, RewriteFn, str | None], ...]:
+        rules = tuple((pat, fn, _bare_name(pat)) for pat, fn in self.for_op[op] if _dtype_may_match(pat, dtype))
         self._for_op_dtype[(op, dtype)] = rules
         return rules
 
@@ -116,13 +117,24 @@ class PatternMatcher:
             rules = self._for_op_dtype[(u.op, u.dtype)]
         except KeyError:
             rules = self._rules_for(u.op, u.dtype)
-        for pat, fn in rules:
-            store: dict[str, UOp] = {}
-            if pat.match(u, store):
+        for pat, fn, bare in rules:
+            if bare is not None:
+                out = fn(**{bare: u})
+            else:
+                store: dict[str, UOp] = {}
+                if not pat.match(u, store):
+                    continue
                 out = fn(**store)
-                if out is not None and out is not u:
-                    return out
+            if out is not None and out is not u:
+                return out
         return None
+
+
+def _bare_name(pat: UPat) -> str | None:
+    """The name ``pat`` binds when it checks nothing but the op (a node of its op always matches), else None."""
+    if pat.name is None or pat.src is not None or pat.arg is not None or pat.dtype is not None or pat.kinds is not None:
+        return None
+    return pat.name
 
 
 def _dtype_may_match(pat: UPat, dtype: Any) -> bool:
@@ -160,6 +172,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
         raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
 
     # sources before users (toposort's order), not looking below a node rewritten before
+    table = pm._for_op_dtype
     seen: set[UOp] = {root}
     stack = [(root, iter(root.src))]
     while stack:
@@ -172,7 +185,17 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
         else:
             stack.pop()
             hit = node.__dict__.get(key, _MISSING)
-            memo[node] = rebuild(node) if hit is _MISSING else node if hit is _SELF else hit
+            if hit is not _MISSING:
+                memo[node] = node if hit is _SELF else hit
+                continue
+            # what rebuild does first, without its loop: most nodes have no rule for their op and dtype
+            src = node.src
+            new_src = tuple(map(memo.__getitem__, src))
+            new = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)
+            rules = table.get((new.op, new.dtype))
+            if rules is None:
+                rules = pm._rules_for(new.op, new.dtype)
+            memo[node] = rebuild(node) if rules else new
     for n, out in memo.items():
         n.__dict__[key] = _SELF if out is n else out
     return memo[root]
