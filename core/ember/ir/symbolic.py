@@ -10,7 +10,7 @@ import math
 import operator
 from typing import Iterable
 
-from ember.dtype import dtypes
+from ember.dtype import DType, dtypes, truncate
 from ember.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.ir.uop import GroupOp, Ops, UOp, exec_alu
 
@@ -80,9 +80,16 @@ def _is_canonical_sum(x: UOp) -> bool:
             if v is not t:
                 return False
         elif not (t.op is Ops.MUL and t.arg is None and t.dtype == x.dtype and t.src[0] is v and
-                  t.src[1] is UOp.const(x.dtype, c)):
+                  _is_const_of(t.src[1], x.value_dtype, c)):
             return False
     return True
+
+
+def _is_const_of(k: UOp, dtype: DType, c: int) -> bool:
+    """Whether ``UOp.const(dtype, c)`` is ``k`` (an int that needs no truncating is its own arg: no lookup)."""
+    if k.op is Ops.CONST and not k.src and k.dtype == dtype and k.arg is c and truncate(dtype, c) is c:
+        return True
+    return UOp.const(dtype, c) is k
 
 
 def _canonical_sum(x: UOp) -> UOp | None:
