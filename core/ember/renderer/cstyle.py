@@ -150,10 +150,8 @@ class CStyleRenderer(Renderer):
             return f"((({a[1]}) >= 0 && ({a[1]}) < {dt.bitsize}) ? {shifted} : {out})"
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
-        binops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-                  Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
-        if op in binops:
-            return f"({a[0]} {binops[op]} {a[1]})"
+        if op in _BINOPS:
+            return f"({a[0]} {_BINOPS[op]} {a[1]})"
         raise NotImplementedError(f"{type(self).__name__} cannot render {op} on {dt}")
 
     def render_cast(self, u: UOp, x: str) -> str:
@@ -349,6 +347,10 @@ class CStyleRenderer(Renderer):
         value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
         raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
 
+
+#: the ops C spells as an infix operator
+_BINOPS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
+           Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
 
 #: integer ops whose signed overflow C leaves undefined (see CStyleRenderer.render_wrapping)
 _WRAPPING_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG})
