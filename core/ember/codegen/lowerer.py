@@ -80,6 +80,7 @@ class LoweringContext:
     tc_element: int = 0
     tc_range: UOp | None = None
     tc_layout: Callable[..., tuple[Any, Any]] | None = None
+    unused_dims: dict[UOp, tuple[bool, ...]] = field(default_factory=dict)
 
     def new_range(self, size: int | UOp, kind: str) -> UOp:
         """A loop over ``[0, size)``; a symbolic size (over the kernel's variables) is read at run time."""
@@ -97,10 +98,12 @@ def _unused_dims(st: ShapeTracker) -> tuple[bool, ...]:
                  for d, stride in enumerate(last.strides))
 
 
-def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType) -> tuple[UOp, ...]:
+def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType,
+                   unused: tuple[bool, ...] | None = None) -> tuple[UOp, ...]:
     """``idxs`` with 0 for the dims ``st`` does not use (the copies of an upcast tile that differ only
-    there share one lowering)."""
-    unused = _unused_dims(st)
+    there share one lowering). ``unused``: ``_unused_dims(st)`` when the caller has it."""
+    if unused is None:
+        unused = _unused_dims(st)
     if not any(unused):
         return idxs
     zero = UOp.const(idx_dtype, 0)
@@ -241,7 +244,11 @@ def _lower_tc(ctx: LoweringContext, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
 
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
     if u.op is Ops.VIEW:
-        idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype)
+        # the dims a view leaves unused, once per VIEW node (hashing its ShapeTracker each time costs more)
+        unused = ctx.unused_dims.get(u)
+        if unused is None:
+            unused = ctx.unused_dims[u] = _unused_dims(u.arg)
+        idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype, unused)
     key = (u, idxs, gate)
     if key in ctx.memo:
         return ctx.memo[key]

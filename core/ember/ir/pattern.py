@@ -62,9 +62,14 @@ class UPat:
                 if not p.match(s, store):
                     return False
             return True
+        s0, s1 = u.src
         for order in (self.src, (self.src[1], self.src[0])):
+            p0, p1 = order
+            # a source of another op fails at once: no bindings to copy
+            if (p0.ops is not None and s0.op not in p0.ops) or (p1.ops is not None and s1.op not in p1.ops):
+                continue
             trial = store.copy()
-            if order[0].match(u.src[0], trial) and order[1].match(u.src[1], trial):
+            if p0.match(s0, trial) and p1.match(s1, trial):
                 store.update(trial)
                 return True
         return False
