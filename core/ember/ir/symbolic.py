@@ -52,10 +52,53 @@ def _mk(var: UOp | None, coeff: int, dtype) -> UOp:
     return var if coeff == 1 else UOp(Ops.MUL, dtype, (var, UOp.const(dtype, coeff)))
 
 
+#: the key under which a canonical sum without a constant term keeps the variable parts of its terms
+_CSUM = "_csum"
+
+
+def _term_var(t: UOp, x: UOp) -> UOp | None:
+    """The variable part of the non-constant term ``t`` of the sum ``x`` when ``_mk`` rebuilds ``t`` as it is."""
+    v, c = term_coeff(t)
+    if v is None or c == 0:
+        return None
+    if c == 1:
+        return v if v is t else None
+    if t.op is Ops.MUL and t.arg is None and t.dtype == x.dtype and t.src[0] is v and \
+            _is_const_of(t.src[1], x.value_dtype, c):
+        return v
+    return None
+
+
 def _is_canonical_sum(x: UOp) -> bool:
     """Whether :func:`_canonical_sum` would rebuild ``x`` as it is (checked without building anything new): a
     left-nested sum of distinct terms, each as ``_mk`` writes it, with a nonzero constant only last. False
-    says nothing (the full rebuild decides)."""
+    says nothing (the full rebuild decides). A sum extending one found canonical before (sums are rewritten
+    sources first) checks only its last term."""
+    a, t = x.src
+    if x.arg is not None or t.op is Ops.ADD:
+        return False
+    if a.op is Ops.ADD:
+        if a.dtype is not x.dtype:
+            return False
+        known: frozenset[UOp] | None = a.__dict__.get(_CSUM)
+        if known is None:
+            return _is_canonical_walk(x)
+    else:
+        v0 = None if a.op is Ops.CONST else _term_var(a, x)
+        if v0 is None:
+            return False
+        known = frozenset((v0,))
+    if t.op is Ops.CONST:
+        return t.arg != 0 and UOp.const(x.value_dtype, 0 + t.arg) is t
+    v = _term_var(t, x)
+    if v is None or v in known:
+        return False
+    x.__dict__[_CSUM] = known | {v}
+    return True
+
+
+def _is_canonical_walk(x: UOp) -> bool:
+    """:func:`_is_canonical_sum` by walking every term of ``x``."""
     terms: list[UOp] = []
     y = x
     while y.op is Ops.ADD:
@@ -72,16 +115,12 @@ def _is_canonical_sum(x: UOp) -> bool:
             if i != last or t.arg == 0 or UOp.const(x.value_dtype, 0 + t.arg) is not t:
                 return False
             continue
-        v, c = term_coeff(t)
-        if v is None or v in seen or c == 0:
+        v = _term_var(t, x)
+        if v is None or v in seen:
             return False
         seen.add(v)
-        if c == 1:
-            if v is not t:
-                return False
-        elif not (t.op is Ops.MUL and t.arg is None and t.dtype == x.dtype and t.src[0] is v and
-                  _is_const_of(t.src[1], x.value_dtype, c)):
-            return False
+    if terms[0].op is not Ops.CONST:
+        x.__dict__[_CSUM] = frozenset(seen)
     return True
 
 

@@ -10,6 +10,7 @@ computation. That makes every cache keyed by UOps cheap and exact.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from enum import Enum, auto
@@ -183,12 +184,13 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
 
 
 #: the live nodes by (op, dtype, src, arg, sign of a float arg): weak references, dropped when a node dies
-_interned: dict[tuple, weakref.KeyedRef] = {}
+_interned: dict[tuple, weakref.ref] = {}
 
 
-def _forget(ref: weakref.KeyedRef) -> None:
-    """Drop a dead node's entry (``ref.key``) from the intern table (unless a newer node took it)."""
-    _remove_dead_weakref(_interned, ref.key)
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    """Drop a dead node's entry from the intern table (unless a newer node took it): the weak reference's
+    callback, bound to ``key`` with functools.partial (made in C: cheaper per node than a closure or KeyedRef)."""
+    _remove_dead_weakref(_interned, key)
 
 
 class UOpMeta(type):
@@ -205,7 +207,7 @@ class UOpMeta(type):
         if ref is not None and (hit := ref()) is not None:
             return hit
         node = super().__call__(op, dtype, src, arg)
-        _interned[key] = weakref.KeyedRef(node, _forget, key)
+        _interned[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
 
