@@ -11,6 +11,7 @@ from ember.codegen.lowerer import global_dims, lower_ast
 from ember.codegen.opts import Opt, apply_opts, local_size
 from ember.dtype import PtrDType
 from ember.helpers import BEAM, DEBUG, NOOPT, prod
+from ember.ir.pattern import keep_rewrites
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import GroupOp, Ops, UOp
 from ember.renderer import Renderer
@@ -159,7 +160,7 @@ def _gc_paused() -> Iterator[None]:
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower (once), linearize and render one kernel AST for ``renderer`` with ``opts`` (default: chosen by
     :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
-    with _gc_paused():
+    with _gc_paused(), keep_rewrites():
         return _get_program(ast, renderer, name, opts)
 
 

@@ -6,7 +6,9 @@ a graph until nothing changes.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from ember.dtype import DType
@@ -149,6 +151,27 @@ def _dtype_may_match(pat: UPat, dtype: Any) -> bool:
     return pat.kinds is None or (isinstance(dtype, DType) and dtype.kind in pat.kinds)
 
 
+#: the rewrite tables of every graph_rewrite inside a :func:`keep_rewrites` block (None outside one)
+_kept: list[dict[UOp, UOp]] | None = None
+
+
+@contextlib.contextmanager
+def keep_rewrites() -> Iterator[None]:
+    """Keep every node a rewrite meets (and so its cached result) alive until the block ends.
+
+    A node remembers its rewrite only while it lives. Lowering a kernel simplifies many small expressions
+    that share subexpressions; kept alive, each is simplified once per kernel instead of once per use."""
+    global _kept
+    if _kept is not None:  # an enclosing block keeps them already
+        yield
+        return
+    _kept = []
+    try:
+        yield
+    finally:
+        _kept = None
+
+
 def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
     """Rewrite every node bottom-up with ``pm`` until a fixed point; returns the new root."""
     key = pm.cache_key
@@ -156,28 +179,8 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
     if hit is not _MISSING:
         return root if hit is _SELF else hit
     memo: dict[UOp, UOp] = {}
-
-    def rebuild(node: UOp) -> UOp:
-        for _ in range(max_iters):
-            new_src = tuple(map(memo.__getitem__, node.src))
-            if new_src != node.src:  # UOps compare by identity
-                node = UOp(node.op, node.dtype, new_src, node.arg)
-            replaced = pm.rewrite(node)
-            if replaced is None:
-                return node
-            fresh = replaced not in memo
-            # the replacement may contain nodes not yet rewritten (a node in memo has its sources there too)
-            for n in toposort([replaced], stop=memo.__contains__):
-                if n not in memo:
-                    memo[n] = n  # placeholder so rebuild sees its sources
-                    memo[n] = rebuild(n)
-            node = memo[replaced]
-            if fresh or pm.rewrite(node) is None:  # rebuild(replaced) stopped at a fixed point itself
-                return node
-        raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
-
-    # sources before users (toposort's order), not looking below a node rewritten before
     table = pm._for_op_dtype
+    # sources before users (toposort's order), not looking below a node rewritten before
     seen: set[UOp] = {root}
     stack = [(root, iter(root.src))]
     while stack:
@@ -193,14 +196,37 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, max_iters: int = 1000) -> UOp:
             if hit is not _MISSING:
                 memo[node] = node if hit is _SELF else hit
                 continue
-            # what rebuild does first, without its loop: most nodes have no rule for their op and dtype
+            # what _rebuild does first, without its loop: most nodes have no rule for their op and dtype
             src = node.src
             new_src = tuple(map(memo.__getitem__, src))
             new = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)
             rules = table.get((new.op, new.dtype))
             if rules is None:
                 rules = pm._rules_for(new.op, new.dtype)
-            memo[node] = rebuild(node) if rules else new
+            memo[node] = _rebuild(node, memo, pm, max_iters) if rules else new
     for n, out in memo.items():
         n.__dict__[key] = _SELF if out is n else out
+    if _kept is not None:
+        _kept.append(memo)
     return memo[root]
+
+
+def _rebuild(node: UOp, memo: dict[UOp, UOp], pm: PatternMatcher, max_iters: int) -> UOp:
+    """``node`` with its sources' rewrites (from ``memo``), rewritten by ``pm`` until a rule no longer fires."""
+    for _ in range(max_iters):
+        new_src = tuple(map(memo.__getitem__, node.src))
+        if new_src != node.src:  # UOps compare by identity
+            node = UOp(node.op, node.dtype, new_src, node.arg)
+        replaced = pm.rewrite(node)
+        if replaced is None:
+            return node
+        fresh = replaced not in memo
+        # the replacement may contain nodes not yet rewritten (a node in memo has its sources there too)
+        for n in toposort([replaced], stop=memo.__contains__):
+            if n not in memo:
+                memo[n] = n  # placeholder so _rebuild sees its sources
+                memo[n] = _rebuild(n, memo, pm, max_iters)
+        node = memo[replaced]
+        if fresh or pm.rewrite(node) is None:  # _rebuild(replaced) stopped at a fixed point itself
+            return node
+    raise RuntimeError(f"graph_rewrite did not converge on {node.op}")
