@@ -250,9 +250,12 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             unused = ctx.unused_dims[u] = _unused_dims(u.arg)
         idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype, unused)
     key = (u, idxs, gate)
-    if key in ctx.memo:
-        return ctx.memo[key]
-    if u.op is Ops.CONST:
+    out = ctx.memo.get(key)
+    if out is not None:
+        return out
+    if u.op in GroupOp.Elementwise:  # the most common node first (the branches are exclusive)
+        out = UOp(u.op, u.dtype, tuple([_lower(ctx, s, idxs, gate) for s in u.src]), u.arg)
+    elif u.op is Ops.CONST:
         out = u
     elif u.op is Ops.VIEW:
         st: ShapeTracker = u.arg
@@ -317,8 +320,6 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
                                    [UOp(Ops.REDUCE, u.dtype, (v, *ranges), op) for v in vals])
         if grouped and not any(s == 0 for s in src_shape):
             out = _group_combine(ctx, u, out)
-    elif u.op in GroupOp.Elementwise:
-        out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
     else:
         raise NotImplementedError(f"cannot lower {u.op} in a kernel AST")
     ctx.memo[key] = out

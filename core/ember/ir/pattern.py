@@ -7,6 +7,7 @@ a graph until nothing changes.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -114,7 +115,7 @@ class PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def _rules_for(self, op: Ops, dtype: Any) -> tuple[tuple[UPat, RewriteFn, str | None], ...]:
-        rules = tuple((pat, fn, _bare_name(pat)) for pat, fn in self.for_op[op] if _dtype_may_match(pat, dtype))
+        rules = tuple((pat, fn, _bare_name(pat, fn)) for pat, fn in self.for_op[op] if _dtype_may_match(pat, dtype))
         self._for_op_dtype[(op, dtype)] = rules
         return rules
 
@@ -126,7 +127,7 @@ class PatternMatcher:
             rules = self._rules_for(u.op, u.dtype)
         for pat, fn, bare in rules:
             if bare is not None:
-                out = fn(**{bare: u})
+                out = fn(u) if bare is _POSITIONAL else fn(**{bare: u})
             else:
                 store: dict[str, UOp] = {}
                 if not pat.match(u, store):
@@ -137,10 +138,23 @@ class PatternMatcher:
         return None
 
 
-def _bare_name(pat: UPat) -> str | None:
-    """The name ``pat`` binds when it checks nothing but the op (a node of its op always matches), else None."""
+#: a bare pattern's function that takes the node as its one positional argument
+_POSITIONAL = "<positional>"
+
+
+def _bare_name(pat: UPat, fn: RewriteFn) -> str | None:
+    """The name ``pat`` binds when it checks nothing but the op (a node of its op always matches), else None;
+    ``_POSITIONAL`` when ``fn(node)`` is the same call as ``fn(**{name: node})``."""
     if pat.name is None or pat.src is not None or pat.arg is not None or pat.dtype is not None or pat.kinds is not None:
         return None
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a callable without a signature: call it as matched
+        return pat.name
+    if params and params[0].name == pat.name and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and \
+            all(p.default is not inspect.Parameter.empty for p in params[1:]
+                if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)):
+        return _POSITIONAL
     return pat.name
 
 

@@ -201,9 +201,12 @@ def _fold_by_bounds(x: UOp) -> UOp | None:
 
 
 def _const_fold(x: UOp) -> UOp | None:
-    if x.op in GroupOp.ALU and x.src and all(s.op is Ops.CONST for s in x.src) and x.dtype is not None:
-        return UOp.const(x.value_dtype, exec_alu(x.op, x.value_dtype, tuple(s.arg for s in x.src)))
-    return None
+    if x.op not in GroupOp.ALU or not x.src or x.dtype is None:
+        return None
+    for s in x.src:  # (a loop: this runs for every node rewritten, and seldom gets past the first source)
+        if s.op is not Ops.CONST:
+            return None
+    return UOp.const(x.value_dtype, exec_alu(x.op, x.value_dtype, tuple(s.arg for s in x.src)))
 
 
 def _lt_sum(x: UOp, c: UOp) -> UOp | None:
