@@ -30,6 +30,12 @@ class DType:
     # compare the common case (the same object) without building tuples
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt)))
+        # the range of values a node of this dtype may hold before anything is known about it (symbolic bounds)
+        bits = self.itemsize * 8
+        object.__setattr__(self, "_lo_hi", (False, True) if self.kind == "b" else
+                           (0 if self.kind == "u" else -(2 ** (bits - 1)),
+                            2 ** bits - 1 if self.kind == "u" else 2 ** (bits - 1) - 1) if self.kind in "iu" else
+                           (-math.inf, math.inf))
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
@@ -49,7 +55,7 @@ class DType:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a pickle written before __reduce__ existed restores the fields only: hash them here
-        state = {k: v for k, v in state.items() if k != "_hash"}
+        state = {k: v for k, v in state.items() if k not in ("_hash", "_lo_hi")}
         self.__dict__.update(state)
         self.__post_init__()
 

@@ -206,7 +206,7 @@ class UOpMeta(type):
             raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} for {op}") from e
         if ref is not None and (hit := ref()) is not None:
             return hit
-        node = super().__call__(op, dtype, src, arg)
+        node = type.__call__(cls, op, dtype, src, arg)
         _interned[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
@@ -407,12 +407,8 @@ def _isinf(x: Any) -> bool:
 def _bounds(u: UOp) -> tuple[Any, Any]:
     """Conservative [min, max] of an integer-valued node; (-inf, inf) when unknown."""
     dt = u.dtype
-    if isinstance(dt, DType) and dt.kind == "b":
-        lo_hi: tuple[Any, Any] = (False, True)
-    elif isinstance(dt, DType) and dt.kind in "iu":
-        lo_hi = (dtypes.min(dt), dtypes.max(dt))
-    else:
-        lo_hi = (-math.inf, math.inf)
+    # (bool: False, True; ints: dtypes.min, dtypes.max; anything else: -inf, inf)
+    lo_hi: tuple[Any, Any] = dt._lo_hi if isinstance(dt, DType) else (-math.inf, math.inf)  # type: ignore[attr-defined]
     if u.op is Ops.CONST:
         return u.arg, u.arg
     if u.op is Ops.RANGE:
