@@ -130,8 +130,8 @@ def linearize(sink: UOp) -> list[UOp]:
         if len(srcs) > 1 and any(x in after_reduce for x in srcs) and not all(x in after_reduce for x in srcs):
             done = {i: emit(s) for i, s in sorted(enumerate(srcs), key=lambda p: p[1] not in after_reduce)}
             new_src = tuple(done[i] for i in range(len(srcs)))
-        else:  # one group: the sources' own order
-            new_src = tuple([emit(s) for s in srcs])
+        else:  # one group: the sources' own order (a visible source is emit's first answer, looked up here)
+            new_src = tuple([sub[s] if live.get(s, 0) > 0 and s in sub else emit(s) for s in srcs])
         new = n if new_src == srcs else UOp(n.op, n.dtype, new_src, n.arg)  # UOps compare by identity
         program.append(new)
         sub[n] = new
