@@ -31,11 +31,7 @@ class DType:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt)))
         # the range of values a node of this dtype may hold before anything is known about it (symbolic bounds)
-        bits = self.itemsize * 8
-        object.__setattr__(self, "_lo_hi", (False, True) if self.kind == "b" else
-                           (0 if self.kind == "u" else -(2 ** (bits - 1)),
-                            2 ** bits - 1 if self.kind == "u" else 2 ** (bits - 1) - 1) if self.kind in "iu" else
-                           (-math.inf, math.inf))
+        object.__setattr__(self, "_lo_hi", _value_range(self.kind, self.itemsize))
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
@@ -86,6 +82,16 @@ class DType:
     def max(self) -> Any:
         """Largest value of this dtype (``inf`` for floats, ``True`` for bool), as ``dtypes.max``."""
         return dtypes.max(self)
+
+
+def _value_range(kind: str, itemsize: int) -> tuple[Any, Any]:
+    """(False, True) for bool, ``dtypes.min`` and ``dtypes.max`` for ints, (-inf, inf) for floats."""
+    bits = itemsize * 8
+    if kind == "b":
+        return False, True
+    if kind in "iu":
+        return (0, 2 ** bits - 1) if kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return -math.inf, math.inf
 
 
 @dataclass(frozen=True, eq=True)

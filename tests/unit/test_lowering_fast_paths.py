@@ -173,3 +173,12 @@ def test_keep_rewrites_holds_rewritten_nodes_until_the_block_ends():
         simplify(a + 991)
         assert key in uop_module._interned  # alive although nothing here refers to it
     assert key not in uop_module._interned
+
+
+@pytest.mark.parametrize("dt", DTYPES_ALL, ids=lambda d: d.name)
+def test_bounds_of_an_unknown_value_are_its_dtypes_range(dt: DType):
+    # a node whose value is unknown (a load) is bounded by its dtype: what dtypes.min / dtypes.max say
+    buf = UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (0, 8))
+    x = UOp(Ops.LOAD, dt, (buf, UOp.const(dtypes.int32, 0)))
+    want = (dtypes.min(dt), dtypes.max(dt)) if dt.kind in "iub" else (-math.inf, math.inf)
+    assert (x.vmin, x.vmax) == want and type(x.vmin) is type(want[0])

@@ -145,8 +145,8 @@ def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """Hold the cyclic garbage collector off while a kernel is lowered: lowering allocates tens of thousands of
-    small acyclic nodes, and the collections they would trigger (each one walking every tracked object of a
-    large process) cost more than the lowering itself saves; reference counting still frees them."""
+    small nodes that form no cycles (reference counting frees them), and the collections those allocations
+    would trigger each walk every tracked object of the process, about a fifth of a cold lowering's time."""
     if not gc.isenabled():
         yield
         return
