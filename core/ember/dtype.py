@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,6 +25,35 @@ class DType:
     itemsize: int
     kind: str
     fmt: str | None  # struct / memoryview format character; None where Python has none (bfloat16)
+
+    # every UOp is interned by a key holding its dtype, and rewrite rules are looked up by it: hash once, and
+    # compare the common case (the same object) without building tuples
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt)))
+        # the range of values a node of this dtype may hold before anything is known about it (symbolic bounds)
+        object.__setattr__(self, "_lo_hi", _value_range(self.kind, self.itemsize))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, DType)
+        return self.name == other.name and self.itemsize == other.itemsize and self.kind == other.kind and \
+            self.fmt == other.fmt
+
+    def __reduce__(self) -> tuple:
+        # rebuilt through __init__: the cached hash of strings differs between processes
+        return DType, (self.name, self.itemsize, self.kind, self.fmt)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a pickle written before __reduce__ existed restores the fields only: hash them here
+        state = {k: v for k, v in state.items() if k not in ("_hash", "_lo_hi")}
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -54,11 +84,42 @@ class DType:
         return dtypes.max(self)
 
 
+def _value_range(kind: str, itemsize: int) -> tuple[Any, Any]:
+    """(False, True) for bool, ``dtypes.min`` and ``dtypes.max`` for ints, (-inf, inf) for floats."""
+    bits = itemsize * 8
+    if kind == "b":
+        return False, True
+    if kind in "iu":
+        return (0, 2 ** bits - 1) if kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return -math.inf, math.inf
+
+
 @dataclass(frozen=True, eq=True)
 class PtrDType:
     """A pointer to global memory holding elements of ``base``."""
 
     base: DType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.base,)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, PtrDType)
+        return self.base == other.base
+
+    def __reduce__(self) -> tuple:
+        return PtrDType, (self.base,)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({k: v for k, v in state.items() if k != "_hash"})
+        self.__post_init__()
 
     @property
     def name(self) -> str:
@@ -245,9 +306,14 @@ def result_type_scalar(tensor_dt: DType, scalar: Any) -> DType:
 
 def truncate(dt: DType, x: Any) -> Any:
     """Convert a Python value to what storing it in ``dt`` gives (wraps ints, rounds floats)."""
-    if dt.kind == "b":
+    kind = dt.kind
+    if kind == "b":
         return bool(x)
-    if dt.kind in "iu":
+    if kind in "iu":
+        if type(x) is int:  # the common case (index constants): an int in range stays as it is
+            bits = dt.itemsize * 8
+            if (0 <= x < (1 << bits)) if kind == "u" else (-(1 << (bits - 1)) <= x < (1 << (bits - 1))):
+                return x
         if isinstance(x, float):
             # float -> int conversion: truncate; values that do not fit give 0 (as every ember device does)
             if not math.isfinite(x):
@@ -261,10 +327,19 @@ def truncate(dt: DType, x: Any) -> Any:
     x = float(x)
     if dt == dtypes.float64:
         return x
+    if dt == dtypes.float32:
+        # C's (float) rounding, as numpy's cast does; a value past float32's range overflows to inf below
+        try:
+            return _F32.unpack(_F32.pack(x))[0]
+        except OverflowError:
+            pass
     if dt == dtypes.bfloat16:
         return float(bf16_to_f32(f32_to_bf16(np.array([x], np.float32)))[0])
     with np.errstate(all="ignore"):
         return float(np.array([x]).astype(to_np_dtype(dt))[0])
+
+
+_F32 = struct.Struct("f")
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:

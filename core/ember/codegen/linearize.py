@@ -15,11 +15,17 @@ from ember.ir.uop import Ops, UOp, toposort
 def _range_sets(nodes: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     """For each node, the loops its value depends on (a REDUCE hides its own loops)."""
     out: dict[UOp, frozenset[UOp]] = {}
+    empty: frozenset[UOp] = frozenset()
     for n in nodes:
         if n.op is Ops.RANGE:
             out[n] = frozenset({n})
             continue
-        s: frozenset[UOp] = frozenset().union(*(out[x] for x in n.src)) if n.src else frozenset()
+        # most nodes depend on the same loops as a source: share its set rather than building an equal one
+        s = empty
+        for x in n.src:
+            o = out[x]
+            if o is not s and o:
+                s = o if not s else s | o
         if n.op is Ops.REDUCE:
             s = s - frozenset(n.src[1:])
         out[n] = s
@@ -61,15 +67,23 @@ def linearize(sink: UOp) -> list[UOp]:
             reduces_by_ranges.setdefault(n.src[1:], []).append(n)
     sub: dict[UOp, UOp] = {n: n for n in program}
     scopes: list[set[UOp]] = [set(program)]
+    # in how many open scopes each node is (visible while it is in one): scopes only grow until they close
+    live: dict[UOp, int] = dict.fromkeys(scopes[0], 1)
     open_ranges: set[UOp] = set(global_ranges)
     acc_count = 0
 
     def visible(n: UOp) -> bool:
-        return any(n in s for s in scopes)
+        return live.get(n, 0) > 0
+
+    def add_to_scope(n: UOp) -> None:
+        scope = scopes[-1]
+        if n not in scope:
+            scope.add(n)
+            live[n] = live.get(n, 0) + 1
 
     def emit(n: UOp) -> UOp:
         nonlocal acc_count
-        if n in sub and visible(n):
+        if live.get(n, 0) > 0 and n in sub:
             return sub[n]
         if n.op is Ops.REDUCE:
             ranges = n.src[1:]
@@ -90,7 +104,9 @@ def linearize(sink: UOp) -> list[UOp]:
                 program.append(acc)
                 accs.append(acc)
             program.extend(ranges)
-            scopes.append(set(ranges))
+            scopes.append(set())
+            for r in ranges:
+                add_to_scope(r)
             sub.update((r, r) for r in ranges)
             open_ranges.update(ranges)
             for red, acc in zip(group, accs):
@@ -101,20 +117,25 @@ def linearize(sink: UOp) -> list[UOp]:
             for r in reversed(ranges):
                 program.append(UOp(Ops.ENDRANGE, None, (r,)))
             open_ranges.difference_update(ranges)
-            scopes.pop()
+            for m in scopes.pop():
+                live[m] -= 1
             for red, acc in zip(group, accs):
                 sub[red] = acc
-                scopes[-1].add(red)
+                add_to_scope(red)
             return sub[n]
         # operands holding a reduction first: what is computed after a loop from its result (a fused epilogue's
         # loads) then follows the loop instead of staying live across it, and stays in one regular group with
         # its copies (a register tile's epilogue the compiler can vectorize)
-        done = {i: emit(s) for i, s in sorted(enumerate(n.src), key=lambda p: p[1] not in after_reduce)}
-        new_src = tuple(done[i] for i in range(len(n.src)))
-        new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
+        srcs = n.src
+        if len(srcs) > 1 and any(x in after_reduce for x in srcs) and not all(x in after_reduce for x in srcs):
+            done = {i: emit(s) for i, s in sorted(enumerate(srcs), key=lambda p: p[1] not in after_reduce)}
+            new_src = tuple(done[i] for i in range(len(srcs)))
+        else:  # one group: the sources' own order (a visible source is emit's first answer, looked up here)
+            new_src = tuple([sub[s] if live.get(s, 0) > 0 and s in sub else emit(s) for s in srcs])
+        new = n if new_src == srcs else UOp(n.op, n.dtype, new_src, n.arg)  # UOps compare by identity
         program.append(new)
         sub[n] = new
-        scopes[-1].add(n)
+        add_to_scope(n)
         return new
 
     for store in sink.src:

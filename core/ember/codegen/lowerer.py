@@ -80,6 +80,8 @@ class LoweringContext:
     tc_element: int = 0
     tc_range: UOp | None = None
     tc_layout: Callable[..., tuple[Any, Any]] | None = None
+    #: per VIEW node of the AST, what _view_facts says
+    views: dict[UOp, tuple[tuple[bool, ...], tuple[int, ...], bool]] = field(default_factory=dict)
 
     def new_range(self, size: int | UOp, kind: str) -> UOp:
         """A loop over ``[0, size)``; a symbolic size (over the kernel's variables) is read at run time."""
@@ -97,10 +99,12 @@ def _unused_dims(st: ShapeTracker) -> tuple[bool, ...]:
                  for d, stride in enumerate(last.strides))
 
 
-def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType) -> tuple[UOp, ...]:
+def _ignore_unused(st: ShapeTracker, idxs: tuple[UOp, ...], idx_dtype: DType,
+                   unused: tuple[bool, ...] | None = None) -> tuple[UOp, ...]:
     """``idxs`` with 0 for the dims ``st`` does not use (the copies of an upcast tile that differ only
-    there share one lowering)."""
-    unused = _unused_dims(st)
+    there share one lowering). ``unused``: ``_unused_dims(st)`` when the caller has it."""
+    if unused is None:
+        unused = _unused_dims(st)
     if not any(unused):
         return idxs
     zero = UOp.const(idx_dtype, 0)
@@ -239,23 +243,38 @@ def _lower_tc(ctx: LoweringContext, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
     return UOp(Ops.REDUCE, tc.dtype_out, (wmma, ctx.tc_range), Ops.ADD)
 
 
+def _view_facts(ctx: LoweringContext, u: UOp) -> tuple[tuple[bool, ...], tuple[int, ...], bool]:
+    """What lowering a VIEW node needs to know about it whatever the indices: the dims it leaves unused, its
+    source's shape, and whether it is a reshape that only adds or drops size-1 dims."""
+    st: ShapeTracker = u.arg
+    src_shape = ast_shape(u.src[0], ctx.shapes)
+    reshape_only = st.contiguous and [d for d in st.shape if d != 1] == [d for d in src_shape if d != 1]
+    return _unused_dims(st), src_shape, reshape_only
+
+
 def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
     if u.op is Ops.VIEW:
-        idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype)
+        view = ctx.views.get(u)
+        if view is None:
+            view = ctx.views[u] = _view_facts(ctx, u)
+        idxs = _ignore_unused(u.arg, idxs, ctx.idx_dtype, view[0])
     key = (u, idxs, gate)
-    if key in ctx.memo:
-        return ctx.memo[key]
-    if u.op is Ops.CONST:
+    out = ctx.memo.get(key)
+    if out is not None:
+        return out
+    if u.op in GroupOp.Elementwise:  # the most common node first (the branches are exclusive)
+        out = UOp(u.op, u.dtype, tuple([_lower(ctx, s, idxs, gate) for s in u.src]), u.arg)
+    elif u.op is Ops.CONST:
         out = u
     elif u.op is Ops.VIEW:
         st: ShapeTracker = u.arg
         idx, valid = view_index(ctx, st, idxs)
-        src_shape = ast_shape(u.src[0], ctx.shapes)
+        _, src_shape, reshape_only = ctx.views[u]
         # unflatten the flat index into the source's logical shape
         sub: tuple[UOp, ...]
         if len(src_shape) == 1:
             sub = (idx,)
-        elif st.contiguous and [d for d in st.shape if d != 1] == [d for d in src_shape if d != 1]:
+        elif reshape_only:
             # a reshape that only adds or drops size-1 dims: the indices carry over unchanged
             moving = iter(i for i, d in zip(idxs, st.shape) if d != 1)
             sub = tuple(next(moving) if d != 1 else UOp.const(ctx.idx_dtype, 0) for d in src_shape)
@@ -310,8 +329,6 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
                                    [UOp(Ops.REDUCE, u.dtype, (v, *ranges), op) for v in vals])
         if grouped and not any(s == 0 for s in src_shape):
             out = _group_combine(ctx, u, out)
-    elif u.op in GroupOp.Elementwise:
-        out = UOp(u.op, u.dtype, tuple(_lower(ctx, s, idxs, gate) for s in u.src), u.arg)
     else:
         raise NotImplementedError(f"cannot lower {u.op} in a kernel AST")
     ctx.memo[key] = out

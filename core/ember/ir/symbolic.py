@@ -10,7 +10,7 @@ import math
 import operator
 from typing import Iterable
 
-from ember.dtype import dtypes
+from ember.dtype import DType, dtypes, truncate
 from ember.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.ir.uop import GroupOp, Ops, UOp, exec_alu
 
@@ -52,8 +52,89 @@ def _mk(var: UOp | None, coeff: int, dtype) -> UOp:
     return var if coeff == 1 else UOp(Ops.MUL, dtype, (var, UOp.const(dtype, coeff)))
 
 
+#: the key under which a canonical sum without a constant term keeps the variable parts of its terms
+_CSUM = "_csum"
+
+
+def _term_var(t: UOp, x: UOp) -> UOp | None:
+    """The variable part of the non-constant term ``t`` of the sum ``x`` when ``_mk`` rebuilds ``t`` as it is."""
+    v, c = term_coeff(t)
+    if v is None or c == 0:
+        return None
+    if c == 1:
+        return v if v is t else None
+    if t.op is Ops.MUL and t.arg is None and t.dtype == x.dtype and t.src[0] is v and \
+            _is_const_of(t.src[1], x.value_dtype, c):
+        return v
+    return None
+
+
+def _is_canonical_sum(x: UOp) -> bool:
+    """Whether :func:`_canonical_sum` would rebuild ``x`` as it is (checked without building anything new): a
+    left-nested sum of distinct terms, each as ``_mk`` writes it, with a nonzero constant only last. False
+    says nothing (the full rebuild decides). A sum extending one found canonical before (sums are rewritten
+    sources first) checks only its last term."""
+    a, t = x.src
+    if x.arg is not None or t.op is Ops.ADD:
+        return False
+    if a.op is Ops.ADD:
+        if a.dtype is not x.dtype:
+            return False
+        known: frozenset[UOp] | None = a.__dict__.get(_CSUM)
+        if known is None:
+            return _is_canonical_walk(x)
+    else:
+        v0 = None if a.op is Ops.CONST else _term_var(a, x)
+        if v0 is None:
+            return False
+        known = frozenset((v0,))
+    if t.op is Ops.CONST:
+        return t.arg != 0 and UOp.const(x.value_dtype, 0 + t.arg) is t
+    v = _term_var(t, x)
+    if v is None or v in known:
+        return False
+    x.__dict__[_CSUM] = known | {v}
+    return True
+
+
+def _is_canonical_walk(x: UOp) -> bool:
+    """:func:`_is_canonical_sum` by walking every term of ``x``."""
+    terms: list[UOp] = []
+    y = x
+    while y.op is Ops.ADD:
+        if y.dtype is not x.dtype or y.arg is not None or y.src[1].op is Ops.ADD:
+            return False
+        terms.append(y.src[1])
+        y = y.src[0]
+    terms.append(y)
+    seen: set[UOp] = set()
+    last = len(terms) - 1
+    for i, t in enumerate(reversed(terms)):
+        if t.op is Ops.CONST:
+            # the constant term: last only, and rebuilt as the same node
+            if i != last or t.arg == 0 or UOp.const(x.value_dtype, 0 + t.arg) is not t:
+                return False
+            continue
+        v = _term_var(t, x)
+        if v is None or v in seen:
+            return False
+        seen.add(v)
+    if terms[0].op is not Ops.CONST:
+        x.__dict__[_CSUM] = frozenset(seen)
+    return True
+
+
+def _is_const_of(k: UOp, dtype: DType, c: int) -> bool:
+    """Whether ``UOp.const(dtype, c)`` is ``k`` (an int that needs no truncating is its own arg: no lookup)."""
+    if k.op is Ops.CONST and not k.src and k.dtype == dtype and k.arg is c and truncate(dtype, c) is c:
+        return True
+    return UOp.const(dtype, c) is k
+
+
 def _canonical_sum(x: UOp) -> UOp | None:
     """Combine like terms and constants of a nested sum; None when already canonical."""
+    if _is_canonical_sum(x):
+        return None
     terms = split_terms(x)
     if len(terms) < 2:
         return None
@@ -120,9 +201,12 @@ def _fold_by_bounds(x: UOp) -> UOp | None:
 
 
 def _const_fold(x: UOp) -> UOp | None:
-    if x.op in GroupOp.ALU and x.src and all(s.op is Ops.CONST for s in x.src) and x.dtype is not None:
-        return UOp.const(x.value_dtype, exec_alu(x.op, x.value_dtype, tuple(s.arg for s in x.src)))
-    return None
+    if x.op not in GroupOp.ALU or not x.src or x.dtype is None:
+        return None
+    for s in x.src:  # (a loop: this runs for every node rewritten, and seldom gets past the first source)
+        if s.op is not Ops.CONST:
+            return None
+    return UOp.const(x.value_dtype, exec_alu(x.op, x.value_dtype, tuple(s.arg for s in x.src)))
 
 
 def _lt_sum(x: UOp, c: UOp) -> UOp | None:

@@ -10,6 +10,7 @@ computation. That makes every cache keyed by UOps cheap and exact.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from enum import Enum, auto
@@ -186,9 +187,10 @@ _PY_ALU: dict[Ops, Callable[..., Any]] = {
 _interned: dict[tuple, weakref.ref] = {}
 
 
-def _forget(key: tuple) -> Callable[[weakref.ref], None]:
-    """The callback that drops ``key`` from the intern table once its node is gone (if no newer node took it)."""
-    return lambda ref: _remove_dead_weakref(_interned, key)
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    """Drop a dead node's entry from the intern table (unless a newer node took it): the weak reference's
+    callback, bound to ``key`` with functools.partial (made in C: cheaper per node than a closure or KeyedRef)."""
+    _remove_dead_weakref(_interned, key)
 
 
 class UOpMeta(type):
@@ -204,8 +206,8 @@ class UOpMeta(type):
             raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} for {op}") from e
         if ref is not None and (hit := ref()) is not None:
             return hit
-        node = super().__call__(op, dtype, src, arg)
-        _interned[key] = weakref.ref(node, _forget(key))
+        node = type.__call__(cls, op, dtype, src, arg)
+        _interned[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
 
@@ -338,23 +340,52 @@ def toposort(roots: list[Any], stop: Callable[[Any], bool] | None = None,
     """Nodes reachable from ``roots`` in dependency order (iterative: no recursion limit).
 
     ``stop(n)`` keeps n but not its sources; ``sources(n)`` overrides ``n.src`` (any DAG can be walked).
+    The order is a depth-first post-order: each node's sources in their order, then the node.
     """
+    if sources is not None:
+        return _toposort_by_id(roots, stop, sources)
+    # nodes with ``src`` (UOps) hash and compare by identity: the set holds them directly
+    order: list[Any] = []
+    seen: set[Any] = set()
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        # one (node, iterator over its sources) per open node: a node is appended once its iterator is spent
+        stack = [(root, iter(() if stop is not None and stop(root) else root.src))]
+        while stack:
+            node, it = stack[-1]
+            for s in it:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append((s, iter(() if stop is not None and stop(s) else s.src)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def _toposort_by_id(roots: list[Any], stop: Callable[[Any], bool] | None,
+                    sources: Callable[[Any], Sequence[Any]]) -> list[Any]:
+    """:func:`toposort` over any objects (their own ``==`` is never called)."""
     order: list[Any] = []
     seen: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
+    for root in roots:
+        if id(root) in seen:
             continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if stop is None or not stop(node):
-            for s in reversed(node.src if sources is None else sources(node)):
+        seen.add(id(root))
+        stack = [(root, iter(() if stop is not None and stop(root) else sources(root)))]
+        while stack:
+            node, it = stack[-1]
+            for s in it:
                 if id(s) not in seen:
-                    stack.append((s, False))
+                    seen.add(id(s))
+                    stack.append((s, iter(() if stop is not None and stop(s) else sources(s))))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
     return order
 
 
@@ -376,12 +407,8 @@ def _isinf(x: Any) -> bool:
 def _bounds(u: UOp) -> tuple[Any, Any]:
     """Conservative [min, max] of an integer-valued node; (-inf, inf) when unknown."""
     dt = u.dtype
-    if isinstance(dt, DType) and dt.kind == "b":
-        lo_hi: tuple[Any, Any] = (False, True)
-    elif isinstance(dt, DType) and dt.kind in "iu":
-        lo_hi = (dtypes.min(dt), dtypes.max(dt))
-    else:
-        lo_hi = (-math.inf, math.inf)
+    # (bool: False, True; ints: dtypes.min, dtypes.max; anything else: -inf, inf)
+    lo_hi: tuple[Any, Any] = dt._lo_hi if isinstance(dt, DType) else (-math.inf, math.inf)  # type: ignore[attr-defined]
     if u.op is Ops.CONST:
         return u.arg, u.arg
     if u.op is Ops.RANGE:

@@ -150,10 +150,8 @@ class CStyleRenderer(Renderer):
             return f"((({a[1]}) >= 0 && ({a[1]}) < {dt.bitsize}) ? {shifted} : {out})"
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
-        binops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-                  Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
-        if op in binops:
-            return f"({a[0]} {binops[op]} {a[1]})"
+        if op in _BINOPS:
+            return f"({a[0]} {_BINOPS[op]} {a[1]})"
         raise NotImplementedError(f"{type(self).__name__} cannot render {op} on {dt}")
 
     def render_cast(self, u: UOp, x: str) -> str:
@@ -224,7 +222,27 @@ class CStyleRenderer(Renderer):
 
         for u in uops:
             op = u.op
-            if op is Ops.DEFINE_GLOBAL:
+            if op in _VALUE_OPS:  # the most common uops first (the branches are exclusive)
+                srcs = [r[s] for s in u.src]
+                if op is Ops.CAST:
+                    expr = self.render_cast(u, srcs[0])
+                elif op is Ops.BITCAST:
+                    expr = self.render_bitcast(u, srcs[0])
+                elif (op in _WRAPPING_OPS and isinstance(u.dtype, DType) and u.dtype.kind == "i"
+                      and u.dtype.itemsize >= 4 and u not in address_uops):
+                    expr = self.render_wrapping(u, srcs)
+                else:
+                    expr = self.render_alu(u, srcs)
+                    # (the name first: a plain string compare rules out all but bfloat16 itself)
+                    if (getattr(u.dtype, "name", None) == "bfloat16" and u.dtype == dtypes.bfloat16
+                            and op not in (Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC)
+                            and not expr.startswith("ember_bf16_round(")):
+                        # bfloat16 values live in float registers: round each result, as storing it would, so a
+                        # value recomputed in a later kernel equals the stored one (argmax, max's gradient)
+                        expr = f"ember_bf16_round({expr})"
+                r[u] = fresh("alu")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {expr};")
+            elif op is Ops.DEFINE_GLOBAL:
                 r[u] = f"data{u.arg[0]}"
                 params.append((r[u], u.pointer_dtype))
             elif op is Ops.DEFINE_VAR:
@@ -297,24 +315,6 @@ class CStyleRenderer(Renderer):
                             locals_declared += 1
                     wmma_results[u.src] = result
                 r[u] = f"{wmma_results[u.src]}[{u.arg[5]}]"
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                srcs = [r[s] for s in u.src]
-                if op is Ops.CAST:
-                    expr = self.render_cast(u, srcs[0])
-                elif op is Ops.BITCAST:
-                    expr = self.render_bitcast(u, srcs[0])
-                elif (op in _WRAPPING_OPS and isinstance(u.dtype, DType) and u.dtype.kind == "i"
-                      and u.dtype.itemsize >= 4 and u not in address_uops):
-                    expr = self.render_wrapping(u, srcs)
-                else:
-                    expr = self.render_alu(u, srcs)
-                    if (u.dtype == dtypes.bfloat16 and op not in (Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC)
-                            and not expr.startswith("ember_bf16_round(")):
-                        # bfloat16 values live in float registers: round each result, as storing it would, so a
-                        # value recomputed in a later kernel equals the stored one (argmax, max's gradient)
-                        expr = f"ember_bf16_round({expr})"
-                r[u] = fresh("alu")
-                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {expr};")
             elif op is Ops.SINK:
                 pass
             else:  # an op only some dialects have (hardware ids, local memory, barriers, matrix instructions)
@@ -349,6 +349,13 @@ class CStyleRenderer(Renderer):
         value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
         raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
 
+
+#: the ops C spells as an infix operator
+_BINOPS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
+           Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+
+#: the uops that compute a value from others (ALU ops and conversions)
+_VALUE_OPS = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
 
 #: integer ops whose signed overflow C leaves undefined (see CStyleRenderer.render_wrapping)
 _WRAPPING_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG})
