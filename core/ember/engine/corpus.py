@@ -59,7 +59,14 @@ def _read_records(path: pathlib.Path) -> Iterable[UOp]:
                 ast = pickle.load(f)
             except EOFError:
                 return
-            except (pickle.UnpicklingError, AttributeError, ValueError, TypeError):
-                return  # a torn last record (the writer was killed): keep what came before
+            except pickle.UnpicklingError as e:
+                if "truncated" in str(e):
+                    return  # a torn last record (the writer was killed): keep what came before
+                raise ValueError(f"kernel corpus file {path}: a record cannot be read ({e})") from e
+            except (AttributeError, ValueError, TypeError, ImportError) as e:
+                # a record this ember cannot rebuild (written by another version): never skip it silently, or a
+                # compile-only check would pass on an empty corpus
+                raise ValueError(f"kernel corpus file {path} was written by an incompatible ember version "
+                                 f"({type(e).__name__}: {e}); record the corpus again") from e
             if isinstance(ast, UOp):
                 yield ast
