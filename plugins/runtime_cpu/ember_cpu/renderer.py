@@ -1,9 +1,11 @@
 """The CPU plugin's C dialect: one uniform entry point per kernel, OpenMP on the outer loop.
 
-The C it writes is scalar; speed comes from giving the host compiler code it can vectorize:
+The C it writes is mostly scalar; speed comes from giving the host compiler code it can vectorize:
 register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` from
 :attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`; their results handed on
-in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`), ``omp simd`` on
+in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`; an outer-product tile, a matmul's,
+is written with vector types instead, which builds several times faster, see
+:mod:`ember_cpu.renderer_vector_tile`), ``omp simd`` on
 unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
 
