@@ -400,8 +400,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
         self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles))
         self._closing: UOp | None = None
-        dropped = set().union(*(t.dropped for t in self._max_tiles.values()),
-                              *(t.dropped for t in self._vector_tiles.values()))
+        dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
         return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.renderer import DType, GroupOp, Ops, UOp, dtypes
+from ember_cpu.renderer_rolled_epilogue import RolledEpilogue, RolledEpilogues
 from ember_cpu.renderer_tile_order import _affine
 
 #: the narrowest vector worth writing, in bytes (one SSE/NEON register)
@@ -169,8 +170,9 @@ class VectorTile:
                           (), dropped)
 
 
-class VectorTiles:
-    """The CPU renderer's part: which reduce loops are vector tiles, and their C.
+class VectorTiles(RolledEpilogues):
+    """The CPU renderer's part: which reduce loops are vector tiles (and which of their epilogues are rolled into
+    a loop, see :mod:`ember_cpu.renderer_rolled_epilogue`), and their C.
 
     Rendering state: the open tile, its name, and the (buffer, index) each of its loop's loads rendered as."""
 
@@ -178,11 +180,17 @@ class VectorTiles:
     vector_tiles = True
     vector_floats: int
 
+    #: roll a vector tile's epilogue into a loop where it can (see :class:`RolledEpilogue`)
+    rolled_epilogues = True
+
     def find_vector_tiles(self, uops: list[UOp]) -> dict[UOp, VectorTile]:
-        """Each reduce loop of ``uops`` that is a vector tile, with its tile."""
+        """Each reduce loop of ``uops`` that is a vector tile, with its tile; the rolled epilogues found are
+        left in ``rolled`` (by tile), the uops both replace in ``vector_dropped``."""
         self._vtile_open: tuple[VectorTile, str, list[tuple[str, str]]] | None = None
         self._vtile_closed: tuple[VectorTile, str] | None = None
         self._vtile_count = 0
+        self.rolled: dict[VectorTile, RolledEpilogue] = {}
+        self.vector_dropped: set[UOp] = set()
         if not self.vector_tiles:
             return {}
         found: dict[UOp, VectorTile] = {}
@@ -190,6 +198,12 @@ class VectorTiles:
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and \
                     (tile := VectorTile.find(uops, u, self.vector_floats * 4)) is not None:
                 found[u] = tile
+                self.vector_dropped |= tile.dropped
+                cells = dict(zip(tile.accs, tile.cells))
+                if self.rolled_epilogues and \
+                        (ep := RolledEpilogue.find(uops, u, cells, tile.rows, tile.cols)) is not None:
+                    self.rolled[tile] = ep
+                    self.vector_dropped |= ep.dropped
         return found
 
     def vector_type(self, tile: VectorTile, declared: dict[str, str]) -> str:
@@ -250,6 +264,8 @@ class VectorTiles:
                 acc, at = f"{name}_a{j}_{v}", j * tile.rows + v * tile.width
                 lines.append(f"__builtin_memcpy(&{tile_name}[{at}], &{acc}, sizeof({acc}));")
         lines.append(f'__asm__ volatile("" : : "r"({tile_name}) : "memory");')
+        if tile in self.rolled:
+            lines += self.render_rolled(self.rolled[tile], tile_name, f"{name}_e", dict(zip(tile.accs, tile.cells)))
         return lines, [f"{tile_name}[{slot}]" for slot in tile.slots]
 
     # provided by the renderer
