@@ -1,9 +1,10 @@
-"""Outer-product register tiles written with C vector types (ember_cpu.renderer_vector_tile).
+"""Outer-product register tiles written with C vector types (ember_cpu.renderer_vector_tile), and their
+epilogues rolled into loops (ember_cpu.renderer_rolled_epilogue).
 
 Each case renders one kernel with chosen opts twice, with vector tiles and without, runs both, and checks
 the source took the path it should, the result matches numpy, and the vector tile's result equals the scalar
 tile's bit for bit (the same products summed in the same order, contracted into fused multiply-adds, or not,
-alike)."""
+alike; the same operations on each element after the loop)."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,9 +34,10 @@ def private_cache_dir(tmp_path_factory):
 class Lanes(CPURenderer):
     """A CPU renderer with 16-float vectors (or none), whatever the test machine has."""
 
-    def __init__(self, vector_tiles: bool):
+    def __init__(self, vector_tiles: bool, rolled: bool = True):
         super().__init__()
         self.vector_floats, self.vector_registers, self.vector_tiles = 16, 32, vector_tiles
+        self.rolled_epilogues = rolled
 
 
 def randf(*shape: int, dtype=np.float32) -> np.ndarray:
@@ -46,15 +48,15 @@ def tensors(*arrays: np.ndarray) -> list[Tensor]:
     return [Tensor(a, device="CPU").realize() for a in arrays]
 
 
-def run_both(out: Tensor, opts: list[Opt]) -> tuple[str, np.ndarray, np.ndarray]:
-    """``out``'s last kernel rendered with ``opts``, with vector tiles and without: the vector tile's source and
-    what each wrote."""
+def run_both(out: Tensor, opts: list[Opt], rolled: bool = True) -> tuple[str, np.ndarray, np.ndarray]:
+    """``out``'s last kernel rendered with ``opts``, with vector tiles (epilogues ``rolled`` where they can be)
+    and without: the vector tile's source and what each wrote."""
     sched = out.schedule()
     run_schedule(sched[:-1])
     si = sched[-1]
     results, srcs = [], []
     for vector in (True, False):
-        spec = get_program(si.ast, Lanes(vector), opts=opts)
+        spec = get_program(si.ast, Lanes(vector, rolled), opts=opts)
         for b in si.bufs:
             b.allocate()
         CompiledRunner("CPU", spec)(list(si.bufs), wait=True)
@@ -76,6 +78,7 @@ def test_matmul_tile_is_vector_code_and_exact(m, k, n, opts):
     a, b = tensors(a_np, b_np)
     src, vec, scalar = run_both(a @ b, opts)
     assert "vtile0_a0_0" in src and "__attribute__((vector_size(" in src, src
+    assert "vtile0_e_i" in src, src  # the stores after the loop: one loop over the tile
     np.testing.assert_allclose(vec, a_np @ b_np, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(vec, scalar)
 
@@ -90,13 +93,38 @@ def test_tile_with_lanes_along_the_first_operand():
     np.testing.assert_array_equal(vec, scalar)
 
 
-def test_fused_bias_and_relu_after_the_tile():
+@pytest.mark.parametrize("rolled", [True, False])
+def test_fused_bias_and_relu_after_the_tile(rolled):
+    """The bias and relu after the loop: one loop over the tile's elements (or, not rolled, one statement
+    each), the same operations on each element either way."""
     a_np, b_np, bias_np = randf(64, 33), randf(33, 64), randf(64)
     a, b, bias = tensors(a_np, b_np, bias_np)
-    src, vec, scalar = run_both((a @ b + bias).relu(), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)])
+    src, vec, scalar = run_both((a @ b + bias).relu(), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)], rolled)
     assert "vtile0_a0_0" in src and "tile0[" in src, src
+    assert ("vtile0_e_i" in src) == rolled and ("#pragma omp simd" in src) == rolled, src
     np.testing.assert_allclose(vec, np.maximum(a_np @ b_np + bias_np, 0), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(vec, scalar)
+
+
+def test_sgd_step_after_the_tile():
+    """An SGD step on a weight gradient (``w - lr * x.T @ g``): each element reads its weight and the one
+    learning rate."""
+    x_np, g_np, w_np = randf(40, 64), randf(40, 32), randf(64, 32)
+    x, g, w = tensors(x_np, g_np, w_np)
+    lr = Tensor(np.array([0.125], np.float32), device="CPU").realize()
+    src, vec, scalar = run_both(w - lr * (x.T @ g), [Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)])
+    assert "vtile0_e_i" in src, src
+    np.testing.assert_allclose(vec, w_np - np.float32(0.125) * (x_np.T @ g_np), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_sgd_update_in_place_matches_numpy():
+    """The same step written back into ``w`` (the optimizer's kernel: each element loads the weight it then
+    stores), run once with the CPU device's own renderer."""
+    x_np, g_np, w_np = randf(256, 512), randf(256, 128), randf(512, 128)
+    x, g, w = tensors(x_np, g_np, w_np)
+    w.assign(w - 0.125 * (x.T @ g)).realize()
+    np.testing.assert_allclose(w.numpy(), w_np - np.float32(0.125) * (x_np.T @ g_np), rtol=1e-4, atol=1e-4)
 
 
 def test_float64_tile_has_eight_lane_vectors():
