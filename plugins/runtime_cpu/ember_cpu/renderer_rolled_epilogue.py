@@ -23,6 +23,15 @@ from ember_cpu.renderer_tile_order import _affine
 _VALUE_TYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
 
 
+def _plain_index(u: UOp) -> bool:
+    """Whether an index term is integer math over loop variables, runtime values and constants (which the
+    rolled loop writes out again; anything else has a name only the shared renderer knows)."""
+    if u.op in (Ops.RANGE, Ops.DEFINE_VAR, Ops.CONST):
+        return True
+    return u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind in "iu" and \
+        all(_plain_index(s) for s in u.src)
+
+
 class _NotRollable(Exception):
     """An epilogue element that is no instance of the common pattern."""
 
@@ -45,6 +54,8 @@ class _Walk:
 
     def _index(self, idx: UOp) -> tuple[frozenset[tuple[UOp, int]], int]:
         vars_, const = _affine(idx)
+        if not all(_plain_index(v) for v, _ in vars_):
+            raise _NotRollable("an index that reads memory")
         self.consts.append(const)
         return vars_, const
 
