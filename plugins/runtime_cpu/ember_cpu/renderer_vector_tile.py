@@ -5,7 +5,8 @@ A matmul's register tile is ``rows x cols`` accumulators, each updated once per 
 elements of another. Written as scalar C (thousands of lines for a 32 x 8 tile), gcc's SLP vectorizer and
 register allocator turn it into vector code, at a cost of a quarter to a third of a second per kernel. Written
 with vector types, ``x`` is loaded as ``rows / lanes`` vectors, each ``y[j]`` is broadcast, and the accumulators
-are ``rows / lanes * cols`` vectors: the same instructions, built several times faster.
+are ``rows / lanes * cols`` vectors: the same instructions, built several times faster. A column sum's tile
+(``acc[i] + x[i]``, a bias gradient) is the same with one column and no ``y``.
 
 Float semantics are kept: each accumulator still adds one product per reduce step, in the same order, as one
 statement for the product and one for the sum (which a compiler contracts into a fused multiply-add exactly
@@ -37,24 +38,26 @@ def _loop_body(uops: list[UOp], reduce_range: UOp) -> tuple[int, list[UOp]] | No
     return None if end is None else (start, uops[start + 1:end])
 
 
-def _update(assign: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
-    """``(acc, add, mul, assign)`` when ``assign`` updates ``acc`` as ``acc + a * b`` (either order), ``a`` and
-    ``b`` plain loads of the accumulator's float type; None otherwise."""
+def _update(assign: UOp) -> tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]] | None:
+    """``(acc, add, mul, assign, loads)`` when ``assign`` updates ``acc`` as ``acc + a * b`` (``mul`` is that
+    product, ``loads`` are ``a`` and ``b``) or ``acc + a`` (``mul`` is None), in either order, ``a`` and ``b``
+    plain loads of the accumulator's float type; None otherwise."""
     acc, val = assign.src
     if acc.op is not Ops.DEFINE_ACC or val.op is not Ops.ADD or acc.value_dtype not in (dtypes.float32,
                                                                                          dtypes.float64):
         return None
     if val.src[0] is acc:
-        mul = val.src[1]
+        term = val.src[1]
     elif val.src[1] is acc:
-        mul = val.src[0]
+        term = val.src[0]
     else:
         return None
-    if mul.op is not Ops.MUL or val.dtype != acc.value_dtype or mul.dtype != acc.value_dtype:
+    if val.dtype != acc.value_dtype or term.dtype != acc.value_dtype:
         return None
-    if any(s.op is not Ops.LOAD or len(s.src) != 2 or s.dtype != acc.value_dtype for s in mul.src):
+    mul, loads = (term, term.src) if term.op is Ops.MUL else (None, (term,))
+    if any(s.op is not Ops.LOAD or len(s.src) != 2 or s.dtype != acc.value_dtype for s in loads):
         return None
-    return acc, val, mul, assign
+    return acc, val, mul, assign, loads
 
 
 @dataclass(frozen=True)
@@ -103,31 +106,44 @@ class VectorTile:
         dt, init = ups[0][0].value_dtype, ups[0][0].src[0]
         if init.op is not Ops.CONST or any(acc.value_dtype != dt or acc.src[0] is not init for acc, *_ in ups):
             return None
-        # the two buffers every update multiplies, and each update's load of each
-        first = ups[0][2].src
-        bufs = (first[0].src[0], first[1].src[0])
-        if bufs[0] is bufs[1]:
-            return None
-        per_buf: list[list[UOp]] = [[], []]
-        for _, _, mul, _ in ups:
-            by_buf = {s.src[0]: s for s in mul.src}
-            if set(by_buf) != set(bufs):
-                return None
-            for b in (0, 1):
-                per_buf[b].append(by_buf[bufs[b]])
         best: VectorTile | None = None
-        for xb in (0, 1):
-            tile = VectorTile._grid(ups, per_buf[xb], per_buf[1 - xb], dt, init, vector_bytes)
-            if tile is not None and (best is None or tile.rows > best.rows):
-                best = tile
+        if all(mul is None for _, _, mul, _, _ in ups):
+            # a column sum: each update adds one element of one buffer
+            bufs: tuple[UOp, ...] = (ups[0][4][0].src[0],)
+            if any(loads[0].src[0] is not bufs[0] for *_, loads in ups):
+                return None
+            best = VectorTile._grid(ups, [loads[0] for *_, loads in ups], None, dt, init, vector_bytes)
+            # not an unrolled sum along a contiguous run (its steps read on where the tile's run ends): that is
+            # vectorized along the reduction, many partial sums at once (see CPURenderer.render_range_open)
+            if best is not None and dict(_affine(best.x_load.src[1])[0]).get(reduce_range, 0) <= best.rows:
+                return None
+        elif any(mul is None for _, _, mul, _, _ in ups):
+            return None
+        else:
+            # the two buffers every update multiplies, and each update's load of each
+            first = ups[0][4]
+            bufs = (first[0].src[0], first[1].src[0])
+            if bufs[0] is bufs[1]:
+                return None
+            per_buf: list[list[UOp]] = [[], []]
+            for *_, loads in ups:
+                by_buf = {ld.src[0]: ld for ld in loads}
+                if set(by_buf) != set(bufs):
+                    return None
+                for b in (0, 1):
+                    per_buf[b].append(by_buf[bufs[b]])
+            for xb in (0, 1):
+                tile = VectorTile._grid(ups, per_buf[xb], per_buf[1 - xb], dt, init, vector_bytes)
+                if tile is not None and (best is None or tile.rows > best.rows):
+                    best = tile
         if best is None:
             return None
         # nothing else in the loop but the tile's loads and integer index math
         if any(u not in best.dropped and u.op not in (Ops.LOAD, Ops.CONST) and
                not (u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind in "iu") for u in body):
             return None
-        loads = [u for u in body if u.op is Ops.LOAD]
-        if any(u.src[0] not in bufs for u in loads):
+        body_loads = [u for u in body if u.op is Ops.LOAD]
+        if any(u.src[0] not in bufs for u in body_loads):
             return None
         # the replaced uops feed nothing else
         if any(s in best.dropped for u in uops if u not in best.dropped for s in u.src):
@@ -137,19 +153,20 @@ class VectorTile:
         if [u for u in uops[since + 1:start] if u.op is Ops.DEFINE_ACC] != list(best.accs):
             return None
         return VectorTile(best.accs, best.cells, best.rows, best.cols, best.width, dt, init, best.x_load,
-                          best.y_loads, tuple(loads), best.dropped)
+                          best.y_loads, tuple(body_loads), best.dropped)
 
     @staticmethod
-    def _grid(ups: list[tuple[UOp, UOp, UOp, UOp]], xs: list[UOp], ys: list[UOp], dt: DType, init: UOp,
-              vector_bytes: int) -> VectorTile | None:
+    def _grid(ups: list[tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]]], xs: list[UOp], ys: list[UOp] | None,
+              dt: DType, init: UOp, vector_bytes: int) -> VectorTile | None:
         """The tile with ``xs`` (each update's load of one buffer) as the neighbouring elements ``x[i]`` and
-        ``ys`` as ``y[j]``, or None when the loads do not form a full ``rows x cols`` grid that way."""
+        ``ys`` as ``y[j]`` (None: a column sum, one column), or None when the loads do not form a full
+        ``rows x cols`` grid that way."""
         def offsets(loads: list[UOp]) -> list[int] | None:
             forms = [_affine(ld.src[1]) for ld in loads]
             if any(f[0] != forms[0][0] for f in forms):
                 return None  # indices that differ by more than a constant
             return [f[1] for f in forms]
-        xo, yo = offsets(xs), offsets(ys)
+        xo, yo = offsets(xs), (offsets(ys) if ys is not None else [0] * len(xs))
         if xo is None or yo is None:
             return None
         x0 = min(xo)
@@ -164,9 +181,9 @@ class VectorTile:
         if width * dt.itemsize < MIN_VECTOR_BYTES:
             return None
         x_load = xs[xo.index(x0)]
-        y_loads = tuple(ys[yo.index(y)] for y in ycols)
-        dropped = frozenset(u for _, add, mul, assign in ups for u in (add, mul, assign))
-        return VectorTile(tuple(acc for acc, *_ in ups), cells, rows, len(ycols), width, dt, init, x_load, y_loads,
+        y_loads = tuple(ys[yo.index(y)] for y in ycols) if ys is not None else ()
+        dropped = frozenset(u for _, add, mul, assign, _ in ups for u in (add, mul, assign) if u is not None)
+        return VectorTile(tuple(up[0] for up in ups), cells, rows, len(ycols), width, dt, init, x_load, y_loads,
                           (), dropped)
 
 
@@ -241,6 +258,8 @@ class VectorTiles(RolledEpilogues):
         nvec = tile.rows // tile.width
         lines = [f"  {vt} {name}_x{v}; __builtin_memcpy(&{name}_x{v}, &{xbuf}[{xidx}] + {v * tile.width}, "
                  f"sizeof({name}_x{v}));" for v in range(nvec)]
+        if not tile.y_loads:  # a column sum
+            return lines + [f"  {name}_a0_{v} = {name}_a0_{v} + {name}_x{v};" for v in range(nvec)]
         for j, y in enumerate(tile.y_loads):
             ybuf, yidx = where[y]
             lines.append(f"  {{ {self.render_dtype(tile.dtype)} {name}_y = {ybuf}[{yidx}];")

@@ -137,6 +137,27 @@ def test_float64_tile_has_eight_lane_vectors():
     np.testing.assert_array_equal(vec, scalar)
 
 
+def test_column_sum_tile_is_vector_code_and_exact():
+    """A column sum (a bias gradient) with a 64-wide tile: each accumulator adds one element per row, four
+    16-lane vectors per step, in the same order as the scalar tile."""
+    x_np = randf(96, 128)
+    (x,) = tensors(x_np)
+    src, vec, scalar = run_both(x.sum(0), [Opt("UPCAST", 1, 64)])
+    assert "vtile0_a0_3" in src and "vtile0_e_i" in src, src
+    np.testing.assert_allclose(vec, x_np.sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_unrolled_row_sum_is_left_to_the_simd_reduction():
+    """An unrolled sum along a contiguous row (accumulator k adds elements k, k + 8, ...) is no column sum:
+    it stays the ``omp simd`` reduction it was."""
+    x_np = randf(16, 512)
+    (x,) = tensors(x_np)
+    src, vec, _ = run_both(x.sum(1), [Opt("UNROLL", 1, 8)])
+    assert "vtile" not in src and "#pragma omp simd reduction" in src, src
+    np.testing.assert_allclose(vec, x_np.sum(1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["sums_along_k", "rows_narrower_than_a_vector", "work_inside_the_loop"])
 def test_other_tiles_stay_scalar(case):
     """Tiles that are no outer product of neighbouring loads are rendered as before (and still exact)."""
