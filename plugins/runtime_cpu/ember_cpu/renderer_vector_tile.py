@@ -65,8 +65,9 @@ class VectorTile:
     """A register tile of ``rows x cols`` outer-product multiply-adds in one reduce loop.
 
     Accumulator ``accs[t]`` sums ``x[i] * y[j]`` with ``(i, j) = cells[t]``: ``x[i]`` is ``x_load``'s element
-    plus ``i`` (``rows`` a multiple of ``width``, the lanes of a vector), ``y[j]`` is ``y_loads[j]``. Its result
-    goes to slot ``j * rows + i`` of the tile array."""
+    plus ``i`` (``rows`` a multiple of ``width``, the lanes of a vector), ``y[j]`` is ``y_loads[j]``; a column
+    sum has no ``y_loads`` (one column) and sums ``x[i]``. Its result goes to slot ``j * rows + i`` of the tile
+    array."""
 
     accs: tuple[UOp, ...]
     cells: tuple[tuple[int, int], ...]
