@@ -19,6 +19,7 @@ code covers this module).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ember.renderer import DType, GroupOp, Ops, UOp, dtypes
@@ -38,10 +39,30 @@ def _loop_body(uops: list[UOp], reduce_range: UOp) -> tuple[int, list[UOp]] | No
     return None if end is None else (start, uops[start + 1:end])
 
 
+def _load_of(factor: UOp) -> UOp | None:
+    """The plain load a tile's factor reads: the factor itself, or the load in ``max(load, c)`` with ``c`` a
+    constant that is not nan (a relu of the loaded value); None for anything else."""
+    load = factor.src[0] if factor.op is Ops.MAX and factor.src[1].op is Ops.CONST and \
+        not math.isnan(float(factor.src[1].arg)) else factor
+    return load if load.op is Ops.LOAD and len(load.src) == 2 and load.dtype == factor.dtype else None
+
+
+def _load_src(factor: UOp) -> UOp:
+    """The load of a factor :func:`_load_of` accepted."""
+    load = _load_of(factor)
+    assert load is not None, "a tile factor without its load"
+    return load
+
+
+def _buffer(factor: UOp) -> UOp:
+    """The buffer a tile factor reads."""
+    return _load_src(factor).src[0]
+
+
 def _update(assign: UOp) -> tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]] | None:
-    """``(acc, add, mul, assign, loads)`` when ``assign`` updates ``acc`` as ``acc + a * b`` (``mul`` is that
-    product, ``loads`` are ``a`` and ``b``) or ``acc + a`` (``mul`` is None), in either order, ``a`` and ``b``
-    plain loads of the accumulator's float type; None otherwise."""
+    """``(acc, add, mul, assign, factors)`` when ``assign`` updates ``acc`` as ``acc + a * b`` (``mul`` is that
+    product, ``factors`` are ``a`` and ``b``) or ``acc + a`` (``mul`` is None), in either order, ``a`` and ``b``
+    loads of the accumulator's float type (or relus of loads, see :func:`_load_of`); None otherwise."""
     acc, val = assign.src
     if acc.op is not Ops.DEFINE_ACC or val.op is not Ops.ADD or acc.value_dtype not in (dtypes.float32,
                                                                                          dtypes.float64):
@@ -55,7 +76,7 @@ def _update(assign: UOp) -> tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]] | 
     if val.dtype != acc.value_dtype or term.dtype != acc.value_dtype:
         return None
     mul, loads = (term, term.src) if term.op is Ops.MUL else (None, (term,))
-    if any(s.op is not Ops.LOAD or len(s.src) != 2 or s.dtype != acc.value_dtype for s in loads):
+    if any(s.dtype != acc.value_dtype or _load_of(s) is None for s in loads):
         return None
     return acc, val, mul, assign, loads
 
@@ -78,6 +99,8 @@ class VectorTile:
     #: the accumulators' common starting value
     init: UOp
     x_load: UOp
+    #: ``x[i]`` is ``max(element, x_max)`` (a relu) where not None
+    x_max: object
     y_loads: tuple[UOp, ...]
     #: every load in the loop, in order (each is still rendered: its buffer and index name the vector code's)
     body_loads: tuple[UOp, ...]
@@ -110,8 +133,8 @@ class VectorTile:
         best: VectorTile | None = None
         if all(mul is None for _, _, mul, _, _ in ups):
             # a column sum: each update adds one element of one buffer
-            bufs: tuple[UOp, ...] = (ups[0][4][0].src[0],)
-            if any(loads[0].src[0] is not bufs[0] for *_, loads in ups):
+            bufs: tuple[UOp, ...] = (_buffer(ups[0][4][0]),)
+            if any(_buffer(loads[0]) is not bufs[0] for *_, loads in ups):
                 return None
             best = VectorTile._grid(ups, [loads[0] for *_, loads in ups], None, dt, init, vector_bytes)
             # not an unrolled sum along a contiguous run (its steps read on where the tile's run ends): that is
@@ -123,12 +146,12 @@ class VectorTile:
         else:
             # the two buffers every update multiplies, and each update's load of each
             first = ups[0][4]
-            bufs = (first[0].src[0], first[1].src[0])
+            bufs = (_buffer(first[0]), _buffer(first[1]))
             if bufs[0] is bufs[1]:
                 return None
             per_buf: list[list[UOp]] = [[], []]
             for *_, loads in ups:
-                by_buf = {ld.src[0]: ld for ld in loads}
+                by_buf = {_buffer(ld): ld for ld in loads}
                 if set(by_buf) != set(bufs):
                     return None
                 for b in (0, 1):
@@ -154,7 +177,7 @@ class VectorTile:
         if [u for u in uops[since + 1:start] if u.op is Ops.DEFINE_ACC] != list(best.accs):
             return None
         return VectorTile(best.accs, best.cells, best.rows, best.cols, best.width, dt, init, best.x_load,
-                          best.y_loads, tuple(body_loads), best.dropped)
+                          best.x_max, best.y_loads, tuple(body_loads), best.dropped)
 
     @staticmethod
     def _grid(ups: list[tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]]], xs: list[UOp], ys: list[UOp] | None,
@@ -162,8 +185,8 @@ class VectorTile:
         """The tile with ``xs`` (each update's load of one buffer) as the neighbouring elements ``x[i]`` and
         ``ys`` as ``y[j]`` (None: a column sum, one column), or None when the loads do not form a full
         ``rows x cols`` grid that way."""
-        def offsets(loads: list[UOp]) -> list[int] | None:
-            forms = [_affine(ld.src[1]) for ld in loads]
+        def offsets(factors: list[UOp]) -> list[int] | None:
+            forms = [_affine(_load_src(f).src[1]) for f in factors]
             if any(f[0] != forms[0][0] for f in forms):
                 return None  # indices that differ by more than a constant
             return [f[1] for f in forms]
@@ -181,11 +204,17 @@ class VectorTile:
             width //= 2
         if width * dt.itemsize < MIN_VECTOR_BYTES:
             return None
-        x_load = xs[xo.index(x0)]
+        # the x factors all loads, or all relus against one constant; the y factors loads
+        relus = {f.src[1].arg if f.op is Ops.MAX else None for f in xs}
+        if len(relus) != 1 or any(f.op is not Ops.LOAD for f in ys or ()):
+            return None
+        x_max = relus.pop()
+        x_load = _load_src(xs[xo.index(x0)])
         y_loads = tuple(ys[yo.index(y)] for y in ycols) if ys is not None else ()
         dropped = frozenset(u for _, add, mul, assign, _ in ups for u in (add, mul, assign) if u is not None)
-        return VectorTile(tuple(up[0] for up in ups), cells, rows, len(ycols), width, dt, init, x_load, y_loads,
-                          (), dropped)
+        dropped |= {f for f in xs if f.op is Ops.MAX}
+        return VectorTile(tuple(up[0] for up in ups), cells, rows, len(ycols), width, dt, init, x_load, x_max,
+                          y_loads, (), dropped)
 
 
 class VectorTiles(RolledEpilogues):
@@ -259,6 +288,8 @@ class VectorTiles(RolledEpilogues):
         nvec = tile.rows // tile.width
         lines = [f"  {vt} {name}_x{v}; __builtin_memcpy(&{name}_x{v}, &{xbuf}[{xidx}] + {v * tile.width}, "
                  f"sizeof({name}_x{v}));" for v in range(nvec)]
+        if tile.x_max is not None:
+            lines += self._vector_max(tile, name, nvec, declared)
         if not tile.y_loads:  # a column sum
             return lines + [f"  {name}_a0_{v} = {name}_a0_{v} + {name}_x{v};" for v in range(nvec)]
         for j, y in enumerate(tile.y_loads):
@@ -268,6 +299,20 @@ class VectorTiles(RolledEpilogues):
                 acc = f"{name}_a{j}_{v}"
                 lines.append(f"    {vt} {name}_p{v} = {name}_x{v} * {name}_y; {acc} = {acc} + {name}_p{v};")
             lines.append("  }")
+        return lines
+
+    def _vector_max(self, tile: VectorTile, name: str, nvec: int, declared: dict[str, str]) -> list[str]:
+        """``x = max(x, c)`` on the loaded vectors as the scalar ``!(x <= c) ? x : c`` computes it (a nan is kept,
+        an equal value gives ``c``): C has no vector ``?:``, so the lanes are chosen through the compare's mask."""
+        vt = self.vector_type(tile, declared)
+        it = f"ember_v{tile.width}i{tile.dtype.itemsize}"
+        ints = "int" if tile.dtype.itemsize == 4 else "long long"
+        declared[it] = f"  typedef {ints} {it} __attribute__((vector_size({tile.width * tile.dtype.itemsize})));"
+        c = self.render_const(tile.x_max, tile.dtype)
+        lines = [f"  const {vt} {name}_c = {{{', '.join([c] * tile.width)}}};"]
+        for v in range(nvec):
+            x = f"{name}_x{v}"
+            lines.append(f"  {{ {it} m = {x} <= {name}_c; {x} = ({vt})((~m & ({it}){x}) | (m & ({it}){name}_c)); }}")
         return lines
 
     def vector_tile_results(self, n_accs: int, tile_name: str) -> tuple[list[str], list[str]] | None:

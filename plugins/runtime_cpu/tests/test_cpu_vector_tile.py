@@ -137,6 +137,34 @@ def test_float64_tile_has_eight_lane_vectors():
     np.testing.assert_array_equal(vec, scalar)
 
 
+def in_order_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a @ b`` in float32 summed in order over k, each step one fused multiply-add (one rounding: the float64
+    product is exact) or a multiply and an add (two roundings)."""
+    fused = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    split = fused.copy()
+    for k in range(a.shape[1]):
+        p = a[:, k, None].astype(np.float64) * b[None, k, :].astype(np.float64)
+        fused = (p + fused).astype(np.float32)
+        split = p.astype(np.float32) + split
+    return fused, split
+
+
+def test_tile_of_a_relu_operand():
+    """``g.T @ relu(h)`` (the last layer's weight gradient, the relu recomputed in the loop): ``h``'s vectors go
+    through the relu's compare-and-select (a nan kept, -0.0 made 0.0, as the scalar relu does), and each output is
+    the sum in order, every step contracted into a fused multiply-add or none (gcc's scalar tile of this kernel
+    contracts only some of its accumulators: it may differ from it in the last bit)."""
+    g_np, h_np = randf(48, 10), randf(48, 64)
+    h_np[0, :3] = [np.nan, -0.0, np.inf]
+    g, h = tensors(g_np, h_np)
+    src, vec, scalar = run_both(g.T @ h.relu(), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 2)])
+    assert "vtile0_a1_1" in src and "vtile0_c" in src, src
+    relu = np.where((h_np > 0) | np.isnan(h_np), h_np, np.float32(0))
+    fused, split = in_order_sums(np.ascontiguousarray(g_np.T), relu)
+    assert np.array_equal(vec, fused, equal_nan=True) or np.array_equal(vec, split, equal_nan=True)
+    np.testing.assert_allclose(vec, scalar, rtol=1e-5, atol=1e-6)
+
+
 def test_column_sum_tile_is_vector_code_and_exact():
     """A column sum (a bias gradient) with a 64-wide tile: each accumulator adds one element per row, four
     16-lane vectors per step, in the same order as the scalar tile."""
