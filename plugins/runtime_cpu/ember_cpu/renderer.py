@@ -1,9 +1,11 @@
 """The CPU plugin's C dialect: one uniform entry point per kernel, OpenMP on the outer loop.
 
-The C it writes is scalar; speed comes from giving the host compiler code it can vectorize:
+The C it writes is mostly scalar; speed comes from giving the host compiler code it can vectorize:
 register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` from
 :attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`; their results handed on
-in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`), ``omp simd`` on
+in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`; an outer-product tile, a matmul's,
+is written with vector types instead, which builds several times faster, see
+:mod:`ember_cpu.renderer_vector_tile`), ``omp simd`` on
 unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
 
@@ -36,6 +38,7 @@ from ember.renderer import (
 )
 from ember_cpu.compiler import host_cpu
 from ember_cpu.renderer_tile_order import TileOrders
+from ember_cpu.renderer_vector_tile import VectorTile, VectorTiles
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a
 #: degree-8 Taylor polynomial (relative error < 3e-10), one rounding to float at the end. That is
@@ -245,7 +248,7 @@ class MaxTile:
         return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
 
 
-class CPURenderer(CStyleRenderer, TileOrders):
+class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     """Plain C for the host compiler.
 
     Every kernel has the signature ``void NAME(void** bufs, const long long* vals)`` so the
@@ -276,6 +279,8 @@ class CPURenderer(CStyleRenderer, TileOrders):
         self._tile_load: tuple[str, str] | None = None
         self._closed_tile: str | None = None
         self._declared_tiles: list[str] = []
+        self._vector_tiles: dict[UOp, VectorTile] = {}
+        self.find_vector_tiles([])  # no tile open
         self.variant = f"float16={float16}"
         if self.emulated_half:
             self.type_map = {**self.type_map, dtypes.float16: "float"}
@@ -295,6 +300,7 @@ class CPURenderer(CStyleRenderer, TileOrders):
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         if self._open_tile is not None and self._tile_load is None:
             self._tile_load = (buf, idx)  # a max tile's first element: the tile's loop reads on from it
+        self.vector_tile_load(buf, idx)
         if self._is_soft_half(dt):
             return f"ember_f16_to_f32({buf}[{idx}])"
         return super().render_load_value(buf, idx, dt)
@@ -389,10 +395,12 @@ class CPURenderer(CStyleRenderer, TileOrders):
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and (tile := MaxTile.find(uops, u)) is not None:
                 self._max_tiles[u] = tile
         self._open_tile, self._tile_load, self._closed_tile, self._declared_tiles = None, None, None, []
+        # outer-product register tiles: written with vector types (see VectorTile); their multiply-adds left out
+        self._vector_tiles = self.find_vector_tiles(uops)
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
-        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles))
+        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles))
         self._closing: UOp | None = None
-        dropped = set().union(*(t.dropped for t in self._max_tiles.values()))
+        dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
         return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
@@ -436,6 +444,9 @@ class CPURenderer(CStyleRenderer, TileOrders):
         code after it reads (the compiler barrier keeps the stores, so the compiler sees one contiguous group of
         them, in the array's order). A max tile's results are its array's elements."""
         closing, self._closing = self._closing, None
+        if (vector := self.vector_tile_results(len(accs), f"tile{self._tiles}")) is not None:
+            self._tiles += 1
+            return vector
         if self._closed_tile is not None:
             arr, self._closed_tile = self._closed_tile, None
             return [], [f"{arr}[{j}]" for j in range(len(accs))]
@@ -462,6 +473,8 @@ class CPURenderer(CStyleRenderer, TileOrders):
 
     def render_range_close(self, u: UOp) -> list[str]:
         self._closing = u  # the loop whose results render_loop_results names next
+        if u in self._vector_tiles:
+            return self.vector_tile_step(self._vector_tiles[u], self._declared) + super().render_range_close(u)
         if u not in self._max_tiles:
             return super().render_range_close(u)
         # the tile's per-element uops are gone: its loop must be rendered here
@@ -484,6 +497,8 @@ class CPURenderer(CStyleRenderer, TileOrders):
         loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
         if u in self._max_tiles:
             return self._max_tile_open(u, loop)
+        if u in self._vector_tiles:
+            return self.vector_tile_open(self._vector_tiles[u], loop, self._declared)
         simd = u in self.simd_ranges
         if u.arg[1] == "thread":
             return self._thread_loop(loop)

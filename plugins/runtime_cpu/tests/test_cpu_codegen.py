@@ -33,9 +33,10 @@ def private_cache_dir(tmp_path_factory):
 class RegisterFile(CPURenderer):
     """A CPU renderer with a chosen register file, so tile choices do not depend on the test machine."""
 
-    def __init__(self, lanes: int, registers: int):
+    def __init__(self, lanes: int, registers: int, vector_tiles: bool = True):
         super().__init__()
         self.vector_floats, self.vector_registers = lanes, registers
+        self.vector_tiles = vector_tiles
 
 
 def kernel_ast(t: Tensor):
@@ -205,10 +206,11 @@ def test_tile_with_lanes_across_its_accumulators_stores_them_in_load_order():
     """``a.T @ b.T``: the tile's lanes run along a's rows (output axis 0, which a is contiguous along), while its
     accumulators are numbered along axis 1. The accumulators go to an array in load order (slot 1 holds output
     row 1 of column 0: accumulator 8 of a 32 x 8 tile), so gcc's lanes read neighbouring elements of a; an
-    ``a @ b`` tile, numbered along its loads already, is stored as it is. Both match numpy."""
+    ``a @ b`` tile, numbered along its loads already, is stored as it is. Both match numpy. (Such tiles are
+    written with vector types by default, see test_cpu_vector_tile.py; this is the scalar tile's order.)"""
     a_np, b_np = randf(128, 256), randf(128, 128)  # a: (k, n), b: (m, k)
     a, b = realized(a_np, b_np)
-    renderer = RegisterFile(16, 32)
+    renderer = RegisterFile(16, 32, vector_tiles=False)
     out = a.T @ b.T
     ast = kernel_ast(out)
     src = get_program(ast, renderer, opts=[Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)]).src

@@ -1,0 +1,212 @@
+"""Outer-product register tiles written with C vector types (ember_cpu.renderer_vector_tile), and their
+epilogues rolled into loops (ember_cpu.renderer_rolled_epilogue).
+
+Each case renders one kernel with chosen opts twice, with vector tiles and without, runs both, and checks
+the source took the path it should, the result matches numpy, and the vector tile's result equals the scalar
+tile's bit for bit (the same products summed in the same order, contracted into fused multiply-adds, or not,
+alike; the same operations on each element after the loop)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Tensor, dtypes
+from ember.codegen import get_program
+from ember.codegen.opts import Opt
+from ember.dtype import to_np_dtype
+from ember.engine.realize import CompiledRunner, run_schedule
+from ember_cpu.compiler import find_cc
+from ember_cpu.renderer import CPURenderer
+
+pytestmark = pytest.mark.skipif(find_cc() is None, reason="no C compiler found")
+
+RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache_dir(tmp_path_factory):
+    """Kernels compiled here go to a folder of their own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
+        yield
+
+
+class Lanes(CPURenderer):
+    """A CPU renderer with 16-float vectors (or none), whatever the test machine has."""
+
+    def __init__(self, vector_tiles: bool, rolled: bool = True):
+        super().__init__()
+        self.vector_floats, self.vector_registers, self.vector_tiles = 16, 32, vector_tiles
+        self.rolled_epilogues = rolled
+
+
+def randf(*shape: int, dtype=np.float32) -> np.ndarray:
+    return RNG.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def tensors(*arrays: np.ndarray) -> list[Tensor]:
+    return [Tensor(a, device="CPU").realize() for a in arrays]
+
+
+def run_both(out: Tensor, opts: list[Opt], rolled: bool = True) -> tuple[str, np.ndarray, np.ndarray]:
+    """``out``'s last kernel rendered with ``opts``, with vector tiles (epilogues ``rolled`` where they can be)
+    and without: the vector tile's source and what each wrote."""
+    sched = out.schedule()
+    run_schedule(sched[:-1])
+    si = sched[-1]
+    results, srcs = [], []
+    for vector in (True, False):
+        spec = get_program(si.ast, Lanes(vector, rolled), opts=opts)
+        for b in si.bufs:
+            b.allocate()
+        CompiledRunner("CPU", spec)(list(si.bufs), wait=True)
+        buf = si.bufs[0]
+        results.append(np.frombuffer(buf.as_bytes(), to_np_dtype(buf.dtype)).copy().reshape(out.shape))
+        srcs.append(spec.src)
+    assert "vtile" not in srcs[1]
+    return srcs[0], results[0], results[1]
+
+
+@pytest.mark.parametrize("m,k,n,opts", [
+    (64, 37, 64, [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)]),   # two 16-lane vectors per row, odd K
+    (32, 48, 64, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)]),   # one vector per row
+    (16, 9, 40, [Opt("UPCAST", 1, 8), Opt("UPCAST", 0, 4)]),     # rows of 8: half-width vectors
+    (24, 5, 48, [Opt("UPCAST", 1, 48), Opt("UPCAST", 0, 3)]),    # three vectors, three columns
+])
+def test_matmul_tile_is_vector_code_and_exact(m, k, n, opts):
+    a_np, b_np = randf(m, k), randf(k, n)
+    a, b = tensors(a_np, b_np)
+    src, vec, scalar = run_both(a @ b, opts)
+    assert "vtile0_a0_0" in src and "__attribute__((vector_size(" in src, src
+    assert "vtile0_e_i" in src, src  # the stores after the loop: one loop over the tile
+    np.testing.assert_allclose(vec, a_np @ b_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_tile_with_lanes_along_the_first_operand():
+    """``a.T @ b.T``: the neighbouring loads are ``a``'s, the first operand of each product."""
+    a_np, b_np = randf(40, 64), randf(32, 40)  # a: (k, n), b: (m, k)
+    a, b = tensors(a_np, b_np)
+    src, vec, scalar = run_both(a.T @ b.T, [Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)])
+    assert "vtile0_a0_0" in src, src
+    np.testing.assert_allclose(vec, a_np.T @ b_np.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+@pytest.mark.parametrize("rolled", [True, False])
+def test_fused_bias_and_relu_after_the_tile(rolled):
+    """The bias and relu after the loop: one loop over the tile's elements (or, not rolled, one statement
+    each), the same operations on each element either way."""
+    a_np, b_np, bias_np = randf(64, 33), randf(33, 64), randf(64)
+    a, b, bias = tensors(a_np, b_np, bias_np)
+    src, vec, scalar = run_both((a @ b + bias).relu(), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)], rolled)
+    assert "vtile0_a0_0" in src and "tile0[" in src, src
+    assert ("vtile0_e_i" in src) == rolled and ("#pragma omp simd" in src) == rolled, src
+    np.testing.assert_allclose(vec, np.maximum(a_np @ b_np + bias_np, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_sgd_step_after_the_tile():
+    """An SGD step on a weight gradient (``w - lr * x.T @ g``): each element reads its weight and the one
+    learning rate."""
+    x_np, g_np, w_np = randf(40, 64), randf(40, 32), randf(64, 32)
+    x, g, w = tensors(x_np, g_np, w_np)
+    lr = Tensor(np.array([0.125], np.float32), device="CPU").realize()
+    src, vec, scalar = run_both(w - lr * (x.T @ g), [Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)])
+    assert "vtile0_e_i" in src, src
+    np.testing.assert_allclose(vec, w_np - np.float32(0.125) * (x_np.T @ g_np), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_sgd_update_in_place_matches_numpy():
+    """The same step written back into ``w`` (the optimizer's kernel: each element loads the weight it then
+    stores), run once with the CPU device's own renderer."""
+    x_np, g_np, w_np = randf(256, 512), randf(256, 128), randf(512, 128)
+    x, g, w = tensors(x_np, g_np, w_np)
+    w.assign(w - 0.125 * (x.T @ g)).realize()
+    np.testing.assert_allclose(w.numpy(), w_np - np.float32(0.125) * (x_np.T @ g_np), rtol=1e-4, atol=1e-4)
+
+
+def test_float64_tile_has_eight_lane_vectors():
+    a_np, b_np = randf(32, 21, dtype=np.float64), randf(21, 32, dtype=np.float64)
+    a, b = tensors(a_np, b_np)
+    assert a.dtype == dtypes.float64
+    src, vec, scalar = run_both(a @ b, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)])
+    assert "vtile0_a0_0" in src and "typedef double ember_v8d" in src, src
+    np.testing.assert_allclose(vec, a_np @ b_np, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def in_order_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a @ b`` in float32 summed in order over k, each step one fused multiply-add (one rounding: the float64
+    product is exact) or a multiply and an add (two roundings)."""
+    fused = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    split = fused.copy()
+    for k in range(a.shape[1]):
+        p = a[:, k, None].astype(np.float64) * b[None, k, :].astype(np.float64)
+        fused = (p + fused).astype(np.float32)
+        split = p.astype(np.float32) + split
+    return fused, split
+
+
+def test_tile_of_a_relu_operand():
+    """``g.T @ relu(h)`` (the last layer's weight gradient, the relu recomputed in the loop): ``h``'s vectors go
+    through the relu's compare-and-select (a nan kept, -0.0 made 0.0, as the scalar relu does), and each output is
+    the sum in order, every step contracted into a fused multiply-add or none (gcc's scalar tile of this kernel
+    contracts only some of its accumulators: it may differ from it in the last bit)."""
+    g_np, h_np = randf(48, 10), randf(48, 64)
+    h_np[0, :3] = [np.nan, -0.0, np.inf]
+    g, h = tensors(g_np, h_np)
+    src, vec, scalar = run_both(g.T @ h.relu(), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 2)])
+    assert "vtile0_a1_1" in src and "vtile0_c" in src, src
+    relu = np.where((h_np > 0) | np.isnan(h_np), h_np, np.float32(0))
+    fused, split = in_order_sums(np.ascontiguousarray(g_np.T), relu)
+    assert np.array_equal(vec, fused, equal_nan=True) or np.array_equal(vec, split, equal_nan=True)
+    np.testing.assert_allclose(vec, scalar, rtol=1e-5, atol=1e-6)
+
+
+def test_column_sum_tile_is_vector_code_and_exact():
+    """A column sum (a bias gradient) with a 64-wide tile: each accumulator adds one element per row, four
+    16-lane vectors per step, in the same order as the scalar tile."""
+    x_np = randf(96, 128)
+    (x,) = tensors(x_np)
+    src, vec, scalar = run_both(x.sum(0), [Opt("UPCAST", 1, 64)])
+    assert "vtile0_a0_3" in src and "vtile0_e_i" in src, src
+    np.testing.assert_allclose(vec, x_np.sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_unrolled_row_sum_is_left_to_the_simd_reduction():
+    """An unrolled sum along a contiguous row (accumulator k adds elements k, k + 8, ...) is no column sum:
+    it stays the ``omp simd`` reduction it was."""
+    x_np = randf(16, 512)
+    (x,) = tensors(x_np)
+    src, vec, _ = run_both(x.sum(1), [Opt("UNROLL", 1, 8)])
+    assert "vtile" not in src and "#pragma omp simd reduction" in src, src
+    np.testing.assert_allclose(vec, x_np.sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["sums_along_k", "rows_narrower_than_a_vector", "work_inside_the_loop"])
+def test_other_tiles_stay_scalar(case):
+    """Tiles that are no outer product of neighbouring loads are rendered as before (and still exact)."""
+    x_np, w_np = randf(32, 48), randf(48, 48)
+    x, w = tensors(x_np, w_np)
+    if case == "sums_along_k":  # x @ w.T: both loads run along the reduction
+        out, want, opts = x @ w.T, x_np @ w_np.T, [Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 4)]
+    elif case == "rows_narrower_than_a_vector":  # 2 floats: narrower than the narrowest vector
+        out, want, opts = x @ w, x_np @ w_np, [Opt("UPCAST", 1, 2), Opt("UPCAST", 0, 8)]
+    else:  # a relu of each product inside the loop
+        out = (x.reshape(32, 48, 1) * w.reshape(1, 48, 48)).relu().sum(1)
+        want = np.maximum(x_np[:, :, None] * w_np[None], 0).sum(1)
+        opts = [Opt("UPCAST", 2, 16), Opt("UPCAST", 0, 4)]
+    src, vec, scalar = run_both(out, opts)
+    assert "vtile" not in src, src
+    np.testing.assert_allclose(vec, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def test_lowering_cache_fingerprint_covers_the_vector_tile_module():
+    """The vector tile module is part of the renderer's class hierarchy, so the lowering cache's key covers it."""
+    import ember_cpu.renderer_vector_tile as vector_tile_module
+
+    assert vector_tile_module.__name__ in {cls.__module__ for cls in CPURenderer.__mro__}
