@@ -14,12 +14,17 @@ class, so the lowering cache's fingerprint of the renderer's code covers this mo
 """
 from __future__ import annotations
 
+import functools
+
 from ember.renderer import Ops, UOp, split_terms, term_coeff, toposort
 
 #: an index as (its variable terms with their coefficients, its constant)
 Affine = tuple[frozenset[tuple[UOp, int]], int]
 
 
+# a tile's analyses ask for the same few hundred indices again and again (once per accumulator and per epilogue
+# element): UOps are immutable and interned, so the answer for a node never changes
+@functools.lru_cache(maxsize=1 << 14)
 def _affine(idx: UOp) -> Affine:
     """``idx`` as its variable terms and its constant (a term that is not affine counts as a variable)."""
     terms: dict[UOp, int] = {}
