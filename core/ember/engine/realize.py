@@ -228,10 +228,13 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         compiler = Device[device].compiler
         specs: list[ProgramSpec] = []
         slow: list[int] = []  # kernels running from a quick build, to upgrade
+        clock = _BatchClock()
         if tiers.enabled() and compiler.quick_tier() is not None:
-            binaries, slow = tiers.quick_binaries(compiler, _render(keys, specs))
+            binaries, slow = tiers.quick_binaries(compiler, _render(keys, specs, clock))
         else:
-            binaries = compiler.compile_cached_stream(_render(keys, specs))
+            binaries = compiler.compile_cached_stream(_render(keys, specs, clock))
+        if DEBUG >= 2:
+            print(clock.report(device, len(keys)))
         runners = [CompiledRunner(device, spec, binary, ast_var_names(key[1]))
                    for key, spec, binary in zip(keys, specs, binaries)]
         for key, runner in zip(keys, runners):
@@ -240,11 +243,41 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
             tiers.upgrade_later(compiler, [runners[i] for i in slow])
 
 
-def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec]) -> Iterator[str]:
+def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec], clock: _BatchClock) -> Iterator[str]:
     """Each kernel's source, rendered when asked for; its program spec is appended to ``specs``."""
     for key in keys:
+        start = time.perf_counter()
         specs.append(program_for(*key))
+        clock.rendering += time.perf_counter() - start
         yield specs[-1].src
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished child processes (the compiler's), or 0 where that is unknown."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0.0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _BatchClock:
+    """Where the time of getting a batch of new kernels ready goes (printed under ``DEBUG>=2``): lowering and
+    rendering in Python, waiting for the compiler after that, and the compiler processes' CPU time."""
+
+    def __init__(self) -> None:
+        self.start, self.children, self.built = time.perf_counter(), _children_cpu(), GlobalCounters.kernels_compiled
+        self.rendering = 0.0
+
+    def report(self, device: str, kernels: int) -> str:
+        total = time.perf_counter() - self.start
+        built = GlobalCounters.kernels_compiled - self.built
+        children = _children_cpu() - self.children  # (a compiler that builds in this process has none)
+        processes = f" ({children:.2f} s CPU in compiler processes)" if children >= 0.005 else ""
+        return (f"{device}: {kernels} new kernel{'s' if kernels != 1 else ''} ready in {total:.3f} s: lowering and "
+                f"rendering {self.rendering:.3f} s, then {max(0.0, total - self.rendering):.3f} s waiting for the "
+                f"compiler; {built} built{processes}, {kernels - built} from the cache")
 
 
 def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
