@@ -85,7 +85,8 @@ class DType:
 
 
 def _value_range(kind: str, itemsize: int) -> tuple[Any, Any]:
-    """(False, True) for bool, ``dtypes.min`` and ``dtypes.max`` for ints, (-inf, inf) for floats."""
+    """The smallest and largest value of a dtype (``dtypes.min``/``max``): (False, True) for bool, the integer
+    range for ints, (-inf, inf) for floats."""
     bits = itemsize * 8
     if kind == "b":
         return False, True
@@ -201,20 +202,12 @@ class dtypes:
     @staticmethod
     def min(dt: DType) -> Any:
         """Smallest value representable (``-inf`` for floats)."""
-        if dt.kind == "b":
-            return False
-        if dt.kind == "f":
-            return -math.inf
-        return 0 if dt.kind == "u" else -(2 ** (dt.bitsize - 1))
+        return dt._lo_hi[0]  # type: ignore[attr-defined]
 
     @staticmethod
     def max(dt: DType) -> Any:
         """Largest value representable (``inf`` for floats)."""
-        if dt.kind == "b":
-            return True
-        if dt.kind == "f":
-            return math.inf
-        return 2 ** dt.bitsize - 1 if dt.kind == "u" else 2 ** (dt.bitsize - 1) - 1
+        return dt._lo_hi[1]  # type: ignore[attr-defined]
 
     @staticmethod
     def fields() -> dict[str, DType]:

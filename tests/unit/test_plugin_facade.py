@@ -19,8 +19,8 @@ FACADE = ("ember.device", "ember.renderer", "ember.dtype", "ember.ir")
 #: developer tools shipped inside a plugin package that drive codegen themselves (not part of the device):
 #: file (relative to plugins/) -> the extra core modules it may import
 TOOLS = {
-    "runtime_cuda/ember_cuda/corpus_check.py": ("ember.codegen", "ember.engine.corpus"),
-    "runtime_amd_hcq/ember_amd/corpus_check.py": ("ember.codegen", "ember.engine.corpus"),
+    "runtime_cuda/ember_cuda/corpus_check.py": ("ember.codegen", "ember.testing"),
+    "runtime_amd_hcq/ember_amd/corpus_check.py": ("ember.codegen", "ember.testing"),
 }
 
 

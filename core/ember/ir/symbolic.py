@@ -133,8 +133,11 @@ def _is_const_of(k: UOp, dtype: DType, c: int) -> bool:
 
 def _canonical_sum(x: UOp) -> UOp | None:
     """Combine like terms and constants of a nested sum; None when already canonical."""
-    if _is_canonical_sum(x):
-        return None
+    return None if _is_canonical_sum(x) else _rebuilt_sum(x)
+
+
+def _rebuilt_sum(x: UOp) -> UOp | None:
+    """``x`` rebuilt with its like terms and constants combined; None when that gives ``x`` itself."""
     terms = split_terms(x)
     if len(terms) < 2:
         return None

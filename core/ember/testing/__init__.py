@@ -20,4 +20,11 @@ checks a device against numpy and against ember's PYTHON reference device:
 
 Every first-party plugin runs it in CI; a third-party plugin should too. ``bench/fuzz.py`` runs
 the fuzzer at scale.
+
+A plugin for hardware the test machine lacks checks its renderer and compiler on a kernel corpus instead:
+every kernel AST a workload lowered (recorded with ``KERNEL_CORPUS=<folder>``), read back with
+:func:`load_corpus`.
 """
+from ember.engine.corpus import load_corpus
+
+__all__ = ["load_corpus"]

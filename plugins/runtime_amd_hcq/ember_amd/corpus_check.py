@@ -1,6 +1,6 @@
 """Render and compile a kernel corpus for AMD GPU targets without a GPU, and check each code object (what CI runs).
 
-A corpus (:mod:`ember.engine.corpus`) holds every kernel AST a workload lowered. For each target,
+A corpus (:func:`ember.testing.load_corpus`) holds every kernel AST a workload lowered. For each target,
 each AST is lowered by codegen for that target's renderer, the sources are joined into programs of
 :data:`BATCH` kernels, each program is compiled and linked by clang (two at a time: clang is a
 process), and every kernel's entry in the code object's metadata note is checked
@@ -189,7 +189,7 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ember_amd.corpus_check DIR [--arch gfx1100 ...]``: compile a recorded corpus, print timings."""
-    from ember.engine.corpus import load_corpus
+    from ember.testing import load_corpus
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("corpus", help="a folder recorded with KERNEL_CORPUS=<folder>")

@@ -18,7 +18,7 @@ from ember_amd.corpus_check import ARCHS, arch_limits, check_corpus, check_kerne
 from ember_amd.elf import ArgInfo, KernelInfo
 from ember_amd.renderer import AMDRenderer
 
-from ember.engine.corpus import load_corpus
+from ember.testing import load_corpus
 from ember.testing.kernels import representative_asts
 
 

@@ -17,17 +17,11 @@ from ember.codegen.opts import Opt, heuristic_opts
 from ember_cpu.compiler import BASE_FLAGS, find_cc
 from ember_cpu.renderer import CPURenderer
 
-pytestmark = pytest.mark.skipif(find_cc() is None, reason="no C compiler found")
+pytestmark = [pytest.mark.skipif(find_cc() is None, reason="no C compiler found"),
+              pytest.mark.usefixtures("private_cache_dir")]
 
 RNG = np.random.default_rng(11)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def private_cache_dir(tmp_path_factory):
-    """Kernels compiled here go to a folder of their own."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
-        yield
 
 
 class RegisterFile(CPURenderer):

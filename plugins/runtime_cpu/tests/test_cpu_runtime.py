@@ -23,7 +23,8 @@ from ember_cpu.device import CPUDevice
 from ember_cpu.graph import CPUGraph
 from ember_cpu.runtime import CPUProgram
 
-pytestmark = pytest.mark.skipif(find_cc() is None, reason="no C compiler found")
+pytestmark = [pytest.mark.skipif(find_cc() is None, reason="no C compiler found"),
+              pytest.mark.usefixtures("private_cache_dir")]
 
 ADD_SRC = """
 void add(void **bufs, const long long *vals) {
@@ -68,13 +69,6 @@ void omp_sqrt(void **bufs, const long long *vals) {
 }
 """
 
-
-@pytest.fixture(scope="module", autouse=True)
-def private_cache_dir(tmp_path_factory):
-    """Keep the compile cache of these tests out of the user's cache folder."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
-        yield
 
 
 @pytest.fixture(scope="module")

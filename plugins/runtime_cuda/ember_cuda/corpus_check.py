@@ -1,6 +1,6 @@
 """Render and compile a kernel corpus for CUDA architectures without a GPU (what CI runs).
 
-A corpus (:mod:`ember.engine.corpus`) holds every kernel AST a workload lowered. For each
+A corpus (:func:`ember.testing.load_corpus`) holds every kernel AST a workload lowered. For each
 architecture, each AST is lowered by codegen for that architecture's renderer, the sources are
 joined into programs of :data:`BATCH` kernels (as the device's compiler joins a schedule), each
 program is compiled to PTX by NVRTC, and ``ptxas`` (the CUDA toolkit's, when there is one) assembles
@@ -132,7 +132,7 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ember_cuda.corpus_check DIR [--arch sm_80 ...]``: compile a recorded corpus, print timings."""
-    from ember.engine.corpus import load_corpus
+    from ember.testing import load_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("corpus", help="a folder recorded with KERNEL_CORPUS=<folder>")

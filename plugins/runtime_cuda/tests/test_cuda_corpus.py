@@ -15,7 +15,7 @@ import time
 import pytest
 from ember_cuda.corpus_check import ARCHS, check_corpus, find_ptxas
 
-from ember.engine.corpus import load_corpus
+from ember.testing import load_corpus
 from ember.testing.kernels import representative_asts
 
 pytestmark = pytest.mark.usefixtures("nvrtc_available")

@@ -21,8 +21,8 @@ from metal_msl_check import check_msl
 
 from ember.codegen import get_program
 from ember.dtype import f32_to_bf16, to_np_dtype
-from ember.engine.corpus import load_corpus
 from ember.renderer import Ops, PtrDType, dtypes
+from ember.testing import load_corpus
 
 pytestmark = pytest.mark.corpus
 
