@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ember.device.batch_compiler import FORMAT, BatchCompiler, KernelBinary, join_sources
+from ember.device.batch_compiler import FORMAT, BatchCompiler, KernelBinary, _finish, join_sources
 from ember.device.compiler import CompileError
 
 PATTERN = re.compile(r"^kernel (\w+)\(", re.MULTILINE)
@@ -70,20 +70,27 @@ def test_a_batch_is_one_build_and_each_kernel_names_its_symbol():
     assert out[0].program == out[1].program == c.built[0].encode()
 
 
+def big(name: str, n: int = 1) -> str:
+    """A source worth about ``n`` builds' fixed costs (FakeCompiler keeps the default ``build_overhead``)."""
+    return src(name, "x" * (n * BatchCompiler.build_overhead))
+
+
 def test_groups_respect_max_batch_and_parallel_builds():
     c = FakeCompiler(max_batch=3)
     c.compile_batch([src(f"k{i}") for i in range(7)])
     assert [t.count("kernel ") for t in c.built] == [3, 2, 2]  # as even as max_batch allows
     p = FakeCompiler(parallel=2)
     out = p.compile_batch([src(f"k{i}") for i in range(5)])
-    # two slots: about three groups each, of two kernels at least
-    assert sorted(t.count("kernel ") for t in p.built) == [1, 2, 2] and len(out) == 5
+    assert [t.count("kernel ") for t in p.built] == [5] and len(out) == 5  # cheap kernels: one fixed cost
     for i, kb in enumerate(KernelBinary.unpack(b) for b in out):  # each binary holds its own kernel
         assert f"kernel k{i}(" in kb.program.decode()
         assert re.fullmatch(rf"(ember_b\d+_)?k{i}", kb.kernel_symbol(f"k{i}"))
+    two = FakeCompiler(parallel=2)
+    two.compile_batch([big(f"k{i}", 2) for i in range(4)])
+    assert sorted(t.count("kernel ") for t in two.built) == [2, 2]  # worth a fixed cost per slot: spread
     many = FakeCompiler(parallel=2)
-    many.compile_batch([src(f"k{i}") for i in range(30)])
-    assert sorted(t.count("kernel ") for t in many.built) == [5] * 6
+    many.compile_batch([big(f"k{i}") for i in range(30)])
+    assert sorted(t.count("kernel ") for t in many.built) == [5] * 6  # the hedge: three programs per slot
 
 
 def test_costly_kernels_build_alone_and_first():
@@ -100,18 +107,29 @@ def test_costly_kernels_build_alone_and_first():
     out = [KernelBinary.unpack(b) for b in c.compile_batch(srcs)]
     for i, kb in enumerate(out):
         assert f"kernel k{i}(" in kb.program.decode()
-    # equal sources keep the count-based grouping: about groups_per_build programs per slot
-    assert [len(g) for g in c._groups([src(f"k{i}") for i in range(10)])] == [2] * 5
+    assert [len(g) for g in c._groups([src(f"k{i}") for i in range(10)])] == [10]  # cheap ones share one
 
 
-def test_a_free_slot_while_rendering_takes_a_long_source_alone():
+def test_the_cost_of_a_source_is_its_kernel_not_the_helpers_before_it():
+    c = FakeCompiler()
+    helpers = "#ifndef H\n#define H\nstatic int helper(void) { return 1; }\n#endif\n"
+    assert c.build_cost(helpers + src("k0", "abc")) == len(src("k0", "abc"))
+    assert c.build_cost("no kernel here") == len("no kernel here")
+
+
+def test_programs_that_wait_for_a_busy_slot_get_less_work_and_come_last():
+    """When the rest of a stream is planned while one slot still builds, the idle slot's program takes more
+    of it, so both slots end about together."""
     c = FakeCompiler(parallel=2)
-    small = [src(f"s{i}", "x" * 3000) for i in range(4)]
-    big = [src(f"b{i}", "x" * 95000) for i in range(2)]
-    group, left = c._next_few([small[0], big[0], small[1], big[1]])
-    assert group == [big[0]] and left == [small[0], small[1], big[1]]  # the rest keep their order
-    group, left = c._next_few(small)
-    assert group == small[:3] and left == small[3:]  # min_group + 1 short ones share a program
+    costs = [BatchCompiler.build_overhead] * 10
+    srcs = [big(f"k{i}") for i in range(10)]
+    busy = [4 * BatchCompiler.build_overhead]
+    plan = c._groups(srcs, busy)
+    assert len(plan) == 2 and sorted(i for g in plan for i in g) == list(range(10))
+    assert len(plan[0]) == 7 and len(plan[1]) == 3  # handed out first: the idle slot's
+    even = [list(range(5)), list(range(5, 10))]
+    assert _finish(plan, costs, 2, c.build_overhead, busy) < _finish(even, costs, 2, c.build_overhead, busy)
+    assert [len(g) for g in c._groups(srcs)] == [5, 5]  # no slot busy: an even split
 
 
 def test_a_slow_group_holds_up_one_slot_not_half_the_batch():
@@ -128,7 +146,7 @@ def test_a_slow_group_holds_up_one_slot_not_half_the_batch():
             return super().build(text)
 
     c = SlowFirst(parallel=2)
-    out = c.compile_batch([src("k0", "SLOW"), *(src(f"k{i}") for i in range(1, 12))])
+    out = c.compile_batch([src("k0", "SLOW" + "x" * 2 * c.build_overhead), *(big(f"k{i}", 2) for i in range(1, 12))])
     assert len(out) == 12 and built_while_slow == [10]  # the other five groups of two, all by the other slot
 
 
@@ -167,9 +185,9 @@ def test_a_stream_starts_building_before_it_ends(cache):
     seen_while_rendering: list[bool] = []
 
     def render():
-        yield src("k0")
+        yield big("k0")  # worth a build's fixed cost: built at once
         seen_while_rendering.append(started.wait(5))
-        yield from (src(f"k{i}") for i in (1, 2, 0, 3))  # k0 again: built once
+        yield from (big(f"k{i}") for i in (1, 2, 0, 3))  # k0 again: built once
 
     out = [KernelBinary.unpack(b) for b in c.compile_cached_stream(render())]
     assert seen_while_rendering == [True]
@@ -178,8 +196,8 @@ def test_a_stream_starts_building_before_it_ends(cache):
     for kb, name in zip(out, ("k0", "k1", "k2", "k0", "k3")):
         assert f"kernel {name}(" in kb.program.decode()
     again = FakeCompiler(parallel=2)  # every source has its own cache entry
-    assert again.compile_cached_stream([src("k3"), src("k1")]) == [c.compile_cached(src("k3")),
-                                                                   c.compile_cached(src("k1"))]
+    assert again.compile_cached_stream([big("k3"), big("k1")]) == [c.compile_cached(big("k3")),
+                                                                   c.compile_cached(big("k1"))]
     assert again.built == []
 
 
@@ -187,12 +205,12 @@ def test_a_stream_that_fails_waits_for_its_builds_and_raises(cache):
     c = FakeCompiler(parallel=2)
 
     def render():
-        yield src("k0")
+        yield big("k0")
         raise ValueError("cannot render k1")
 
     with pytest.raises(ValueError, match="cannot render k1"):
         c.compile_cached_stream(render())
-    assert c.built == [src("k0")]  # finished, not abandoned
+    assert c.built == [big("k0")]  # finished, not abandoned
     bad = src("k2", "BAD")
     with pytest.raises(CompileError) as info:
         c.compile_cached_stream([src("k1"), bad, src("k3")])
@@ -203,3 +221,33 @@ def test_one_build_slot_streams_as_one_batch(cache):
     c = FakeCompiler(parallel=1)
     out = c.compile_cached_stream(src(f"k{i}") for i in range(3))
     assert len(c.built) == 1 and c.built[0].count("#define") == 3 and len(out) == 3
+
+
+def test_a_busy_slot_lets_rendered_sources_pile_up_into_one_program(cache):
+    """While sources are still coming, one slot of two builds (the other core renders); what is rendered while
+    it is busy becomes its next program, and a source worth less than a fixed cost waits for company."""
+    first_started, release = threading.Event(), threading.Event()
+
+    class Gate(FakeCompiler):
+        def build(self, text: str) -> bytes:
+            if "k0(" in text:
+                first_started.set()
+                release.wait(5)
+            return super().build(text)
+
+    c = Gate(parallel=2)
+
+    def render():
+        yield big("k0")
+        assert first_started.wait(5)
+        yield from (big(f"k{i}") for i in range(1, 5))  # the slot is busy: they wait
+        release.set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not c.built:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the first build's end is recorded after it returns
+        yield src("k5")  # the slot is free: k1..k5 go together
+        yield src("k6")  # cheap and last: built at the end
+
+    c.compile_cached_stream(render())
+    assert [re.findall(r"kernel (\w+)\(", t) for t in c.built] == [["k0"], [f"k{i}" for i in range(1, 6)], ["k6"]]

@@ -2,7 +2,8 @@
 
 A driver build often costs far more than the kernels in it: a kernel-language compiler may parse a
 built-in header of many thousand lines for every program (100-200 ms whether the program holds one
-kernel or ten), and a C compiler pays process start-up and linking per shared object (~50 ms).
+kernel or ten), and a C compiler pays process start-up, its back end's set-up and linking per shared
+object (about 26 ms for gcc -O2, as much as 13,000 characters of kernel code).
 :class:`BatchCompiler` joins the sources of a batch into one program text and builds it once:
 
 - each source keeps its text; its kernel is renamed to a symbol unique in the batch by a
@@ -22,6 +23,7 @@ import abc
 import concurrent.futures
 import re
 import struct
+import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -96,12 +98,14 @@ class BatchCompiler(Compiler):
     #: how many builds may run at once (a compiler in its own process can use every core; a driver
     #: that serializes its builds gains nothing from more than 1)
     parallel_builds: int = 1
-    #: with several builds at once, a batch is cut into about this many groups per build slot, each taken
-    #: by whichever slot is free: build times vary a lot (one C kernel can take a second, its neighbours
-    #: 50 ms), and one slow group then holds up one slot for a while instead of half the batch
+    #: the fixed cost of one build (process start, headers, the first function's set-up, linking), in the units
+    #: of :meth:`build_cost`: a batch is cut into more programs only where that finishes sooner by more than this
+    build_overhead: int = 8000
+    #: a hedge against wrong estimates (one kernel may build far slower than its length says): a large batch is
+    #: cut into up to this many programs per build slot, each still holding this many fixed costs of work at
+    #: least, so a slow program holds up one slot for a while, not half the batch
     groups_per_build: int = 3
-    #: ... but no smaller than this many kernels (each program pays the build's fixed cost once)
-    min_group: int = 2
+    hedge_work: int = 4
 
     def __init__(self, cachekey: str | None):
         # the packed format is part of what a cache entry holds: entries of plain binaries never match
@@ -116,10 +120,8 @@ class BatchCompiler(Compiler):
         return KernelBinary("", self.build(src)).pack()
 
     def compile_batch(self, srcs: Sequence[str]) -> list[bytes]:
-        """Build ``srcs`` as few programs as possible: ``max_batch`` kernels each at most, and, when
-        ``parallel_builds`` > 1, about ``groups_per_build`` programs per build slot (of ``min_group``
-        kernels at least, or more programs when that finishes sooner by the cost estimate), the costliest
-        handed first to whichever slot is free."""
+        """Build ``srcs`` as few programs as finish soonest (see :meth:`_groups`), ``max_batch`` kernels each at
+        most, the costliest handed first to whichever build slot is free."""
         if not srcs:
             return []
         groups = [[srcs[i] for i in group] for group in self._groups(srcs)]
@@ -134,10 +136,12 @@ class BatchCompiler(Compiler):
     def compile_cached_stream(self, srcs: Iterable[str]) -> list[bytes]:
         """Start building while ``srcs`` is still being produced (when builds run in parallel).
 
-        Rendering a kernel (Python) and building one (the compiler's own process) then overlap.
-        Whenever a build slot is free, the next few misses rendered so far go to it as one program;
-        the misses left when ``srcs`` ends are spread over the slots as :meth:`compile_batch` does.
-        Every source is still cached on its own, as with :meth:`compile_cached_many`.
+        Rendering a kernel (Python, one core) and building one (the compiler's own process) then overlap. While
+        sources are still coming, ``parallel_builds - 1`` slots build (the last core renders): whenever one is
+        free and the misses rendered so far are worth a build's fixed cost, it takes all of them as one program
+        (they pile up while it builds, so programs grow as rendering outpaces the compiler, and each fixed cost
+        is paid rarely). The misses left when ``srcs`` ends are spread over every slot as :meth:`compile_batch`
+        does. Every source is still cached on its own, as with :meth:`compile_cached_many`.
         """
         if self.parallel_builds <= 1:
             return super().compile_cached_stream(srcs)
@@ -145,7 +149,9 @@ class BatchCompiler(Compiler):
         seen: set[str] = set()
         found: dict[str, bytes] = {}
         waiting: list[str] = []
-        builds: list[tuple[Sequence[str], concurrent.futures.Future[list[bytes]]]] = []
+        waiting_cost = 0
+        builds: list[_Build] = []
+        streaming_slots = max(1, self.parallel_builds - 1)
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel_builds) as pool:
             # leaving the block (also on an error while rendering) waits for the builds under way
             for src in srcs:
@@ -157,63 +163,58 @@ class BatchCompiler(Compiler):
                     found[src] = binary
                     continue
                 waiting.append(src)
-                if sum(not fut.done() for _, fut in builds) < self.parallel_builds:
-                    group, waiting = self._next_few(waiting)
-                    builds.append((group, pool.submit(self._build_group, group)))
+                waiting_cost += self.build_cost(src)
+                if waiting_cost >= self.build_overhead and \
+                        sum(b.end is None for b in builds) < streaming_slots:
+                    group, waiting = waiting[:self.max_batch], waiting[self.max_batch:]
+                    waiting_cost = sum(map(self.build_cost, waiting))
+                    builds.append(self._submit(pool, group))
             if waiting:
-                tail = [[waiting[i] for i in group] for group in self._groups(waiting)]
-                builds += [(group, pool.submit(self._build_group, group)) for group in tail]
-            for built, fut in builds:
-                for src, binary in zip(built, fut.result()):
+                busy = _remaining(builds)
+                builds += [self._submit(pool, [waiting[i] for i in group]) for group in self._groups(waiting, busy)]
+            for build in builds:
+                for src, binary in zip(build.group, build.future.result()):
                     found[src] = self.store(src, binary)
         return [found[src] for src in order]
 
-    def _next_few(self, waiting: list[str]) -> tuple[list[str], list[str]]:
-        """The program a free build slot takes while sources are still being rendered, and those left waiting:
-        the costliest waiting source, with the next costliest while the program stays under a few builds'
-        fixed costs (``min_group`` + 1 kernels at most). A long source is built alone: joined with another
-        long one, it would hold its slot for both while the other slot may have nothing left to do."""
-        order = sorted(waiting, key=self.build_cost, reverse=True)
-        group, load = [order[0]], self.build_cost(order[0])
-        for src in order[1:min(self.max_batch, self.min_group + 1)]:
-            if load + self.build_cost(src) > self.heavy_build:
-                break
-            group.append(src)
-            load += self.build_cost(src)
-        taken = set(group)
-        return group, [src for src in waiting if src not in taken]
+    def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, group: list[str]) -> _Build:
+        cost = self.build_overhead + sum(map(self.build_cost, group))
+        return _Build(group, pool.submit(self._build_group, group), cost)
 
-    def _groups(self, srcs: Sequence[str]) -> list[list[int]]:
-        """The programs :meth:`compile_batch` builds, as indices into ``srcs``, costliest first.
+    def _groups(self, srcs: Sequence[str], busy: Sequence[float] = ()) -> list[list[int]]:
+        """The programs :meth:`compile_batch` builds, as indices into ``srcs``, in the order to hand them out.
 
-        About ``groups_per_build`` per build slot of ``min_group`` kernels at least (see the class), each
-        filled longest-first so their estimated costs (:meth:`build_cost`) are about equal. When a few
-        kernels are far costlier than the rest (a large matrix multiplication among elementwise kernels),
-        more and smaller programs can finish sooner on the slots: the count with the shortest estimated
-        finish is taken, if it saves more than one build's fixed cost (the estimate is rough)."""
+        Each count of programs is filled longest-first so their estimated costs (:meth:`build_cost`) are about
+        equal, and the count whose builds finish soonest on the slots takes it, a count with more programs only
+        where it saves more than one build's fixed cost (``build_overhead``): cheap kernels share one program,
+        a batch worth more than a fixed cost per slot is spread over the slots, and a kernel far costlier than
+        the rest gets a program of its own. A large batch is cut further as a hedge (``groups_per_build``).
+
+        ``busy``: the estimated work left in builds already under way, one per slot they hold. Programs that
+        will wait for those slots get less work, and are handed out last."""
         n = len(srcs)
-        slots = self.parallel_builds if self.parallel_builds > 1 else 1
-        spread = slots * self.groups_per_build if slots > 1 else 1
-        count = max(-(-n // self.max_batch), min(spread, -(-n // self.min_group)))
+        slots = max(1, self.parallel_builds)
+        busy = sorted(busy)[:slots - 1] if slots > 1 else []
         costs = [self.build_cost(src) for src in srcs]
-        best = _fill(costs, count, self.max_batch)
+        least = -(-n // self.max_batch)
+        best = _fill(costs, least, self.max_batch, slots - len(busy), busy)
         if slots > 1:
-            finish = _finish(best, costs, slots, self.build_overhead)
-            for more in range(count + 1, min(n, 2 * spread) + 1):  # beyond that, more builds only add fixed costs
-                groups = _fill(costs, more, self.max_batch)
-                if (t := _finish(groups, costs, slots, self.build_overhead)) < finish - self.build_overhead:
+            finish = _finish(best, costs, slots, self.build_overhead, busy)
+            for more in range(least + 1, min(n, 2 * slots * self.groups_per_build) + 1):
+                groups = _fill(costs, more, self.max_batch, slots - len(busy), busy)
+                if (t := _finish(groups, costs, slots, self.build_overhead, busy)) < finish - self.build_overhead:
                     best, finish = groups, t
-        return sorted(best, key=lambda g: -sum(costs[i] for i in g))
-
-    #: the fixed cost of one build (process start, headers, linking), in the units of :meth:`build_cost`
-    build_overhead: int = 8000
-    #: a program costlier than this gains little from having more kernels joined (a few fixed costs)
-    heavy_build: int = 4 * build_overhead
+            hedge = min(n, slots * self.groups_per_build, sum(costs) // (self.hedge_work * self.build_overhead))
+            if hedge > len(best):
+                best = _fill(costs, hedge, self.max_batch, slots - len(busy), busy)
+        return best
 
     def build_cost(self, src: str) -> int:
-        """An estimate of what building ``src`` costs beyond a build's fixed cost: its length (the compiler's
-        work grows with the code, and the unrolled tiles of a large kernel are long)."""
-        return len(src)
+        """An estimate of what building ``src`` costs beyond a build's fixed cost: the length of its text from
+        its kernel on (the compiler's work grows with the code, and the unrolled tiles of a large kernel are
+        long; the helper definitions before it are under include guards, read once per program)."""
+        found = self.kernel_pattern.search(src)
+        return len(src) - (found.start() if found else 0)
 
     def _build_group(self, group: Sequence[str]) -> list[bytes]:
         """One program for ``group`` (or one per source when they cannot be joined or the joined build fails)."""
@@ -228,20 +229,52 @@ class BatchCompiler(Compiler):
         return [self.compile(src) for src in group]
 
 
-def _fill(costs: Sequence[int], count: int, most: int) -> list[list[int]]:
-    """``count`` groups of at most ``most`` indices, filled costliest first into the cheapest group so far."""
+class _Build:
+    """A program handed to a build slot: its sources, its result, its estimated cost, when it started and ended."""
+
+    def __init__(self, group: list[str], future: concurrent.futures.Future[list[bytes]], cost: float):
+        self.group, self.future, self.cost = group, future, cost
+        self.start, self.end = time.perf_counter(), None
+        future.add_done_callback(self._done)
+
+    def _done(self, _: object) -> None:
+        self.end = time.perf_counter()
+
+
+def _remaining(builds: Sequence[_Build]) -> list[float]:
+    """The estimated work left in each build still under way, in cost units: its estimate less what the time
+    since it started is worth at the pace of the builds done so far (half its estimate before any is done)."""
+    now = time.perf_counter()
+    done = [b for b in builds if b.end is not None]
+    spent = sum(b.end - b.start for b in done if b.end is not None)
+    pace = sum(b.cost for b in done) / spent if done and spent > 0 else None
+    return [max(0.0, b.cost - (now - b.start) * pace) if pace is not None else b.cost / 2
+            for b in builds if b.end is None]
+
+
+def _fill(costs: Sequence[int], count: int, most: int, free: int | None = None,
+          busy: Sequence[float] = ()) -> list[list[int]]:
+    """``count`` groups of at most ``most`` indices, filled costliest first into the cheapest group so far, in
+    the order to hand them out: the costliest first. When ``free`` slots are idle and more groups than that
+    are made, groups beyond them start after the ``busy`` loads (least first): they get less, and come last."""
+    later = [] if free is None else list(busy)[:max(0, count - free)]
+    start = [0.0] * (count - len(later)) + sorted(later)
     groups: list[list[int]] = [[] for _ in range(count)]
-    loads = [0] * count
+    loads = list(start)
     for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
         g = min((g for g in range(count) if len(groups[g]) < most), key=lambda g: loads[g])
         groups[g].append(i)
         loads[g] += costs[i]
-    return [sorted(g) for g in groups if g]
+    now = sorted((g for g, s in zip(groups, start) if g and not s), key=lambda g: -sum(costs[i] for i in g))
+    after = [g for g, s in zip(groups, start) if g and s]
+    return [sorted(g) for g in now + after]
 
 
-def _finish(groups: Sequence[Sequence[int]], costs: Sequence[int], slots: int, overhead: int) -> int:
-    """When the last of ``groups`` is built, costliest first, each by the first free of ``slots``."""
-    ends = [0] * slots
-    for load in sorted((overhead + sum(costs[i] for i in g) for g in groups), reverse=True):
-        ends[ends.index(min(ends))] += load
+def _finish(groups: Sequence[Sequence[int]], costs: Sequence[int], slots: int, overhead: int,
+            busy: Sequence[float] = ()) -> float:
+    """When the last of ``groups`` is built, handed out in order, each to the first free of ``slots`` (of
+    which some are ``busy`` with that much work first)."""
+    ends = sorted(busy)[:slots] + [0.0] * max(0, slots - len(busy))
+    for g in groups:
+        ends[ends.index(min(ends))] += overhead + sum(costs[i] for i in g)
     return max(ends)

@@ -249,7 +249,7 @@ symbolic = PatternMatcher([
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1))), lambda x: x),
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), name="m"), lambda x, m: UOp.const(m.dtype, 0)),
     # nested sums and products of constants
-    (UPat(Ops.ADD, kinds=_I, name="x"), _canonical_sum),
+    (UPat(Ops.ADD, kinds="i", name="x"), _canonical_sum),
     (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2")), kinds=_I),
      lambda x, c1, c2: UOp(Ops.MUL, x.dtype, (x, UOp.const(x.dtype, c1.arg * c2.arg)))),
     (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(UPat.var("x"), UPat.var("y"))), UPat.cvar("c")), kinds=_I),
