@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ember.device import DeviceSpec, getenv, hookimpl
-from ember_cpu.toolchain import find_compilers, select_toolchain
+from ember_cpu.toolchain import find_compilers, prefetch_toolchain, select_toolchain
 
 
 def probe() -> str | None:
@@ -22,7 +22,10 @@ def probe() -> str | None:
 
 @hookimpl
 def ember_devices() -> list[DeviceSpec]:
-    """The CPU device."""
+    """The CPU device. Its compiler's probe starts now, in the background (unless ``DEV`` names another
+    device): a fresh cache's first kernel would otherwise wait for it."""
+    if getenv("DEV", "").upper().partition(":")[0] in ("", "CPU"):
+        prefetch_toolchain()
     return [DeviceSpec(name="CPU", factory="ember_cpu.device:open_device", priority=10, extra="cpu", probe=probe,
                        description="C kernels compiled by the system C compiler, OpenMP-parallel when available")]
 
