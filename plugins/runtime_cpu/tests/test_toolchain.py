@@ -141,3 +141,38 @@ def test_emulated_arithmetic_rounds_like_half(half_dev):
     small = (a[:256] / 64).astype(np.float16)
     np.testing.assert_allclose(Tensor(small, device=half_dev).sum().numpy(), small.astype(np.float32).sum(),
                                rtol=2e-2, atol=0.1)
+
+
+def test_a_probe_asked_for_twice_at_once_runs_once(tmp_path, monkeypatch):
+    """The plugin's background probe and the device's own request share one probe of a compiler."""
+    import threading
+
+    from ember_cpu import toolchain
+
+    cc = (_fake_cc(tmp_path, "-no-such-flag"),)  # a compiler this process has not probed yet
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    runs: list[str] = []
+    real = toolchain._build
+    monkeypatch.setattr(toolchain, "_build", lambda *a: runs.append(a[4]) or real(*a))
+    results: list[Toolchain] = []
+    threads = [threading.Thread(target=lambda: results.append(probe_toolchain(cc))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 3 and results[0] is results[1] is results[2]
+    assert sorted(runs) == ["half", "omp"]  # the two probe programs, built once
+
+
+def test_prefetch_starts_one_probe_thread(monkeypatch):
+    from ember_cpu import toolchain
+
+    calls: list[int] = []
+    monkeypatch.setattr(toolchain, "_prefetch", None)
+    monkeypatch.setattr(toolchain, "select_toolchain", lambda: calls.append(1))
+    toolchain.prefetch_toolchain()
+    first = toolchain._prefetch
+    toolchain.prefetch_toolchain()
+    assert first is not None and toolchain._prefetch is first
+    first.join(10)
+    assert calls == [1] and not first.daemon  # a process that ends meanwhile waits for it
