@@ -102,9 +102,10 @@ class BatchCompiler(Compiler):
     #: of :meth:`build_cost`: a batch is cut into more programs only where that finishes sooner by more than this
     build_overhead: int = 8000
     #: a hedge against wrong estimates (one kernel may build far slower than its length says): a large batch is
-    #: cut into up to this many programs per build slot, each still holding this many fixed costs of work at
-    #: least, so a slow program holds up one slot for a while, not half the batch
+    #: cut into up to this many programs per build slot, so a slow program holds up one slot for a while, not
+    #: half the batch ...
     groups_per_build: int = 3
+    #: ... each still holding at least this many builds' fixed costs of work (so the hedge costs little)
     hedge_work: int = 4
 
     def __init__(self, cachekey: str | None):
@@ -234,7 +235,8 @@ class _Build:
 
     def __init__(self, group: list[str], future: concurrent.futures.Future[list[bytes]], cost: float):
         self.group, self.future, self.cost = group, future, cost
-        self.start, self.end = time.perf_counter(), None
+        self.start = time.perf_counter()
+        self.end: float | None = None
         future.add_done_callback(self._done)
 
     def _done(self, _: object) -> None:
@@ -245,9 +247,9 @@ def _remaining(builds: Sequence[_Build]) -> list[float]:
     """The estimated work left in each build still under way, in cost units: its estimate less what the time
     since it started is worth at the pace of the builds done so far (half its estimate before any is done)."""
     now = time.perf_counter()
-    done = [b for b in builds if b.end is not None]
-    spent = sum(b.end - b.start for b in done if b.end is not None)
-    pace = sum(b.cost for b in done) / spent if done and spent > 0 else None
+    ends = [(b, b.end) for b in builds if b.end is not None]
+    spent = sum(end - b.start for b, end in ends)
+    pace = sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
     return [max(0.0, b.cost - (now - b.start) * pace) if pace is not None else b.cost / 2
             for b in builds if b.end is None]
 
