@@ -196,18 +196,19 @@ class BatchCompiler(Compiler):
         n = len(srcs)
         slots = max(1, self.parallel_builds)
         busy = sorted(busy)[:slots - 1] if slots > 1 else []
+        free = slots - len(busy)
         costs = [self.build_cost(src) for src in srcs]
         least = -(-n // self.max_batch)
-        best = _fill(costs, least, self.max_batch, slots - len(busy), busy)
+        best = _fill(costs, least, self.max_batch, free, busy)
         if slots > 1:
             finish = _finish(best, costs, slots, self.build_overhead, busy)
             for more in range(least + 1, min(n, 2 * slots * self.groups_per_build) + 1):
-                groups = _fill(costs, more, self.max_batch, slots - len(busy), busy)
+                groups = _fill(costs, more, self.max_batch, free, busy)
                 if (t := _finish(groups, costs, slots, self.build_overhead, busy)) < finish - self.build_overhead:
                     best, finish = groups, t
             hedge = min(n, slots * self.groups_per_build, sum(costs) // (self.hedge_work * self.build_overhead))
             if hedge > len(best):
-                best = _fill(costs, hedge, self.max_batch, slots - len(busy), busy)
+                best = _fill(costs, hedge, self.max_batch, free, busy)
         return best
 
     def build_cost(self, src: str) -> int:
@@ -254,12 +255,11 @@ def _remaining(builds: Sequence[_Build]) -> list[float]:
             for b in builds if b.end is None]
 
 
-def _fill(costs: Sequence[int], count: int, most: int, free: int | None = None,
-          busy: Sequence[float] = ()) -> list[list[int]]:
+def _fill(costs: Sequence[int], count: int, most: int, free: int, busy: Sequence[float] = ()) -> list[list[int]]:
     """``count`` groups of at most ``most`` indices, filled costliest first into the cheapest group so far, in
     the order to hand them out: the costliest first. When ``free`` slots are idle and more groups than that
     are made, groups beyond them start after the ``busy`` loads (least first): they get less, and come last."""
-    later = [] if free is None else list(busy)[:max(0, count - free)]
+    later = list(busy)[:max(0, count - free)]
     start = [0.0] * (count - len(later)) + sorted(later)
     groups: list[list[int]] = [[] for _ in range(count)]
     loads = list(start)

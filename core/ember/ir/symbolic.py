@@ -248,7 +248,8 @@ symbolic = PatternMatcher([
      lambda x, m: UOp.const(m.dtype, 0)),
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1))), lambda x: x),
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), name="m"), lambda x, m: UOp.const(m.dtype, 0)),
-    # nested sums and products of constants
+    # nested sums and products of constants; sums only for signed ints (index arithmetic): unsigned values are
+    # data (Threefry's words), where regrouping folds nothing and rebuilds the chain each time a term repeats
     (UPat(Ops.ADD, kinds="i", name="x"), _canonical_sum),
     (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2")), kinds=_I),
      lambda x, c1, c2: UOp(Ops.MUL, x.dtype, (x, UOp.const(x.dtype, c1.arg * c2.arg)))),

@@ -236,6 +236,7 @@ def select_toolchain() -> Toolchain | None:
 
 
 _prefetch: threading.Thread | None = None
+_prefetch_lock = threading.Lock()
 
 
 def prefetch_toolchain() -> None:
@@ -250,9 +251,6 @@ def prefetch_toolchain() -> None:
         if _prefetch is None:
             _prefetch = threading.Thread(target=select_toolchain, name="ember-cpu-toolchain-probe")
             _prefetch.start()
-
-
-_prefetch_lock = threading.Lock()
 
 
 @functools.cache
