@@ -260,3 +260,35 @@ def test_doctor_survives_hanging_and_crashing_probes(tmp_path: pathlib.Path):
 
 def teardown_module() -> None:
     _release.set()
+
+
+def test_a_precheck_reason_is_final_and_forks_nothing(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
+    """A device whose plain-Python precheck says no (no driver files) is skipped with that reason: its probe
+    never runs, here or in a forked child. A precheck that passes leads to the probe as before."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    probed: list[str] = []
+
+    def probe(name: str) -> Any:
+        return lambda: probed.append(name)
+
+    specs = (DeviceSpec("NODRIVER", FACTORY, priority=50, precheck=lambda: "no /dev/gpu0", probe=probe("NODRIVER")),
+             DeviceSpec("BROKEN", FACTORY, priority=40, precheck=lambda: 1 / 0, probe=probe("BROKEN")),
+             DeviceSpec("GOOD", FACTORY, priority=10, precheck=lambda: None, probe=probe("GOOD")))
+    reg = _DeviceRegistry(entry_points=[FakeEntryPoint("pre", lambda: plugin(*specs), "ember-pre")])
+    forks: list[int] = []
+    real_fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert reg.DEFAULT == "GOOD"
+    assert reg.probe("NODRIVER") == "no /dev/gpu0"
+    assert reg.probe("BROKEN") == "precheck raised ZeroDivisionError: division by zero"
+    assert any("no /dev/gpu0" in str(w.message) for w in caught)
+    assert probed == ["GOOD"], "only the device whose precheck passed was probed (in this process)"
+    guarded = hasattr(os, "fork") and sys.platform != "darwin"
+    assert len(forks) == (1 if guarded else 0), "one crash check, for GOOD's probe only"
+
+
+def test_device_spec_rejects_a_precheck_that_is_not_callable():
+    with pytest.raises(ValueError, match="precheck of device X must be callable"):
+        DeviceSpec("X", FACTORY, precheck="yes")  # type: ignore[arg-type]

@@ -460,25 +460,32 @@ class _DeviceRegistry:
 
     def _run_probe(self, spec: DeviceSpec) -> str | None:
         if spec.name not in self._probe_cache:
-            reason: str | None
-            try:
-                probe = spec.probe
-                what = f"the probe of device {spec.name}"
-                origin = self._spec_origins.get(spec.name)
-                crash = None
-                if probe is not None and origin is not None and not origin.builtin:
-                    crash = crash_checked(probe, what, _probe_memo_key(spec, origin))
-                if crash is not None:
-                    reason = crash
-                else:
-                    result = None if probe is None else call_with_timeout(probe, what)
-                    reason = None if result is None else (str(result) or "the probe reported it unusable")
-            except PluginTimeout as e:
-                reason = str(e)
-            except Exception as e:
-                reason = f"probe raised {type(e).__name__}: {e}"
-            self._probe_cache[spec.name] = reason
+            self._probe_cache[spec.name] = self._unusable_because(spec)
         return self._probe_cache[spec.name]
+
+    def _unusable_because(self, spec: DeviceSpec) -> str | None:
+        """Why ``spec``'s device cannot be used here, or ``None``: its precheck in this process, then its probe
+        (a plugin's probe runs in a forked child first, until it is known not to crash the process)."""
+        stage = "precheck"
+        try:
+            if spec.precheck is not None:
+                early = call_with_timeout(spec.precheck, f"the precheck of device {spec.name}")
+                if early is not None:
+                    return str(early) or "the precheck reported it unusable"
+            if spec.probe is None:
+                return None
+            stage, what = "probe", f"the probe of device {spec.name}"
+            origin = self._spec_origins.get(spec.name)
+            if origin is not None and not origin.builtin:
+                crash = crash_checked(spec.probe, what, _probe_memo_key(spec, origin))
+                if crash is not None:
+                    return crash
+            result = call_with_timeout(spec.probe, what)
+            return None if result is None else (str(result) or "the probe reported it unusable")
+        except PluginTimeout as e:
+            return str(e)
+        except Exception as e:
+            return f"{stage} raised {type(e).__name__}: {e}"
 
     def _check(self, base: str) -> DeviceSpec:
         """Return the spec of a usable device ``base``, or raise the error that says why it is not usable."""

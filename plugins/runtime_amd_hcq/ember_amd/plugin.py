@@ -27,14 +27,19 @@ def _group_of(path: str) -> str:
         return "render"
 
 
-def probe() -> str | None:
-    """``None`` when KFD shows a supported GPU this user may open and clang builds for it, else why not and
-    what to install or change.
-
-    Without the mock, a machine without ``/dev/kfd`` is told so before the runtime is imported (10-12 ms):
-    each device probe runs in every process that picks a default device."""
+def precheck() -> str | None:
+    """:data:`NO_KFD` on a machine without ``/dev/kfd`` (and without the mock), else ``None``: a file test, so
+    the registry needs neither the runtime's import (10-12 ms) nor the forked probe there."""
     if not getenv("AMD_MOCK", 0) and not os.path.exists(KFD_PATH):
         return NO_KFD
+    return None
+
+
+def probe() -> str | None:
+    """``None`` when KFD shows a supported GPU this user may open and clang builds for it, else why not and
+    what to install or change."""
+    if (reason := precheck()) is not None:
+        return reason
     from ember_amd.device import os_interface
 
     return problem(os_interface())
@@ -72,6 +77,7 @@ def problem(osif: Any) -> str | None:
 def ember_devices() -> list[DeviceSpec]:
     """The AMD device (``AMD:N`` addresses the N-th GPU of the KFD topology)."""
     return [DeviceSpec(name="AMD", factory="ember_amd.device:AMDDevice", priority=PRIORITY, extra="amd", probe=probe,
+                       precheck=precheck,
                        description="AMD GPUs through KFD: OpenCL C compiled by clang, PM4/SDMA queues filled by ember "
                                    "(AMD_MOCK=1: a mock KFD that runs kernels on the CPU)")]
 

@@ -18,12 +18,38 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 class CPUDevice(Compiled):
-    """``CPU`` (and ``CPU:N``, which share the same host memory and compiler setup)."""
+    """``CPU`` (and ``CPU:N``, which share the same host memory and compiler setup).
+
+    The compiler and the renderer are made when first used: they need the compiler's probe (which flags,
+    whether float16 is native), and with an empty cache that probe is still building its program in the
+    background when the device is opened. A program meanwhile builds its first graph and schedule."""
 
     def __init__(self, device: str = "CPU"):
-        compiler = CPUCompiler()
-        renderer = CPURenderer(float16=probe_toolchain(compiler.cc).float16)
-        super().__init__(device, CPUAllocator(), renderer, compiler, CPUProgram, CPUGraph)
+        self._compiler: CPUCompiler | None = None
+        self._renderer: CPURenderer | None = None
+        super().__init__(device, CPUAllocator(), None, None, CPUProgram, CPUGraph)  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def compiler(self) -> CPUCompiler:
+        """The C compiler (probed on first use)."""
+        if self._compiler is None:
+            self._compiler = CPUCompiler()
+        return self._compiler
+
+    @compiler.setter
+    def compiler(self, compiler: CPUCompiler | None) -> None:
+        self._compiler = compiler
+
+    @property  # type: ignore[override]
+    def renderer(self) -> CPURenderer:
+        """The C renderer, with native or emulated float16 as the compiler's probe found (made on first use)."""
+        if self._renderer is None:
+            self._renderer = CPURenderer(float16=probe_toolchain(self.compiler.cc).float16)
+        return self._renderer
+
+    @renderer.setter
+    def renderer(self, renderer: CPURenderer | None) -> None:
+        self._renderer = renderer
 
 
 def open_device(device: str = "CPU") -> Compiled:

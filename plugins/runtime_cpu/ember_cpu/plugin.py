@@ -26,7 +26,7 @@ def ember_devices() -> list[DeviceSpec]:
     device): a fresh cache's first kernel would otherwise wait for it."""
     if getenv("DEV", "").upper().partition(":")[0] in ("", "CPU"):
         prefetch_toolchain()
-    return [DeviceSpec(name="CPU", factory="ember_cpu.device:open_device", priority=10, extra="cpu", probe=probe,
+    return [DeviceSpec(name="CPU", factory="ember_cpu.device:open_device", priority=10, extra="cpu", precheck=probe,
                        description="C kernels compiled by the system C compiler, OpenMP-parallel when available")]
 
 

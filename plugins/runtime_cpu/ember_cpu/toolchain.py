@@ -137,16 +137,21 @@ def _probe_half(cc: tuple[str, ...], tmp: str) -> str:
     so, err = _build(cc, _HALF_PROBE, ["-march=native"], tmp, "half")
     if so is None:
         return f"no _Float16 ({err})"
+    try:
+        lib = ctypes.CDLL(so)
+    except OSError as e:
+        return f"a _Float16 program does not load ({e})"
+    return _check_half(lib)
+
+
+def _check_half(lib: ctypes.CDLL) -> str:
+    """"" when the loaded probe's ``_Float16`` conversions and arithmetic give the right bits, else why not."""
     d = np.array(_HALF_VALUES, dtype=np.float64)
     f = d.astype(np.float32)
     out = np.zeros(3 * len(d), dtype=np.uint16)
-    try:
-        lib = ctypes.CDLL(so)
-        fn = lib.ember_probe_half
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        fn(d.ctypes.data, f.ctypes.data, out.ctypes.data, len(d))
-    except OSError as e:
-        return f"a _Float16 program does not load ({e})"
+    fn = lib.ember_probe_half
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    fn(d.ctypes.data, f.ctypes.data, out.ctypes.data, len(d))
     with np.errstate(all="ignore"):
         a, b = d.astype(np.float16), f.astype(np.float16)
         a32, b32 = a.astype(np.float32), b.astype(np.float32)
@@ -169,22 +174,42 @@ def _same(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (x.view(np.uint16) == y.view(np.uint16)) | (np.isnan(x) & np.isnan(y))
 
 
+def _openmp_remedy(cc: tuple[str, ...]) -> str:
+    return ("install clang's OpenMP runtime (Debian/Ubuntu: apt install libomp-dev) or use CC=gcc"
+            if _is_clang(cc) else "install the compiler's OpenMP runtime (Debian/Ubuntu: apt install libgomp1)")
+
+
 def _probe_openmp(cc: tuple[str, ...], tmp: str) -> str:
     """"" when an OpenMP shared object builds, loads and runs, else why not and how to get it."""
     so, err = _build(cc, _OPENMP_PROBE, ["-fopenmp"], tmp, "omp")
-    remedy = ("install clang's OpenMP runtime (Debian/Ubuntu: apt install libomp-dev) or use CC=gcc"
-              if _is_clang(cc) else "install the compiler's OpenMP runtime (Debian/Ubuntu: apt install libgomp1)")
     if so is None:
-        return f"{err}; {remedy}"
+        return f"{err}; {_openmp_remedy(cc)}"
     try:
         lib = ctypes.CDLL(so)
-        lib.ember_probe_omp.argtypes = [ctypes.c_int]
-        total = lib.ember_probe_omp(100)
     except OSError as e:
-        return f"an OpenMP program does not load ({e}); {remedy}"
-    if total != 4950:
-        return f"an OpenMP reduction returned {total}, not 4950; {remedy}"
-    return ""
+        return f"an OpenMP program does not load ({e}); {_openmp_remedy(cc)}"
+    return _check_openmp(cc, lib)
+
+
+def _check_openmp(cc: tuple[str, ...], lib: ctypes.CDLL) -> str:
+    """"" when the loaded probe's OpenMP reduction gives the right sum, else why not and how to fix it."""
+    lib.ember_probe_omp.argtypes = [ctypes.c_int]
+    total = lib.ember_probe_omp(100)
+    return "" if total == 4950 else f"an OpenMP reduction returned {total}, not 4950; {_openmp_remedy(cc)}"
+
+
+def _probe_together(cc: tuple[str, ...], tmp: str) -> tuple[str, str] | None:
+    """Both probes from one program (one compiler process, where most compilers have both features): the
+    float16 and OpenMP reasons, or ``None`` when that program does not build or load (then each probe runs
+    alone, to say which feature is missing)."""
+    so, _ = _build(cc, _OPENMP_PROBE + _HALF_PROBE, ["-march=native", "-fopenmp"], tmp, "both")
+    if so is None:
+        return None
+    try:
+        lib = ctypes.CDLL(so)
+    except OSError:
+        return None
+    return _check_half(lib), _check_openmp(cc, lib)
 
 
 def _identity(cc: tuple[str, ...]) -> str:
@@ -217,11 +242,14 @@ def _probe(cc: tuple[str, ...]) -> Toolchain:
         except (ValueError, TypeError, KeyError):
             pass  # an entry from another version: probe again
     with tempfile.TemporaryDirectory(prefix="ember-cc-probe-") as tmp:
-        # the two probes build at once (each is a compiler process): a fresh cache's first kernel waits on them
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            half = pool.submit(_probe_half, cc, tmp)
-            omp_reason = _probe_openmp(cc, tmp)
-            half_reason = half.result()
+        together = _probe_together(cc, tmp)
+        if together is not None:
+            half_reason, omp_reason = together
+        else:  # the two probes build at once (each is a compiler process)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+                half = pool.submit(_probe_half, cc, tmp)
+                omp_reason = _probe_openmp(cc, tmp)
+                half_reason = half.result()
     tc = Toolchain(cc=cc, version=cc_version(cc), float16="emulated" if half_reason else "native",
                    float16_reason=half_reason, openmp=not omp_reason, openmp_reason=omp_reason)
     if path is not None:

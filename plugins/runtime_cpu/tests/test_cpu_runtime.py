@@ -515,7 +515,7 @@ def test_plugin_hooks():
     plugin = pytest.importorskip("ember_cpu.plugin", exc_type=ImportError)
     (spec,) = plugin.ember_devices()
     assert spec.name == "CPU" and spec.factory == "ember_cpu.device:open_device" and spec.priority == 10
-    assert spec.probe() is None
+    assert spec.precheck() is None and spec.probe is None
     compiler, openmp, float16 = plugin.ember_report_header()
     assert compiler.startswith("CPU: compiler ") and openmp.startswith("CPU: OpenMP: ")
     assert float16.startswith("CPU: float16: ")

@@ -58,6 +58,25 @@ def test_probe_reports_float16_and_openmp(name):
         assert tc.float16 == "emulated" and "_Float16" in tc.float16_reason
 
 
+@pytest.mark.parametrize("name", ["gcc", "clang"])
+def test_one_program_probes_both_features_with_the_same_answers(name, tmp_path, monkeypatch):
+    """Where the joint probe program builds, it is the only compiler process, and it finds what the two
+    separate probes find; where it does not (clang 14 on x86-64 has no _Float16), each probe runs alone."""
+    from ember_cpu import toolchain
+
+    exe = shutil.which(name)
+    if exe is None:
+        pytest.skip(f"{name} is not installed")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    runs: list[str] = []
+    real = toolchain._build
+    monkeypatch.setattr(toolchain, "_build", lambda *a: runs.append(a[4]) or real(*a))
+    tc = toolchain._probe.__wrapped__((exe,))
+    separate = toolchain._probe_half((exe,), str(tmp_path)), toolchain._probe_openmp((exe,), str(tmp_path))
+    assert (tc.float16_reason, tc.openmp_reason) == separate
+    assert runs[:-2] == (["both"] if tc.float16 == "native" and tc.openmp else ["both", "half", "omp"]), runs
+
+
 def test_missing_openmp_names_the_remedy(tmp_path, monkeypatch):
     cc = _fake_cc(tmp_path, "-fopenmp")
     tc = probe_toolchain((cc,))
@@ -161,7 +180,7 @@ def test_a_probe_asked_for_twice_at_once_runs_once(tmp_path, monkeypatch):
     for t in threads:
         t.join(30)
     assert len(results) == 3 and results[0] is results[1] is results[2]
-    assert sorted(runs) == ["half", "omp"]  # the two probe programs, built once
+    assert runs[0] == "both" and len(runs) == len(set(runs)), runs  # each probe program built once
 
 
 def test_prefetch_starts_one_probe_thread(monkeypatch):

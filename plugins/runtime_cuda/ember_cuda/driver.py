@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,40 @@ def libcuda_problem() -> str | None:
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return None
+
+
+#: glibc's loader cache (``ldconfig``), and where the loader looks for a library not in it (besides LD_LIBRARY_PATH)
+LD_CACHE = "/etc/ld.so.cache"
+LOADER_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
+
+
+def libcuda_absent() -> str | None:
+    """Why the dynamic loader certainly cannot find the driver library, read from its cache and search path
+    without loading anything; ``None`` when it may be there, or where only ``dlopen`` can tell (no
+    ``/etc/ld.so.cache``: not glibc Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(LD_CACHE, "rb") as f:
+            if LIBCUDA.encode() in f.read():
+                return None
+    except OSError:
+        return None
+    # an interpreter's own library folder (conda, a relocated Python) can be on its run path
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += [*LOADER_DIRS, os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")]
+    if any(os.path.exists(os.path.join(d, LIBCUDA)) for d in dirs) or LIBCUDA in os.environ.get("LD_PRELOAD", ""):
+        return None
+    return f"{LIBCUDA} is not in the dynamic loader's cache, LD_LIBRARY_PATH or {', '.join(LOADER_DIRS)}"
+
+
+def no_driver_problem() -> str | None:
+    """:func:`driver_problem`'s answer on a machine without the driver library, found without loading native
+    code (the device's precheck), or ``None`` when the library may be there."""
+    if (absent := libcuda_absent()) is None:
+        return None
+    missing = cuda_python_missing()
+    return _no_driver(absent) if missing is None else f"cuda-python is not installed ({missing}): {INSTALL_HINT}"
 
 
 def _no_driver(why: str) -> str:

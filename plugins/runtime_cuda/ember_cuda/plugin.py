@@ -5,7 +5,7 @@ Importing it stays cheap: cuda-python is imported by the probe and the device, n
 from __future__ import annotations
 
 from ember.device import DeviceSpec, hookimpl
-from ember_cuda.driver import device_name, driver_problem, gpu_count, gpu_info
+from ember_cuda.driver import device_name, driver_problem, gpu_count, gpu_info, no_driver_problem
 
 #: Above the CPU (10) and OpenCL (5) devices: a machine with a usable NVIDIA GPU runs on it by default.
 PRIORITY = 60
@@ -20,7 +20,7 @@ def probe() -> str | None:
 def ember_devices() -> list[DeviceSpec]:
     """The CUDA device (``CUDA:N`` addresses the N-th GPU)."""
     return [DeviceSpec(name="CUDA", factory="ember_cuda.device:CUDADevice", priority=PRIORITY, extra="cuda",
-                       probe=probe, description="NVIDIA GPUs: CUDA C compiled by NVRTC, run through the CUDA driver")]
+                       probe=probe, precheck=no_driver_problem, description="NVIDIA GPUs: CUDA C compiled by NVRTC, run through the CUDA driver")]
 
 
 @hookimpl

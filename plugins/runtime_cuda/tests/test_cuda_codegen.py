@@ -210,6 +210,37 @@ def test_probe_names_missing_cuda_python(monkeypatch):
     assert reason.startswith("cuda-python is not installed") and 'pip install "ember[cuda]"' in reason
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads glibc's loader cache (Linux)")
+def test_precheck_reads_the_loader_cache_and_search_path(monkeypatch, tmp_path):
+    """The precheck answers "no driver" only when the library is in neither the loader's cache nor a folder it
+    searches; anywhere the loader might find it, the (forked) probe decides. It loads nothing."""
+    monkeypatch.setattr(cuda_driver, "LIBCUDA", "libcuda.so.1")
+    monkeypatch.setattr(cuda_driver.ctypes, "CDLL", lambda name: pytest.fail("the precheck loaded a library"))
+    monkeypatch.setattr(cuda_driver, "cuda_python_missing", lambda: None)
+    monkeypatch.setattr(cuda_driver, "LOADER_DIRS", (str(tmp_path / "lib"),))
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    cache = tmp_path / "ld.so.cache"
+    monkeypatch.setattr(cuda_driver, "LD_CACHE", str(cache))
+    cache.write_bytes(b"glibc-ld.so.cache1.1\0libcudart.so.12\0libm.so.6\0")
+    reason = cuda_driver.no_driver_problem()
+    assert reason is not None and reason.startswith("no NVIDIA driver: libcuda.so.1 cannot be loaded (libcuda.so.1 "
+                                                    "is not in the dynamic loader's cache"), reason
+    cache.write_bytes(b"glibc-ld.so.cache1.1\0libcuda.so.1\0")
+    assert cuda_driver.no_driver_problem() is None  # listed by ldconfig
+    cache.write_bytes(b"")
+    (tmp_path / "drv").mkdir()
+    (tmp_path / "drv" / "libcuda.so.1").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/nowhere:{tmp_path / 'drv'}")
+    assert cuda_driver.no_driver_problem() is None  # on LD_LIBRARY_PATH
+    monkeypatch.setattr(cuda_driver, "LD_CACHE", str(tmp_path / "absent"))
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert cuda_driver.no_driver_problem() is None  # no cache (not glibc): only the probe can tell
+    monkeypatch.setattr(cuda_driver, "LD_CACHE", str(cache))
+    monkeypatch.setattr(cuda_driver, "cuda_python_missing", lambda: "No module named 'cuda'")
+    assert cuda_driver.no_driver_problem().startswith("cuda-python is not installed (No module named 'cuda')")
+
+
 def never_imported():
     raise AssertionError("cuda-python was imported although the driver library cannot be loaded")
 

@@ -16,11 +16,16 @@ from ember.device import DeviceSpec, hookimpl
 PRIORITY = 20 if sys.platform == "darwin" else -50
 
 
+def precheck() -> str | None:
+    """Why METAL cannot work on this operating system, or ``None`` on macOS."""
+    return None if sys.platform == "darwin" else f"Metal needs macOS (this system is {sys.platform})"
+
+
 @functools.cache
 def probe() -> str | None:
     """``None`` when a Metal GPU is usable here, else why the METAL device cannot work."""
-    if sys.platform != "darwin":
-        return f"Metal needs macOS (this system is {sys.platform})"
+    if (reason := precheck()) is not None:
+        return reason
     from ember_metal.objc import ObjCError, system_objc
 
     try:
@@ -41,7 +46,7 @@ def probe() -> str | None:
 def ember_devices() -> list[DeviceSpec]:
     """The METAL device (the system's default Metal GPU)."""
     return [DeviceSpec(name="METAL", factory="ember_metal.device:MetalDevice", priority=PRIORITY, extra="metal",
-                       probe=probe, description="Metal Shading Language kernels run through the Objective-C runtime")]
+                       probe=probe, precheck=precheck, description="Metal Shading Language kernels run through the Objective-C runtime")]
 
 
 @hookimpl
