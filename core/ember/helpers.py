@@ -5,9 +5,11 @@ Nothing here imports from the rest of ember, so every layer may use it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import pathlib
+import threading
 import time
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
@@ -151,3 +153,32 @@ def colored(s: str, color: str | None) -> str:
     return s if color is None else f"\033[{codes[color]}m{s}\033[0m"
 
 
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # blocks inside gc_paused(), in every thread
+_gc_resume = False  # whether the collector was on when the first of them entered
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off inside the block; it is switched back on (if it was on) when
+    the last such block of any thread leaves.
+
+    Building, lowering and compiling a schedule allocates hundreds of thousands of small objects that
+    reference counting frees by itself, and those bursts set off collections that walk the whole heap
+    (numpy, every module): a fresh process's first MLP training step spent 0.05-0.1 s in them, in a varying
+    number of runs. Garbage with cycles made meanwhile is collected at the next collection after the block."""
+    global _gc_pauses, _gc_resume
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_resume = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_resume:
+                gc.enable()
