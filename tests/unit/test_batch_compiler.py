@@ -251,3 +251,51 @@ def test_a_busy_slot_lets_rendered_sources_pile_up_into_one_program(cache):
 
     c.compile_cached_stream(render())
     assert [re.findall(r"kernel (\w+)\(", t) for t in c.built] == [["k0"], [f"k{i}" for i in range(1, 6)], ["k6"]]
+
+
+class Sized:
+    """A stream of sources that knows how many it holds (as the engine's rendering of a schedule does)."""
+
+    def __init__(self, n: int, gen):
+        self.n, self.gen = n, gen
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.gen)
+
+
+def test_sources_that_pile_up_near_the_end_of_a_stream_wait_to_be_spread_over_every_slot(cache):
+    """A slot freed when the stream is about to end (here: with every source rendered but the last, at the
+    rendering's pace so far) does not take everything that piled up alone: it all waits a moment, then goes to
+    both slots. A stream of unknown length keeps the old way: the free slot takes the pile."""
+    def run(sized: bool, p: str) -> list[list[str]]:  # p: a name prefix (each run builds, none is cached)
+        first_started, release = threading.Event(), threading.Event()
+
+        class Gate(FakeCompiler):
+            def build(self, text: str) -> bytes:
+                if f"{p}0(" in text:
+                    first_started.set()
+                    release.wait(5)
+                return super().build(text)
+
+        c = Gate(parallel=2)
+
+        def render():
+            yield big(f"{p}0")
+            assert first_started.wait(5)
+            yield from (big(f"{p}{i}") for i in range(1, 9))  # the slot is busy: they pile up
+            release.set()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not c.built:
+                time.sleep(0.005)
+            time.sleep(0.05)  # the first build's end is recorded after it returns
+            yield big(f"{p}9")  # the slot is free, and this is the last source
+
+        c.compile_cached_stream(Sized(10, render()) if sized else render())
+        return [re.findall(r"kernel (\w+)\(", t) for t in c.built]
+
+    held = run(True, "a")
+    assert held[0] == ["a0"] and len(held) >= 3 and sorted(sum(held[1:], [])) == sorted(f"a{i}" for i in range(1, 10))
+    assert run(False, "b") == [["b0"], [f"b{i}" for i in range(1, 10)]]

@@ -24,7 +24,7 @@ import concurrent.futures
 import re
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from typing import NamedTuple
 
 from ember.device.compiler import CompileError, Compiler
@@ -142,10 +142,13 @@ class BatchCompiler(Compiler):
         free and the misses rendered so far are worth a build's fixed cost, it takes all of them as one program
         (they pile up while it builds, so programs grow as rendering outpaces the compiler, and each fixed cost
         is paid rarely). The misses left when ``srcs`` ends are spread over every slot as :meth:`compile_batch`
-        does. Every source is still cached on its own, as with :meth:`compile_cached_many`.
+        does; a ``srcs`` with a length (the engine's) says when one source is left, and what piled up then waits
+        for it rather than go to one slot. Every source is still cached on its own, as with
+        :meth:`compile_cached_many`.
         """
         if self.parallel_builds <= 1:
             return super().compile_cached_stream(srcs)
+        total = len(srcs) if isinstance(srcs, Sized) else None
         order: list[str] = []
         seen: set[str] = set()
         found: dict[str, bytes] = {}
@@ -166,7 +169,8 @@ class BatchCompiler(Compiler):
                 waiting.append(src)
                 waiting_cost += self.build_cost(src)
                 if waiting_cost >= self.build_overhead and \
-                        sum(b.end is None for b in builds) < streaming_slots:
+                        sum(b.end is None for b in builds) < streaming_slots and \
+                        not _tail_is_near(total, len(order)):
                     group, waiting = waiting[:self.max_batch], waiting[self.max_batch:]
                     waiting_cost = sum(map(self.build_cost, waiting))
                     builds.append(self._submit(pool, group))
@@ -244,13 +248,26 @@ class _Build:
         self.end = time.perf_counter()
 
 
+def _pace(builds: Sequence[_Build]) -> float | None:
+    """Cost units built per second by the finished ``builds`` (``None`` before one is finished)."""
+    ends = [(b, b.end) for b in builds if b.end is not None]
+    spent = sum(end - b.start for b, end in ends)
+    return sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
+
+
+def _tail_is_near(total: int | None, produced: int) -> bool:
+    """Whether at most one source of the ``total`` is still to come: the waiting sources had better wait for it
+    and be spread with it over every slot (a stream that ended just after one slot took everything left had that
+    slot build alone while the others idled). Further from the end, the rendering pace says little about when it
+    ends: a schedule's costliest kernels (the matmuls' register tiles) tend to come last."""
+    return total is not None and total - produced <= 1
+
+
 def _remaining(builds: Sequence[_Build]) -> list[float]:
     """The estimated work left in each build still under way, in cost units: its estimate less what the time
     since it started is worth at the pace of the builds done so far (half its estimate before any is done)."""
     now = time.perf_counter()
-    ends = [(b, b.end) for b in builds if b.end is not None]
-    spent = sum(end - b.start for b, end in ends)
-    pace = sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
+    pace = _pace(builds)
     return [max(0.0, b.cost - (now - b.start) * pace) if pace is not None else b.cost / 2
             for b in builds if b.end is None]
 

@@ -230,9 +230,9 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
         slow: list[int] = []  # kernels running from a quick build, to upgrade
         clock = _BatchClock()
         if tiers.enabled() and compiler.quick_tier() is not None:
-            binaries, slow = tiers.quick_binaries(compiler, _render(keys, specs, clock))
+            binaries, slow = tiers.quick_binaries(compiler, _Rendering(keys, specs, clock))
         else:
-            binaries = compiler.compile_cached_stream(_render(keys, specs, clock))
+            binaries = compiler.compile_cached_stream(_Rendering(keys, specs, clock))
         if DEBUG >= 2:
             print(clock.report(device, len(keys)))
         runners = [CompiledRunner(device, spec, binary, ast_var_names(key[1]))
@@ -243,13 +243,22 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
             tiers.upgrade_later(compiler, [runners[i] for i in slow])
 
 
-def _render(keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec], clock: _BatchClock) -> Iterator[str]:
-    """Each kernel's source, rendered when asked for; its program spec is appended to ``specs``."""
-    for key in keys:
-        start = time.perf_counter()
-        specs.append(program_for(*key))
-        clock.rendering += time.perf_counter() - start
-        yield specs[-1].src
+class _Rendering:
+    """Each kernel's source, rendered when asked for; its program spec is appended to ``specs``. It has a length
+    (the number of kernels), so a compiler that builds while sources still come knows how many are left."""
+
+    def __init__(self, keys: Sequence[tuple[str, UOp]], specs: list[ProgramSpec], clock: _BatchClock):
+        self.keys, self.specs, self.clock = keys, specs, clock
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self.keys:
+            start = time.perf_counter()
+            self.specs.append(program_for(*key))
+            self.clock.rendering += time.perf_counter() - start
+            yield self.specs[-1].src
 
 
 def _children_cpu() -> float:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ember.device import Compiled, getenv
+from ember.device import Compiled, Compiler, Renderer, getenv
 from ember_cpu.allocator import CPUAllocator
 from ember_cpu.compiler import CPUCompiler
 from ember_cpu.graph import CPUGraph
@@ -25,30 +25,33 @@ class CPUDevice(Compiled):
     background when the device is opened. A program meanwhile builds its first graph and schedule."""
 
     def __init__(self, device: str = "CPU"):
-        self._compiler: CPUCompiler | None = None
-        self._renderer: CPURenderer | None = None
+        self._compiler: Compiler | None = None
+        self._renderer: Renderer | None = None
+        # None: made on first use (the setters below keep None as "not made yet")
         super().__init__(device, CPUAllocator(), None, None, CPUProgram, CPUGraph)  # type: ignore[arg-type]
 
-    @property  # type: ignore[override]
-    def compiler(self) -> CPUCompiler:
+    @property
+    def compiler(self) -> Compiler:
         """The C compiler (probed on first use)."""
         if self._compiler is None:
             self._compiler = CPUCompiler()
         return self._compiler
 
     @compiler.setter
-    def compiler(self, compiler: CPUCompiler | None) -> None:
+    def compiler(self, compiler: Compiler) -> None:
         self._compiler = compiler
 
-    @property  # type: ignore[override]
-    def renderer(self) -> CPURenderer:
+    @property
+    def renderer(self) -> Renderer:
         """The C renderer, with native or emulated float16 as the compiler's probe found (made on first use)."""
         if self._renderer is None:
-            self._renderer = CPURenderer(float16=probe_toolchain(self.compiler.cc).float16)
+            compiler = self.compiler
+            cc = compiler.cc if isinstance(compiler, CPUCompiler) else CPUCompiler().cc
+            self._renderer = CPURenderer(float16=probe_toolchain(cc).float16)
         return self._renderer
 
     @renderer.setter
-    def renderer(self, renderer: CPURenderer | None) -> None:
+    def renderer(self, renderer: Renderer) -> None:
         self._renderer = renderer
 
 

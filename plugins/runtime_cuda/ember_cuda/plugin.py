@@ -20,7 +20,8 @@ def probe() -> str | None:
 def ember_devices() -> list[DeviceSpec]:
     """The CUDA device (``CUDA:N`` addresses the N-th GPU)."""
     return [DeviceSpec(name="CUDA", factory="ember_cuda.device:CUDADevice", priority=PRIORITY, extra="cuda",
-                       probe=probe, precheck=no_driver_problem, description="NVIDIA GPUs: CUDA C compiled by NVRTC, run through the CUDA driver")]
+                       probe=probe, precheck=no_driver_problem,
+                       description="NVIDIA GPUs: CUDA C compiled by NVRTC, run through the CUDA driver")]
 
 
 @hookimpl

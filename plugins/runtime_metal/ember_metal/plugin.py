@@ -46,7 +46,8 @@ def probe() -> str | None:
 def ember_devices() -> list[DeviceSpec]:
     """The METAL device (the system's default Metal GPU)."""
     return [DeviceSpec(name="METAL", factory="ember_metal.device:MetalDevice", priority=PRIORITY, extra="metal",
-                       probe=probe, precheck=precheck, description="Metal Shading Language kernels run through the Objective-C runtime")]
+                       probe=probe, precheck=precheck,
+                       description="Metal Shading Language kernels run through the Objective-C runtime")]
 
 
 @hookimpl
