@@ -4,12 +4,14 @@ Public API::
 
     from ember import Tensor, dtypes, Device, Context, GlobalCounters, getenv, nn
 """
-from ember import nn  # ``from ember import Tensor, nn`` as in tinygrad
-from ember.device.registry import Device
-from ember.dtype import DType, dtypes
-from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (tinygrad names)
-from ember.helpers import DEBUG, Context, GlobalCounters, getenv
-from ember.tensor import Tensor, no_grad
+from ember.helpers import DEBUG, Context, GlobalCounters, gc_paused, getenv
+
+with gc_paused():  # the import's burst of allocations would set off collections that find nothing (~8 ms)
+    from ember import nn  # ``from ember import Tensor, nn`` as in tinygrad
+    from ember.device.registry import Device
+    from ember.dtype import DType, dtypes
+    from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (tinygrad names)
+    from ember.tensor import Tensor, no_grad
 
 __version__ = "0.1.0"
 

@@ -467,10 +467,6 @@ def _shift(x: Tensor, op: Ops, amount: int) -> Tensor:
     return x._alu(op, type(x)(make_const(amount, x.dtype, x.device))._broadcast_to(x.shape))
 
 
-def _rotl32(x: Tensor, r: int) -> Tensor:
-    return _shift(x, Ops.SHL, r)._alu(Ops.OR, _shift(x, Ops.SHR, 32 - r))
-
-
 def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
     """Threefry's three key words ``[k0, k1, k0 ^ k1 ^ parity]`` from two uint32 tensors."""
     return [k0, k1, k0._alu(Ops.XOR, k1) ^ _THREEFRY_PARITY]
@@ -479,9 +475,17 @@ def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
 def _threefry2x32(key: list[Tensor], ctr0: Tensor, ctr1: Tensor) -> tuple[Tensor, Tensor]:
     """Threefry-2x32, 20 rounds. ``key`` is ``[k0, k1, k0 ^ k1 ^ parity]``; all operands are uint32."""
     x0, x1 = ctr0 + key[0], ctr1 + key[1]
+    amounts: dict[int, Tensor] = {}  # each shift amount broadcast once (the graph is the same, built in half the time)
+
+    def shifted(x: Tensor, op: Ops, n: int) -> Tensor:
+        if n not in amounts:
+            amounts[n] = type(x)(make_const(n, x.dtype, x.device))._broadcast_to(x.shape)
+        return x._alu(op, amounts[n])
+
     for r in range(20):
         x0 = x0 + x1
-        x1 = _rotl32(x1, _THREEFRY_ROTATIONS[r % 8])._alu(Ops.XOR, x0)
+        rot = _THREEFRY_ROTATIONS[r % 8]
+        x1 = shifted(x1, Ops.SHL, rot)._alu(Ops.OR, shifted(x1, Ops.SHR, 32 - rot))._alu(Ops.XOR, x0)
         if r % 4 == 3:
             s = r // 4 + 1
             x0 = x0 + key[s % 3]
