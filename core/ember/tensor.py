@@ -50,7 +50,7 @@ from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
-from ember.helpers import gc_paused, prod
+from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
@@ -174,9 +174,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     def realize_all(*tensors: Tensor) -> None:
         """Realize several tensors with one schedule (shared work runs once)."""
         roots = [t.lazydata for t in tensors]
-        with gc_paused():
-            schedule, becomes = create_schedule(roots)
-            run_schedule(schedule)
+        schedule, becomes = create_schedule(roots)
+        run_schedule(schedule)
         mark_realized(becomes)
         for t in tensors:
             t.lazydata = becomes[t.lazydata] if t.lazydata in becomes else t.lazydata
