@@ -9,7 +9,6 @@ import gc
 import math
 import os
 import pathlib
-import threading
 import time
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
@@ -154,31 +153,17 @@ def colored(s: str, color: str | None) -> str:
 
 
 
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0  # blocks inside gc_paused(), in every thread
-_gc_resume = False  # whether the collector was on when the first of them entered
-
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Keep Python's cyclic garbage collector off inside the block; it is switched back on (if it was on) when
-    the last such block of any thread leaves.
+    """Keep Python's cyclic garbage collector off inside the block (on again after it, if it was on).
 
-    Building, lowering and compiling a schedule allocates hundreds of thousands of small objects that
-    reference counting frees by itself, and those bursts set off collections that walk the whole heap
-    (numpy, every module): a fresh process's first MLP training step spent 0.05-0.1 s in them, in a varying
-    number of runs. Garbage with cycles made meanwhile is collected at the next collection after the block."""
-    global _gc_pauses, _gc_resume
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_resume = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
+    Used around ``import ember``: the import's burst of allocations set off collections that found nothing
+    (~8 ms). Not around realizing: there the pause changed which kernels the runtime-constant cache built
+    in a full CL test run (an interaction not yet understood)."""
+    was_on = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_resume:
-                gc.enable()
+        if was_on:
+            gc.enable()

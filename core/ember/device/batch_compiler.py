@@ -248,13 +248,6 @@ class _Build:
         self.end = time.perf_counter()
 
 
-def _pace(builds: Sequence[_Build]) -> float | None:
-    """Cost units built per second by the finished ``builds`` (``None`` before one is finished)."""
-    ends = [(b, b.end) for b in builds if b.end is not None]
-    spent = sum(end - b.start for b, end in ends)
-    return sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
-
-
 def _tail_is_near(total: int | None, produced: int) -> bool:
     """Whether at most one source of the ``total`` is still to come: the waiting sources had better wait for it
     and be spread with it over every slot (a stream that ended just after one slot took everything left had that
@@ -267,7 +260,9 @@ def _remaining(builds: Sequence[_Build]) -> list[float]:
     """The estimated work left in each build still under way, in cost units: its estimate less what the time
     since it started is worth at the pace of the builds done so far (half its estimate before any is done)."""
     now = time.perf_counter()
-    pace = _pace(builds)
+    ends = [(b, b.end) for b in builds if b.end is not None]
+    spent = sum(end - b.start for b, end in ends)
+    pace = sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
     return [max(0.0, b.cost - (now - b.start) * pace) if pace is not None else b.cost / 2
             for b in builds if b.end is None]
 
