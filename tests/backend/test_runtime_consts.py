@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -32,18 +31,14 @@ def _kernel_names(src: str) -> list[str]:
 
 @pytest.fixture
 def builds(monkeypatch) -> list[str]:
-    """The sources every compiler of this process builds for the test from now on, in order: those stored by the
-    test's own thread (an engine's builds are stored by the thread that asked for them; a background build an
-    earlier test left running, such as a tiered upgrade of its own E_13, is not this test's)."""
+    """The sources every compiler of this process builds from now on, in order."""
     from ember.device.compiler import Compiler
 
     built: list[str] = []
     store = Compiler.store
-    test_thread = threading.current_thread()
 
     def recording_store(self, src: str, binary: bytes) -> bytes:
-        if threading.current_thread() is test_thread:
-            built.append(src)
+        built.append(src)
         return store(self, src, binary)
 
     monkeypatch.setattr(Compiler, "store", recording_store)
