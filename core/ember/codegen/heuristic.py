@@ -33,6 +33,14 @@ MAX_TILE_OPS = 1536
 #: 29 us and 110 ms; its 256 x 512 x 10 input gradient: 66 us either way, 180 -> 110 ms)
 SMALL_KERNEL_WORK = 1 << 22
 SMALL_KERNEL_TILE = 64
+#: a reduction kernel with fewer steps than this gets no register tile or unrolling: it runs for about a microsecond
+#: either way, and a tile costs the C compiler ~10 ms (an MLP's 256 x 10 softmax gradient sum: 1 us, 41 -> 32 ms of
+#: gcc). An axis its value does not depend on is still computed once (that divides the work)
+TINY_KERNEL_WORK = 1 << 13
+#: the most outputs per axis in the square-ish tile of a small product along the reduce axis (``x @ w.T``), where
+#: nothing runs contiguously along the outputs: an MLP's 256 x 10 x 512 logits ran in 31 us with 2 x 2 outputs
+#: against 45 us with 2 x 4, whose eight vectorized partial sums cost gcc 15 ms more
+SMALL_SHARED_TILE = 2
 #: a full reduction smaller than this runs on one core
 THREAD_MIN_WORK = 1 << 17
 #: work-group targets: a reduction with fewer outputs than this leaves the device idle unless its work-items
@@ -299,10 +307,11 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
     # 3) nothing contiguous along the outputs (x @ w.T: both inputs run along the reduce axis, which the renderer
     #    vectorizes as a reduction, one vector accumulator per output): a square-ish tile of outputs shares the loads
     budget = min(acc_regs * 2 // 3, max_tile)
+    per_axis = SMALL_SHARED_TILE if prod(shape) < SMALL_KERNEL_WORK else 4
     for d in sorted(strides, reverse=True):
         if len(opts) < 2 and 0 in strides[d]:
             limit = budget // prod(o.arg for o in opts) if opts else max(2, int(budget ** 0.5))
-            amt = _largest_factor(out_shape[d], min(limit, 4, out_shape[d] // 2))
+            amt = _largest_factor(out_shape[d], min(limit, per_axis, out_shape[d] // 2))
             if amt > 1:
                 opts.append(Opt("UPCAST", d, amt))
     return opts
@@ -514,7 +523,8 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     # three quarters of the registers hold accumulators; the rest carry the loads
     acc_regs = max(2, renderer.vector_registers * 3 // 4)
     same = broadcast_axes(ast)
-    opts = _register_tile(ast, renderer, renderer.vector_floats, acc_regs, frozenset(same))
+    tiny = prod(full_shape(ast)[0]) < TINY_KERNEL_WORK
+    opts = [] if tiny else _register_tile(ast, renderer, renderer.vector_floats, acc_regs, frozenset(same))
     # outputs that differ only along an axis the value does not depend on are computed once per tile: a whole
     # such axis in the tile divides the kernel's work by its size
     for axis in same:
@@ -531,7 +541,7 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
                 tile = prod(o.arg for o in opts)
         if tile * out_shape[axis] <= MAX_UPCAST:
             opts.append(Opt("UPCAST", axis, out_shape[axis]))
-    if not opts:
+    if not opts and not tiny:
         # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
         # the reduction so non-sum reductions get independent chains (a float sum's one vector chain keeps up
         # with memory; a max's does not)

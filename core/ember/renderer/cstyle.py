@@ -8,6 +8,7 @@ stores, literals) is shared.
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from typing import Callable
 
 from ember.dtype import DType, PtrDType, dtypes
@@ -37,6 +38,8 @@ class CStyleRenderer(Renderer):
     #: ``"threadgroup_barrier(mem_flags::mem_threadgroup);"`` in Metal
     local_prefix: str = ""
     barrier: str = ""
+    #: loads and accumulators a dialect writes another way (a CPU vector tile's): named, never declared
+    _undeclared: AbstractSet[UOp] = frozenset()
 
     # --- hooks ---------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
@@ -279,7 +282,8 @@ class CStyleRenderer(Renderer):
             elif op is Ops.DEFINE_ACC:
                 self.open_accs.append(u)
                 r[u] = fresh("acc")
-                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {r[u.src[0]]};")
+                if u not in self._undeclared:
+                    line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {r[u.src[0]]};")
             elif op is Ops.ASSIGN:
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
@@ -290,6 +294,9 @@ class CStyleRenderer(Renderer):
                 val = self.render_load_value(buf, idx, u.value_dtype)
                 if len(ins) > 2:
                     val = f"({r[ins[2]]} ? {val} : {self.render_const(0, u.value_dtype)})"
+                if u in self._undeclared:
+                    r[u] = val
+                    continue
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:

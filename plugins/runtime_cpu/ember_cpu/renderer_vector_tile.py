@@ -20,6 +20,7 @@ code covers this module).
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from ember.renderer import DType, GroupOp, Ops, UOp, dtypes
@@ -229,6 +230,7 @@ class VectorTiles(RolledEpilogues):
 
     #: roll a vector tile's epilogue into a loop where it can (see :class:`RolledEpilogue`)
     rolled_epilogues = True
+    _undeclared: AbstractSet[UOp]
 
     def find_vector_tiles(self, uops: list[UOp]) -> dict[UOp, VectorTile]:
         """Each reduce loop of ``uops`` that is a vector tile, with its tile; the rolled epilogues found are
@@ -238,6 +240,8 @@ class VectorTiles(RolledEpilogues):
         self._vtile_count = 0
         self.rolled: dict[VectorTile, RolledEpilogue] = {}
         self.vector_dropped: set[UOp] = set()
+        # the scalar accumulators and loads the vector code makes dead: not written at all (less for the compiler)
+        self._undeclared = undeclared = set()
         if not self.vector_tiles:
             return {}
         found: dict[UOp, VectorTile] = {}
@@ -246,6 +250,7 @@ class VectorTiles(RolledEpilogues):
                     (tile := VectorTile.find(uops, u, self.vector_floats * 4)) is not None:
                 found[u] = tile
                 self.vector_dropped |= tile.dropped
+                undeclared |= {*tile.accs, *tile.body_loads}
                 cells = dict(zip(tile.accs, tile.cells))
                 if self.rolled_epilogues and \
                         (ep := RolledEpilogue.find(uops, u, cells, tile.rows, tile.cols)) is not None:
@@ -261,7 +266,7 @@ class VectorTiles(RolledEpilogues):
         return name
 
     def vector_tile_open(self, tile: VectorTile, loop: str, declared: dict[str, str]) -> list[str]:
-        """The tile's vector accumulators (its scalar ones are left unused), then the loop's first line."""
+        """The tile's vector accumulators (its scalar ones are not declared), then the loop's first line."""
         name = f"vtile{self._vtile_count}"
         self._vtile_count += 1
         self._vtile_open = (tile, name, [])

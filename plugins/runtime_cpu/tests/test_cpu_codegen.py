@@ -46,6 +46,19 @@ def realized(*arrays: np.ndarray) -> list[Tensor]:
     return [Tensor(a, device="CPU").realize() for a in arrays]
 
 
+def run_with_opts(t: Tensor, opts: list[Opt]) -> np.ndarray:
+    """``t``'s last kernel (its inputs realized) built with ``opts`` and run on the CPU; what it wrote."""
+    from ember.dtype import to_np_dtype
+    from ember.engine.realize import CompiledRunner
+
+    si = [si for si in t.schedule() if getattr(si, "ast", None) is not None][-1]
+    spec = get_program(si.ast, CPURenderer(), opts=opts)
+    for b in si.bufs:
+        b.allocate()
+    CompiledRunner("CPU", spec)(list(si.bufs), wait=True)
+    return np.frombuffer(si.bufs[0].as_bytes(), to_np_dtype(si.bufs[0].dtype)).copy()
+
+
 @pytest.mark.parametrize("lanes,registers,tile", [(16, 32, [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)]),
                                                   (8, 16, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)]),
                                                   (4, 16, [Opt("UPCAST", 1, 8), Opt("UPCAST", 0, 4)])])
@@ -76,10 +89,40 @@ def test_tile_rows_are_whole_half_registers_where_the_size_allows():
     np.testing.assert_allclose((g.T @ x).numpy(), g_np.T @ x_np, rtol=1e-5, atol=1e-5)
 
 
-def test_transposed_matmul_tile_is_a_block_of_vector_sums():
-    x, w = realized(randf(64, 48), randf(64, 48))
-    opts = heuristic_opts(kernel_ast(x @ w.T), RegisterFile(16, 32))
-    assert sorted(o.amount for o in opts) == [4, 4]
+def test_transposed_matmul_tile_is_a_block_of_vector_sums(monkeypatch):
+    """``x @ w.T`` reads both inputs along the reduce axis: a square block of outputs (one vector sum each) shares
+    the loads, 4 x 4 in a large kernel, SMALL_SHARED_TILE per axis in a small one (where a bigger block costs the
+    compiler more than it saves); both match numpy."""
+    from ember.codegen import heuristic
+
+    x_np, w_np = randf(64, 48), randf(64, 48)
+    x, w = realized(x_np, w_np)
+    ast = kernel_ast(x @ w.T)
+    small = heuristic_opts(ast, RegisterFile(16, 32))
+    assert sorted(o.amount for o in small) == [heuristic.SMALL_SHARED_TILE] * 2
+    monkeypatch.setattr(heuristic, "SMALL_KERNEL_WORK", 0)  # as if it were large
+    large = heuristic_opts(ast, RegisterFile(16, 32))
+    assert sorted(o.amount for o in large) == [4, 4]
+    want = x_np @ w_np.T
+    for opts in (small, large):
+        np.testing.assert_allclose(run_with_opts(x @ w.T, opts).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tiny_reduction_gets_no_tile():
+    """A reduction of fewer than TINY_KERNEL_WORK steps (an MLP's 256 x 10 softmax sums) runs for a microsecond
+    whatever its tile: it gets none (a tile costs the C compiler more than the kernel ever runs), but an axis its
+    value does not depend on is still computed once."""
+    from ember.codegen.heuristic import TINY_KERNEL_WORK
+
+    x_np = randf(256, 10)
+    x = realized(x_np)[0]
+    assert 256 * 10 < TINY_KERNEL_WORK
+    assert heuristic_opts(kernel_ast(x.sum(0)), RegisterFile(16, 32)) == []
+    assert heuristic_opts(kernel_ast(x.exp().max(1)), RegisterFile(16, 32)) == []
+    np.testing.assert_allclose(x.sum(0).numpy(), x_np.sum(0), rtol=1e-5, atol=1e-5)
+    # a big enough column sum still gets a row of outputs per step
+    big = realized(randf(1024, 64))[0]
+    assert heuristic_opts(kernel_ast(big.sum(0)), RegisterFile(16, 32)) != []
 
 
 def test_loads_outside_the_reduction_do_not_pick_the_tile():
@@ -116,8 +159,14 @@ def test_matmul_kernel_is_register_tiled():
     a, b = realized(randf(256, 256), randf(256, 128))
     renderer = RegisterFile(16, 32)
     src = get_program(kernel_ast(a @ b), renderer).src
-    assert src.count("float acc") == 32 * 8  # one accumulator per output of the tile
+    # one output per element of the 32 x 8 tile, summed in 16-lane vector accumulators; the scalar accumulators
+    # they replace are not written
+    assert "float tile0[256];" in src and len(re.findall(r"ember_v16f vtile0_a\d+_\d+ = ", src)) == 32 * 8 // 16
+    assert "float acc" not in src
     assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 256; ridx\d+\+\+\)", src)
+    # written as scalar C: one accumulator per output
+    scalar = get_program(kernel_ast(a @ b), RegisterFile(16, 32, vector_tiles=False)).src
+    assert scalar.count("float acc") == 32 * 8
 
 
 def test_elementwise_loop_is_simd_and_exp_vectorizes():
