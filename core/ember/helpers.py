@@ -152,7 +152,6 @@ def colored(s: str, color: str | None) -> str:
     return s if color is None else f"\033[{codes[color]}m{s}\033[0m"
 
 
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off inside the block (on again after it, if it was on).

@@ -523,7 +523,8 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     # three quarters of the registers hold accumulators; the rest carry the loads
     acc_regs = max(2, renderer.vector_registers * 3 // 4)
     same = broadcast_axes(ast)
-    tiny = prod(full_shape(ast)[0]) < TINY_KERNEL_WORK
+    shape, reduce_axes = full_shape(ast)
+    tiny = prod(shape) < TINY_KERNEL_WORK
     opts = [] if tiny else _register_tile(ast, renderer, renderer.vector_floats, acc_regs, frozenset(same))
     # outputs that differ only along an axis the value does not depend on are computed once per tile: a whole
     # such axis in the tile divides the kernel's work by its size
@@ -545,14 +546,13 @@ def heuristic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
         # a row reduction with nothing to share between outputs (max/sum along the contiguous axis): unroll
         # the reduction so non-sum reductions get independent chains (a float sum's one vector chain keeps up
         # with memory; a max's does not)
-        _, reduce_axes = full_shape(ast)
         ops = {n.arg[0] for n in ast.toposort() if n.op is Ops.REDUCE_AXIS}
         if len(reduce_axes) == 1 and not ops <= {Ops.ADD, Ops.MAX}:
-            u = _largest_factor(full_shape(ast)[0][reduce_axes[0]], 8, 4)
+            u = _largest_factor(shape[reduce_axes[0]], 8, 4)
             if u > 1:
                 opts.append(Opt("UNROLL", reduce_axes[0], u))
         elif len(reduce_axes) == 1 and ops == {Ops.MAX}:
-            size = full_shape(ast)[0][reduce_axes[0]]
+            size = shape[reduce_axes[0]]
             if size % ROW_MAX_UNROLL == 0 and size >= 16 * ROW_MAX_UNROLL:
                 opts.append(Opt("UNROLL", reduce_axes[0], ROW_MAX_UNROLL))
     return opts

@@ -462,9 +462,14 @@ def _ranks(keys: Tensor, pos: Tensor) -> Tensor:
     return before.cast(dtypes.int32).sum(2, dtype=dtypes.int32)
 
 
+def _amount(x: Tensor, n: int) -> Tensor:
+    """``n`` as a tensor of ``x``'s dtype, device and shape (a shift's right operand)."""
+    return type(x)(make_const(n, x.dtype, x.device))._broadcast_to(x.shape)
+
+
 def _shift(x: Tensor, op: Ops, amount: int) -> Tensor:
     """``x << amount`` (op SHL) or ``x >> amount`` (op SHR) in x's own dtype."""
-    return x._alu(op, type(x)(make_const(amount, x.dtype, x.device))._broadcast_to(x.shape))
+    return x._alu(op, _amount(x, amount))
 
 
 def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
@@ -479,7 +484,7 @@ def _threefry2x32(key: list[Tensor], ctr0: Tensor, ctr1: Tensor) -> tuple[Tensor
 
     def shifted(x: Tensor, op: Ops, n: int) -> Tensor:
         if n not in amounts:
-            amounts[n] = type(x)(make_const(n, x.dtype, x.device))._broadcast_to(x.shape)
+            amounts[n] = _amount(x, n)
         return x._alu(op, amounts[n])
 
     for r in range(20):
