@@ -86,7 +86,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 raise RuntimeError(f"Only Tensors of floating point dtype can require gradients, got {self.dtype}")
             self.requires_grad = True
             return
-        dev = _device(device)
+        # a graph node or a tensor has its device: the default device (a lock and an environment read) is
+        # looked up only for data that needs one (ops build a tensor from a UOp thousands of times per step)
+        dev = _device(device) if device is not None or not isinstance(data, (UOp, Tensor)) else ""
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
         self.requires_grad = requires_grad

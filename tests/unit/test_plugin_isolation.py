@@ -292,3 +292,25 @@ def test_a_precheck_reason_is_final_and_forks_nothing(tmp_path: pathlib.Path, mo
 def test_device_spec_rejects_a_precheck_that_is_not_callable():
     with pytest.raises(ValueError, match="precheck of device X must be callable"):
         DeviceSpec("X", FACTORY, precheck="yes")  # type: ignore[arg-type]
+
+
+def test_plugin_calls_share_one_thread_yet_a_nested_or_hung_call_gets_its_own():
+    from ember.device.isolation import PluginTimeout, call_with_timeout
+
+    def name() -> str:
+        return threading.current_thread().name
+
+    assert call_with_timeout(name, "first") == "ember plugin: first"
+    first = call_with_timeout(threading.current_thread, "a")
+    assert call_with_timeout(threading.current_thread, "b") is first, "calls in turn reuse one thread"
+    # a call made from inside a call (a plugin whose import asks for a device) runs beside it, not after it
+    inner, outer = call_with_timeout(lambda: (call_with_timeout(threading.current_thread, "inner"),
+                                              threading.current_thread()), "outer")
+    assert inner is not outer
+    with pytest.raises(ValueError, match="from the plugin"):
+        call_with_timeout(lambda: (_ for _ in ()).throw(ValueError("from the plugin")), "raises")
+    with pytest.raises(PluginTimeout, match="hangs did not return within 0.1 s"):
+        call_with_timeout(lambda: _release.wait(60), "hangs", timeout=0.1)
+    after = call_with_timeout(threading.current_thread, "after")
+    assert after is not first and after.is_alive(), "the hung thread was replaced"
+    assert call_with_timeout(lambda: 7, "value") == 7

@@ -14,6 +14,7 @@ with ``EMBER_PROBE_GUARD=0``.
 from __future__ import annotations
 
 import os
+import queue
 import select
 import signal
 import sys
@@ -33,24 +34,91 @@ def plugin_timeout() -> float:
 
 def call_with_timeout(fn: Any, what: str, timeout: float | None = None) -> Any:
     """``fn()``, run in a daemon thread; raises :class:`PluginTimeout` naming ``what`` when it takes longer
-    than ``timeout`` (the thread is left behind: Python cannot stop it) and re-raises what ``fn`` raised."""
+    than ``timeout`` (the thread is left behind: Python cannot stop it) and re-raises what ``fn`` raised.
+
+    Calls run one after another on one long-lived thread (starting a thread per call cost ~1 ms each, and
+    choosing the default device makes a dozen calls); a call made while that thread is busy (from another
+    thread, or from inside a call) gets a thread of its own, and a thread left behind by a timeout is
+    replaced."""
     limit = plugin_timeout() if timeout is None else timeout
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001  (handed to the caller)
-            box["error"] = e
-
-    worker = threading.Thread(target=run, name=f"ember plugin: {what}", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
+    job = _Job(fn)
+    worker = _Worker.take()
+    if worker is None:  # busy: a thread for this call alone
+        threading.Thread(target=job.run, name=f"ember plugin: {what}", daemon=True).start()
+    else:
+        worker.submit(job, what)
+    if not job.done.wait(limit):
+        if worker is not None:
+            worker.abandon()
         raise PluginTimeout(f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if worker is not None:
+        worker.release()
+    if job.error is not None:
+        raise job.error
+    return job.value
+
+
+class _Job:
+    """One plugin call and its outcome."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as e:  # noqa: BLE001  (handed to the caller)
+            self.error = e
+        self.done.set()
+
+
+class _Worker:
+    """The long-lived daemon thread that runs plugin calls, one at a time."""
+
+    _lock = threading.Lock()
+    _current: _Worker | None = None
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[_Job, str]] = queue.SimpleQueue()
+        self.busy = False
+        self.thread = threading.Thread(target=self._loop, name="ember plugin calls", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def take(cls) -> _Worker | None:
+        """The worker, now reserved for one call, or ``None`` when it is busy with another."""
+        with cls._lock:
+            if cls._current is None:
+                cls._current = _Worker()
+            worker = cls._current
+            if worker.busy:
+                return None
+            worker.busy = True
+            return worker
+
+    def submit(self, job: _Job, what: str) -> None:
+        self.jobs.put((job, what))
+
+    def release(self) -> None:
+        """The call is over: the next one may take this worker."""
+        with self._lock:
+            self.busy = False
+
+    def abandon(self) -> None:
+        """The call did not return: this thread stays busy with it forever, later calls get a new worker."""
+        with self._lock:
+            if _Worker._current is self:
+                _Worker._current = None
+
+    def _loop(self) -> None:
+        while True:
+            job, what = self.jobs.get()
+            self.thread.name = f"ember plugin: {what}"  # what a thread dump of a hung call shows
+            job.run()
+            self.thread.name = "ember plugin calls"
 
 
 def _importing() -> bool:

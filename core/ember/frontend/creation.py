@@ -480,19 +480,28 @@ def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
 def _threefry2x32(key: list[Tensor], ctr0: Tensor, ctr1: Tensor) -> tuple[Tensor, Tensor]:
     """Threefry-2x32, 20 rounds. ``key`` is ``[k0, k1, k0 ^ k1 ^ parity]``; all operands are uint32."""
     x0, x1 = ctr0 + key[0], ctr1 + key[1]
-    amounts: dict[int, Tensor] = {}  # each shift amount broadcast once (the graph is the same, built in half the time)
+    # The rounds are built on the graph's nodes: every operand is a uint32 of x0's shape with no gradient, so the
+    # Tensor ops' broadcasting, promotion and autograd checks would change nothing (the graph is the same) and
+    # cost ~3 ms per draw. Each key word and constant is broadcast once.
+    dt, shape = x0.dtype, x0.shape
+    keys = [k._broadcast_to(shape).lazydata for k in key]
+    consts: dict[int, UOp] = {}
 
-    def shifted(x: Tensor, op: Ops, n: int) -> Tensor:
-        if n not in amounts:
-            amounts[n] = _amount(x, n)
-        return x._alu(op, amounts[n])
+    def const(n: int) -> UOp:
+        if n not in consts:
+            consts[n] = _amount(x0, n).lazydata
+        return consts[n]
 
+    def alu(op: Ops, a: UOp, b: UOp) -> UOp:
+        return UOp(op, dt, (a, b))
+
+    a, b = x0.lazydata, x1.lazydata
     for r in range(20):
-        x0 = x0 + x1
+        a = alu(Ops.ADD, a, b)
         rot = _THREEFRY_ROTATIONS[r % 8]
-        x1 = shifted(x1, Ops.SHL, rot)._alu(Ops.OR, shifted(x1, Ops.SHR, 32 - rot))._alu(Ops.XOR, x0)
+        b = alu(Ops.XOR, alu(Ops.OR, alu(Ops.SHL, b, const(rot)), alu(Ops.SHR, b, const(32 - rot))), a)
         if r % 4 == 3:
             s = r // 4 + 1
-            x0 = x0 + key[s % 3]
-            x1 = x1 + key[(s + 1) % 3] + s
-    return x0, x1
+            a = alu(Ops.ADD, a, keys[s % 3])
+            b = alu(Ops.ADD, alu(Ops.ADD, b, keys[(s + 1) % 3]), const(s))
+    return type(x0)(a), type(x0)(b)

@@ -382,7 +382,21 @@ def _address_uops(uops: list[UOp]) -> set[UOp]:
     return out
 
 
-C_PREAMBLE = """#include <math.h>
+C_PREAMBLE = """#ifndef EMBER_MATH_DECLS
+#define EMBER_MATH_DECLS
+/* the C library's math functions kernels call, declared here: including math.h costs ~5 ms per compile */
+float sqrtf(float); double sqrt(double); float expf(float); double exp(double); float logf(float); double log(double);
+float exp2f(float); double exp2(double); float log2f(float); double log2(double); float sinf(float); double sin(double);
+float truncf(float); double trunc(double); float powf(float, float); double pow(double, double);
+float fmodf(float, float); double fmod(double, double); double fabs(double); float ldexpf(float, int);
+float copysignf(float, float);
+#ifndef NAN
+#define NAN (__builtin_nanf (""))
+#endif
+#ifndef INFINITY
+#define INFINITY (__builtin_inff ())
+#endif
+#endif
 #ifndef EMBER_BF16_HELPERS
 #define EMBER_BF16_HELPERS
 static inline float ember_bf16_to_f32(unsigned short b) { unsigned int u = ((unsigned int)b) << 16; float f;

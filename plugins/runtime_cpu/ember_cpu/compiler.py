@@ -27,7 +27,10 @@ from ember_cpu.toolchain import cc_version, probe_toolchain, select_toolchain
 # -fno-trapping-math: ember never reads floating-point exception flags, and gcc's default
 # (-ftrapping-math) keeps a select feeding an exp out of vector code; values, inf and nan stay IEEE
 # (this is not -ffast-math, and it is clang's default).
-BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+# -Werror=implicit-function-declaration: kernels include no system header (the renderer's preamble declares the C
+# library functions they call); a call it forgot to declare fails the build instead of assuming an int result.
+BASE_FLAGS: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
+                               "-Werror=implicit-function-declaration")
 #: the quick tier (``TIERED=1``): -O1 builds the first step's kernels in about a third of -O2's time (it
 #: leaves out the vectorizer, which costs most on large register tiles)
 QUICK_FLAGS: tuple[str, ...] = ("-O1", *BASE_FLAGS[1:])
