@@ -355,7 +355,7 @@ def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
     """A sum over several axes whose innermost runs with unit stride gets ``omp simd`` on that loop (its
     accumulators live outside the outer reduce loops); a short inner loop does not."""
     renderer = Device["CPU"].renderer
-    x = randf(4, 6, 40)
+    x = randf(4, 8, 160)  # enough work for vector code (CPURenderer.simd_min_work)
     si = last_kernel(Tensor(x, device="CPU").realize().sum((0, 2)))
     src = get_program(si.ast, renderer, opts=[]).src
     assert "#pragma omp simd reduction(+:" in src

@@ -6,6 +6,7 @@ See ``docs/contracts.md`` ("Device object") for the full contract and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ember.device.allocator import Allocator
 from ember.device.compiler import Compiler
@@ -38,6 +39,12 @@ class Compiled:
         self.compiler = compiler
         self.runtime = runtime
         self.graph = graph
+
+    @property
+    def supported_dtypes(self) -> frozenset[Any]:
+        """The dtypes the device can load, store and compute with: its renderer's. A device whose renderer
+        waits on something slow (a compiler probe) may answer sooner."""
+        return self.renderer.supported_dtypes
 
     def synchronize(self) -> None:
         """Wait until all work queued on the device has finished (a no-op for synchronous devices)."""

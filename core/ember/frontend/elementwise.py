@@ -31,7 +31,10 @@ _F64_SUPPORT: dict[str, bool] = {}
 
 def _has_float64(device: str) -> bool:
     if device not in _F64_SUPPORT:
-        _F64_SUPPORT[device] = dtypes.float64 in Device[device].renderer.supported_dtypes
+        dev = Device[device]
+        # the device's answer where it has one (it may not need its renderer, which can wait on a compiler probe)
+        supported = getattr(dev, "supported_dtypes", None) or dev.renderer.supported_dtypes
+        _F64_SUPPORT[device] = dtypes.float64 in supported
     return _F64_SUPPORT[device]
 
 

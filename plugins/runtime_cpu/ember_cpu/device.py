@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ember.device import Compiled, Compiler, Renderer, getenv
 from ember_cpu.allocator import CPUAllocator
@@ -49,6 +50,12 @@ class CPUDevice(Compiled):
             cc = compiler.cc if isinstance(compiler, CPUCompiler) else CPUCompiler().cc
             self._renderer = CPURenderer(float16=probe_toolchain(cc).float16)
         return self._renderer
+
+    @property
+    def supported_dtypes(self) -> frozenset[Any]:
+        """Every dtype (float16 natively or emulated, as the probe finds), known without waiting for the probe:
+        a graph asks this while it is built (a float32 cosine is computed in float64 where float64 exists)."""
+        return self._renderer.supported_dtypes if self._renderer is not None else CPURenderer.supported_dtypes
 
     @renderer.setter
     def renderer(self, renderer: Renderer) -> None:

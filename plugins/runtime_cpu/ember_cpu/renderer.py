@@ -248,6 +248,19 @@ class MaxTile:
         return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
 
 
+def _kernel_steps(uops: list[UOp]) -> int:
+    """About how many elements a kernel computes: its loops' trip counts multiplied (a loop of symbolic length
+    counts as long), times the copies its body computes per step (an upcast tile's outputs, an unrolled
+    reduction's accumulators)."""
+    steps = 1
+    for u in uops:
+        if u.op is Ops.RANGE:
+            lo, hi = u.src
+            steps *= hi.arg - lo.arg if lo.op is Ops.CONST and hi.op is Ops.CONST else 1 << 20
+    copies = max(sum(u.op is Ops.STORE for u in uops), sum(u.op is Ops.DEFINE_ACC for u in uops), 1)
+    return steps * copies
+
+
 class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     """Plain C for the host compiler.
 
@@ -263,6 +276,9 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     vector_floats, vector_registers = host_vector_registers()
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
+    #: a kernel of fewer steps than this (see :func:`_kernel_steps`) gets no ``omp simd``: an MLP's
+    #: 256 x 10 softmax kernels and 10-element bias initialization, ~1 us either way, built ~5 ms faster each
+    simd_min_work = 4096
     #: a register tile of a float max along a non-contiguous axis is rendered as a vectorized loop over an array
     #: (see :class:`MaxTile`), so the heuristic may make it wider than the register file
     vector_max_tiles = True
@@ -369,6 +385,11 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
                 for r, c in affine.items():
                     walks.setdefault(r, set()).add(c)
                     (load_strides if u.op is Ops.LOAD else stored).setdefault(r, set()).add(c)
+        # a kernel of few steps runs in about a microsecond whatever its code: its loops are not forced into vector
+        # code, whose vector and remainder loops cost the compiler several ms (the compiler may still vectorize)
+        tiny = _kernel_steps(uops) < self.simd_min_work
+        if tiny:
+            load_strides = {}
         # loops along which every load that moves moves by one element: worth vectorizing as a reduction
         self.unit_stride_ranges = {r for r, cs in load_strides.items() if cs == {1}}
         # loops along which every load that moves moves by the same few elements: an unrolled reduction whose
@@ -383,7 +404,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
                 last_open = u
             elif u.op is Ops.ENDRANGE and u.src[0] is last_open:
                 innermost.add(last_open)
-        self.simd_ranges = {r for r in innermost if r.arg[1] == "global" and r not in hidden
+        self.simd_ranges = set() if tiny else {r for r in innermost if r.arg[1] == "global" and r not in hidden
                             and stored.get(r) == {1} and walks[r] <= {1} and r.src[1].op is Ops.CONST
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
         self._declared: dict[str, str] = {}

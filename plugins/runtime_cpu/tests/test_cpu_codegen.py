@@ -180,6 +180,22 @@ def test_elementwise_loop_is_simd_and_exp_vectorizes():
     assert "ember_expf(" in body and not re.search(r"\bexpf\(", body)
 
 
+def test_a_tiny_kernel_is_not_forced_into_vector_code():
+    """Below ``simd_min_work`` elements (a bias of 10, a 256 x 10 softmax) no loop gets ``omp simd``: the kernel runs
+    in about a microsecond either way and its vector and remainder loops would cost the compiler several ms. Counted
+    in elements, not loop steps: an unrolled reduction's copies count."""
+    renderer = CPURenderer()
+    for n, simd in ((10, False), (renderer.simd_min_work - 1, False), (renderer.simd_min_work, True)):
+        x, y = realized(randf(n), randf(n))
+        src = get_program(kernel_ast((x * 2 + y).exp()), renderer).src
+        assert ("omp simd" in src or "parallel for simd" in src) is simd, (n, src)
+    rows = realized(randf(256, 10))[0]
+    assert "omp simd" not in get_program(kernel_ast(rows.max(1)), renderer).src
+    (wide,) = realized(randf(8, 512))
+    unrolled = get_program(kernel_ast(wide.sum(1)), renderer, opts=[Opt("UNROLL", 1, 8)]).src
+    assert "#pragma omp simd reduction" in unrolled, "8 rows x 64 steps x 8 accumulators is 4096 elements"
+
+
 def test_strided_inner_loop_is_not_forced_simd():
     x = realized(randf(64, 64))[0]
     src = get_program(kernel_ast(x.T + 1), CPURenderer()).src
