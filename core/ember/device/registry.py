@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import importlib.metadata
 import os
 import sys
 import threading
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 import pluggy
 
 from ember.device import hookspecs
+from ember.device.entry_points import entry_points as installed_entry_points
 from ember.device.hookspecs import PLUGIN_API, hookimpl
 from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, crash_checked, plugin_timeout  # noqa: F401
 from ember.device.spec import DeviceSpec
@@ -161,6 +161,8 @@ def canonicalize(name: str) -> str:
 
 def _extra_exists(extra: str) -> bool:
     """Whether the installed ``ember`` distribution declares the pip extra ``extra`` (True when unknown)."""
+    import importlib.metadata  # only for this error message: importing it costs a fresh process ~8 ms
+
     try:
         extras = importlib.metadata.metadata("ember").get_all("Provides-Extra") or []
     except importlib.metadata.PackageNotFoundError:  # running from a source tree: trust KNOWN_PLUGINS
@@ -227,7 +229,7 @@ class _DeviceRegistry:
                 if self._builtins:
                     self._add_plugin(_BuiltinDevices(), PluginOrigin(_BUILTIN_PLUGIN_NAME, builtin=True))
                 if self._entry_points is None:
-                    self._pending = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+                    self._pending = installed_entry_points(ENTRY_POINT_GROUP)
                 else:
                     self._pending = list(self._entry_points)
             if want is None:

@@ -51,15 +51,15 @@ class CPUDevice(Compiled):
             self._renderer = CPURenderer(float16=probe_toolchain(cc).float16)
         return self._renderer
 
+    @renderer.setter
+    def renderer(self, renderer: Renderer) -> None:
+        self._renderer = renderer
+
     @property
     def supported_dtypes(self) -> frozenset[Any]:
         """Every dtype (float16 natively or emulated, as the probe finds), known without waiting for the probe:
         a graph asks this while it is built (a float32 cosine is computed in float64 where float64 exists)."""
         return self._renderer.supported_dtypes if self._renderer is not None else CPURenderer.supported_dtypes
-
-    @renderer.setter
-    def renderer(self, renderer: Renderer) -> None:
-        self._renderer = renderer
 
 
 def open_device(device: str = "CPU") -> Compiled:
