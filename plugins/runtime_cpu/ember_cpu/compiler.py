@@ -79,9 +79,10 @@ class CPUCompiler(BatchCompiler):
     kernel_pattern = re.compile(r"^(?:[A-Z_][A-Z0-9_]*\s+)*void\s+(\w+)\s*\(\s*void\s*\*\*\s*bufs\b", re.MULTILINE)
     #: each build is its own compiler process: a batch is split across the cores
     parallel_builds = os.cpu_count() or 1
-    #: a gcc -O2 process costs about 26 ms before its first kernel (start-up, math.h, the back end's set-up
-    #: on the first function, the assembler and the linker), about what 13,000 characters of kernel code cost
-    build_overhead = 13000
+    #: a gcc -O2 process costs about 24 ms before its first kernel (start-up, the preamble, the back end's set-up
+    #: on the first function, the assembler and the linker), about what 9,000 characters of kernel code cost (a
+    #: matmul's 7,800-character register tile: 21 ms)
+    build_overhead = 9000
 
     def __init__(self, cc: list[str] | None = None, openmp: bool | None = None, quick: bool = False):
         """``quick``: build with ``QUICK_FLAGS`` instead of ``BASE_FLAGS`` (the quick tier)."""
