@@ -54,7 +54,8 @@ def test_new_kernels_start_quick_and_switch_to_the_optimized_build(tiered):
     assert quick is not None and runner.binary == quick.cached(runner.spec.src)  # ran from the -O1 build
     assert tiers.apply(wait=True) >= 1 and not tiers.pending
     optimized = compiler.cached(runner.spec.src)  # the background build filled the cache (for later processes)
-    assert optimized is not None and runner.binary == optimized != quick.cached(runner.spec.src)
+    # (the two builds of so small a kernel may be the same bytes: clang 14 makes the same code at -O1 and -O2)
+    assert optimized is not None and runner.binary == optimized
     again = (x * 1.4140625 + 0.28125).exp().sum(1)
     np.testing.assert_allclose(again.numpy(), want, rtol=1e-5)
 
