@@ -56,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--in-process" in args:
         return report()
+    from ember.device.entry_points import entry_points
     from ember.device.registry import ENTRY_POINT_GROUP, plugin_timeout
 
-    plugins = len(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    plugins = len(entry_points(ENTRY_POINT_GROUP))  # the same plugins device selection finds
     budget = float(os.environ.get("EMBER_DOCTOR_TIMEOUT", "") or plugin_timeout() * 3 * (plugins + 2) + 60)
     child = subprocess.Popen([sys.executable, "-m", "ember.doctor", "--in-process"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
