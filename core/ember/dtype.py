@@ -11,10 +11,17 @@ from __future__ import annotations
 import builtins
 import math
 import struct
+import sys
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
+from ember.helpers import is_int_like, loaded_numpy
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
+
 
 
 @dataclass(frozen=True, eq=True)
@@ -189,11 +196,12 @@ class dtypes:
             for v in x[1:]:
                 out = promote_types(out, dtypes.from_py(v))
             return out
-        if isinstance(x, np.generic) and not isinstance(x, np.bool_):
+        np = loaded_numpy()
+        if np is not None and isinstance(x, np.generic) and not isinstance(x, np.bool_):
             return from_np_dtype(x.dtype)  # numpy scalars keep their own dtype, as in torch
-        if isinstance(x, (bool, np.bool_)):
+        if isinstance(x, bool) or (np is not None and isinstance(x, np.bool_)):
             return dtypes.bool
-        if isinstance(x, (int, np.integer)):
+        if is_int_like(x):
             # an int too large for the default int type gets int64 rather than wrapping silently
             lo, hi = dtypes.min(dtypes.default_int), dtypes.max(dtypes.default_int)
             return dtypes.default_int if lo <= int(x) <= hi else dtypes.int64
@@ -221,23 +229,24 @@ _BY_NAME: dict[str, DType] = {
 DTYPES_ALL: tuple[DType, ...] = tuple(_BY_NAME.values())
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
 
-_NP = {dtypes.bool: np.bool_, dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.int16: np.int16,
-       dtypes.uint16: np.uint16, dtypes.int32: np.int32, dtypes.uint32: np.uint32, dtypes.int64: np.int64,
-       dtypes.uint64: np.uint64, dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}
+# numpy's scalar type of each dtype, by name (numpy is imported when one is first asked for)
+_NP_NAMES = {dtypes.bool: "bool_", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16",
+             dtypes.uint16: "uint16", dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64",
+             dtypes.uint64: "uint64", dtypes.float16: "float16", dtypes.float32: "float32", dtypes.float64: "float64"}
 
 
 def to_np_dtype(dt: DType) -> type:
     """The numpy scalar type for ``dt`` (bfloat16 has none: it is stored as uint16 bits)."""
     if dt == dtypes.bfloat16:
         return np.uint16
-    return _NP[dt]
+    return getattr(np, _NP_NAMES[dt])
 
 
 def from_np_dtype(npdt: Any) -> DType:
     """The ember dtype for a numpy dtype; raises ``TypeError`` naming unsupported ones."""
     npdt = np.dtype(npdt)
-    for k, v in _NP.items():
-        if np.dtype(v) == npdt:
+    for k, name in _NP_NAMES.items():
+        if np.dtype(getattr(np, name)) == npdt:
             return k
     raise TypeError(f"can't convert numpy dtype {npdt} to an ember dtype")
 
@@ -326,6 +335,11 @@ def truncate(dt: DType, x: Any) -> Any:
             return _F32.unpack(_F32.pack(x))[0]
         except OverflowError:
             pass
+    if dt == dtypes.float16:
+        try:  # struct's half-precision packing rounds to nearest even, as numpy's cast does
+            return _F16.unpack(_F16.pack(x))[0]
+        except OverflowError:  # past float16's range after rounding: inf, as numpy's cast gives
+            return math.copysign(math.inf, x)
     if dt == dtypes.bfloat16:
         return float(bf16_to_f32(f32_to_bf16(np.array([x], np.float32)))[0])
     with np.errstate(all="ignore"):
@@ -333,6 +347,29 @@ def truncate(dt: DType, x: Any) -> Any:
 
 
 _F32 = struct.Struct("f")
+# each dtype's element as a struct (native byte order, as buffers hold them); bfloat16 is the top half of a float32
+_STRUCTS = {dt: struct.Struct("=" + code) for dt, code in (
+    (dtypes.bool, "?"), (dtypes.int8, "b"), (dtypes.uint8, "B"), (dtypes.int16, "h"), (dtypes.uint16, "H"),
+    (dtypes.int32, "i"), (dtypes.uint32, "I"), (dtypes.int64, "q"), (dtypes.uint64, "Q"), (dtypes.float16, "e"),
+    (dtypes.float32, "f"), (dtypes.float64, "d"))}
+_BF16_HIGH = slice(2, 4) if sys.byteorder == "little" else slice(0, 2)
+
+
+def scalar_bytes(dt: DType, x: Any) -> bytes:
+    """One element of ``dt`` holding ``x`` (a value :func:`truncate` gave for ``dt``), as a buffer stores it."""
+    if dt == dtypes.bfloat16:
+        return _STRUCTS[dtypes.float32].pack(x)[_BF16_HIGH]
+    return _STRUCTS[dt].pack(x)
+
+
+def scalar_from_bytes(dt: DType, raw: Any) -> Any:
+    """The Python value of the first element of ``dt`` in ``raw`` (bytes or a buffer; bfloat16 as a float)."""
+    if dt == dtypes.bfloat16:
+        word = bytearray(4)
+        word[_BF16_HIGH] = bytes(raw[:2])
+        return _STRUCTS[dtypes.float32].unpack(word)[0]
+    return _STRUCTS[dt].unpack_from(raw)[0]
+_F16 = struct.Struct("e")
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:

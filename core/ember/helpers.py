@@ -9,10 +9,58 @@ import gc
 import math
 import os
 import pathlib
+import sys
 import time
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    import numpy
+    from typing_extensions import TypeIs
 
 T = TypeVar("T")
+
+
+class _LazyNumpy:
+    """numpy, imported when an attribute is first read: ``import numpy`` costs ~37 ms, as much as ember's own
+    import, and a program that neither passes nor asks for numpy arrays never needs it. Modules bind it as
+    ``np`` (with the real module for type checkers); each attribute, once read, is kept on the instance."""
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy
+
+        value = getattr(numpy, name)
+        setattr(self, name, value)
+        return value
+
+
+#: numpy on first use (see :class:`_LazyNumpy`)
+lazy_numpy: Any = _LazyNumpy()
+
+
+def loaded_numpy() -> Any:
+    """The numpy module if the process has imported it, else None. A value can only be a numpy array or scalar
+    once numpy is imported, so a type check asks this instead of importing numpy."""
+    return sys.modules.get("numpy")
+
+
+def is_np_scalar(x: object) -> TypeIs[numpy.generic]:
+    """Whether ``x`` is a numpy scalar (``np.generic``), without importing numpy."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.generic)
+
+
+def is_np_array(x: object) -> TypeIs[numpy.ndarray]:
+    """Whether ``x`` is a numpy array, without importing numpy."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def is_int_like(x: object) -> TypeIs[int]:
+    """``isinstance(x, (int, np.integer))`` without importing numpy (bools count, as for ``int``)."""
+    if isinstance(x, int):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.integer)
 
 
 def getenv(key: str, default: Any = 0) -> Any:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from typing import Any, Callable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ember.autograd import ALU_RULES, GradFn, Rule, backward_targets, run_backward, toposort_tape
 from ember.device.registry import Device
@@ -22,6 +20,7 @@ from ember.dtype import (
     from_np_dtype,
     least_upper_dtype,
     result_type_scalar,
+    scalar_from_bytes,
     to_dtype,
     to_np_dtype,
     truncate,
@@ -50,12 +49,17 @@ from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
 from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
-from ember.helpers import prod
+from ember.helpers import is_int_like, is_np_array, is_np_scalar, prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
 from ember.ir.uop import Ops, UOp
 from ember.schedule import create_schedule, mark_realized
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 
 class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
@@ -76,7 +80,6 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     training: bool = False
     no_grad: bool = False
     _seed: int = 0
-    _rng: np.random.Generator = np.random.default_rng(0)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
@@ -104,9 +107,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if dt is not None:
                 self.lazydata = Tensor(self.lazydata).cast(dt).lazydata
             return
-        if isinstance(data, (bool, int, float, np.generic)) and not isinstance(data, np.ndarray):
-            dt = dt or (from_np_dtype(data.dtype) if isinstance(data, np.generic) else dtypes.from_py(data))
-            self.lazydata = make_const(data.item() if isinstance(data, np.generic) else data, dt, dev)
+        if isinstance(data, (bool, int, float)) or is_np_scalar(data):
+            dt = dt or (from_np_dtype(data.dtype) if is_np_scalar(data) else dtypes.from_py(data))
+            self.lazydata = make_const(data.item() if is_np_scalar(data) else data, dt, dev)
             return
         if isinstance(data, (bytes, bytearray, memoryview)):
             arr = np.frombuffer(bytes(data), dtype=np.uint8)
@@ -120,7 +123,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 raise RuntimeError(f"value cannot be converted to type {dt.name} without overflow ({e})") from e
             except ValueError as e:
                 raise ValueError(f"cannot build a {dt} tensor from {type(data).__name__}: {e}") from e
-        elif isinstance(data, np.ndarray):
+        elif is_np_array(data):
             arr = data
             if dt is None:
                 dt = from_np_dtype(arr.dtype)
@@ -191,6 +194,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """The ScheduleItems that realizing would run (nothing runs)."""
         return create_schedule([t.lazydata for t in (self, *others)])[0]
 
+    @staticmethod
+    def _from_host(data: Any, dt: DType, shape: tuple[int, ...], device: str | None) -> UOp:
+        """The graph node of a new buffer on ``device`` holding ``data``'s bytes (``dt``'s elements, row-major)."""
+        return _from_host_bytes(data, dt, shape, _device(device))
+
     def _buffer(self) -> Any:
         """The realized contiguous Buffer holding exactly this tensor's elements."""
         x = self.lazydata
@@ -243,7 +251,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """The single value of a one-element tensor as a Python scalar."""
         if self.numel() != 1:
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
-        return self.numpy().reshape(()).item()
+        if _symbolic_shape(self.shape):
+            return self.numpy().reshape(()).item()
+        flush_checks()  # as numpy() does: a pending bad index raises here
+        return scalar_from_bytes(self.dtype, self._buffer().as_bytes())
 
     def data(self) -> memoryview:
         return memoryview(self.numpy())
@@ -447,7 +458,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A tensor of ``shape`` filled with ``fill_value``."""
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        if dt.kind in "iu" and isinstance(fill_value, (int, float, np.number)) and math.isfinite(fill_value):
+        numeric = isinstance(fill_value, (int, float)) or (is_np_scalar(fill_value)
+                                                             and isinstance(fill_value, np.number))
+        if dt.kind in "iu" and numeric and math.isfinite(fill_value):
             info = np.iinfo(to_np_dtype(dt))
             low = -info.max if dt.kind == "u" else info.min  # torch lets a negative wrap into an unsigned type
             if not low <= fill_value <= info.max:  # torch refuses to wrap a constant (300 -> int8 would be 44)
@@ -698,7 +711,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """
         idx = list(indices) if isinstance(indices, tuple) else [indices]
         if any(not (i is None or i is Ellipsis or isinstance(i, slice) or _is_symbolic_int(i) or
-                    (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))) for i in idx):
+                    (is_int_like(i) and not isinstance(i, bool))) for i in idx):
             return self._getitem_advanced(indices)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
@@ -725,7 +738,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 shrink.append((lo, hi))
                 strides.append(1)
                 out_shape.append(-2 if not isinstance(i, slice) else ssub(hi, lo))
-            elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            elif is_int_like(i) and not isinstance(i, bool):
                 j = int(i)
                 if not -size <= j < size:
                     raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
@@ -793,7 +806,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             y = _sint_tensor(sint_of(y), x.device)
             dt = least_upper_dtype(x.dtype, y.dtype)
         else:
-            if not isinstance(y, (int, float, bool, np.generic)):
+            if not (isinstance(y, (int, float, bool)) or is_np_scalar(y)):
                 raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
             dt = result_type_scalar(x.dtype, y)
             y = Tensor(make_const(y, dt, x.device), requires_grad=False)  # a Python number never needs a gradient
@@ -935,6 +948,19 @@ def _retarget_const(x: UOp, device: str) -> UOp:
     return newc if x is c else UOp(Ops.VIEW, x.dtype, (newc,), x.arg)
 
 
+def _from_host_bytes(data: Any, dt: DType, shape: tuple[int, ...], device: str) -> UOp:
+    """A new buffer of ``shape`` on ``device`` holding ``data``: an object with the buffer protocol whose bytes
+    are already ``dt``'s elements, row-major (numpy is not needed for this)."""
+    raw = memoryview(data).cast("B")
+    if raw.nbytes != prod(shape) * dt.itemsize:
+        raise ValueError(f"{raw.nbytes} bytes of host data for a {dt} tensor of shape {shape} "
+                         f"({prod(shape) * dt.itemsize} bytes)")
+    node = new_buffer(device, prod(shape), dt)
+    if raw.nbytes:
+        buffers[node].copyin(raw)
+    return buffer_view(node, shape)
+
+
 def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     shape = tuple(arr.shape)
     if dt == dtypes.bfloat16:
@@ -942,11 +968,7 @@ def _from_numpy(arr: np.ndarray, dt: DType, device: str) -> UOp:
     else:
         with np.errstate(over="ignore"):  # a float too large for the dtype becomes inf, silently, as in torch
             host = np.asarray(arr).astype(to_np_dtype(dt), copy=False)
-    host = np.ascontiguousarray(host)
-    node = new_buffer(device, prod(shape), dt)
-    if host.size:
-        buffers[node].copyin(memoryview(host.reshape(-1)).cast("B"))
-    return buffer_view(node, shape)
+    return _from_host_bytes(np.ascontiguousarray(host).reshape(-1), dt, shape, device)
 
 __all__ = ["Tensor", "no_grad"]
 

@@ -23,9 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ember import diskcache
 from ember.codegen.cachekey import lowering_key
@@ -36,6 +34,11 @@ from ember.helpers import DEBUG
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 #: factors tried per action kind
 UPCAST_AMOUNTS = (2, 3, 4, 8, 16)

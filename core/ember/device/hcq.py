@@ -31,11 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ember.helpers import getenv
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 #: how long a wait on a signal may take before it raises (seconds); a hung device never hangs Python
 DEFAULT_TIMEOUT_S = 30.0

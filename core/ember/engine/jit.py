@@ -25,18 +25,21 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import realize, tiers
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
-from ember.helpers import DEBUG, GlobalCounters
+from ember.helpers import DEBUG, GlobalCounters, is_np_array
 from ember.ir.lazy import base_of, buffers, realized
 from ember.ir.symbolic import Variable, bound_vals, sint_max, unbind_uop
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 R = TypeVar("R")
 
@@ -50,7 +53,7 @@ class JitError(RuntimeError):
 _uploads: list[tuple[Any, Callable[[], np.ndarray]]] | None = None
 
 
-def record_upload(tensor: Any, fresh: Callable[[], np.ndarray]) -> None:
+def record_upload(tensor: Any, fresh: Callable[[], Any]) -> None:
     """While a function is captured: ``tensor`` was uploaded from the host and must get ``fresh()`` again
     before every replay (random key and counter words)."""
     if _uploads is not None:
@@ -342,7 +345,8 @@ class CapturedJit:
             self._graph_of.clear()
             self._build_runs()
         for buf, fresh in self.uploads:
-            buf.copyin(memoryview(np.ascontiguousarray(fresh())).cast("B"))
+            data = fresh()  # a numpy array or any other object with the buffer protocol
+            buf.copyin(memoryview(np.ascontiguousarray(data) if is_np_array(data) else data).cast("B"))
         total = 0.0
         for ei in self.runs:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ember.device.buffer import Buffer
 from ember.device.contracts import BufferSpec
-from ember.dtype import dtypes, to_np_dtype
+from ember.dtype import dtypes, scalar_bytes
 from ember.helpers import ContextVar
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    pass
+else:
+    pass
 
 if TYPE_CHECKING:
     from ember.schedule import ScheduleItem
@@ -86,7 +89,7 @@ def parameterize(si: ScheduleItem, compiled: dict) -> ScheduleItem:
         replace[c] = UOp(Ops.LOAD, dt, (UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (index, 1)),))
         # written by the host for every run and read once by the kernel: memory the host reaches cheaply
         buf = Buffer(device, 1, dt, options=BufferSpec(cpu_access=True)).allocate()
-        buf.copyin(memoryview(np.array([c.arg], dtype=to_np_dtype(dt)).view(np.uint8)))
+        buf.copyin(memoryview(scalar_bytes(dt, c.arg)))
         extra.append(buf)
     return type(si)(_rebuild(ast, replace), tuple(bufs) + tuple(extra), si.var_vals)
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import numpy as np
-
 from ember.dtype import DType, dtypes, result_type_scalar
 from ember.frontend import checks, elementwise
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, compute_dtype, make_const, not_implemented
+from ember.helpers import is_np_scalar
 from ember.ir.uop import Ops
+
+if TYPE_CHECKING:
+    pass
+else:
+    pass
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -163,7 +167,7 @@ class ArithmeticMixin(TensorBase):
         Integer ``**`` integer stays an integer and wraps on overflow; a negative Python exponent
         raises, a negative tensor exponent gives 0 except for bases 1 and -1.
         """
-        if isinstance(x, np.generic):
+        if is_np_scalar(x):
             x = x.item()
         if not reverse and not isinstance(x, type(self)):
             if not isinstance(x, (int, float, bool)):
@@ -473,7 +477,7 @@ def _scalar_pair_dtype(x: Scalar, y: Scalar) -> DType:
 def _check_int_divisor(x: Any, reverse: bool, dt: DType, this: Tensor) -> None:
     """An integer division by zero raises, as in torch: now for the Python constant 0 (or a constant tensor of
     zeros), at the next read for a computed divisor tensor (see :mod:`ember.frontend.checks`)."""
-    if isinstance(x, np.generic):
+    if is_np_scalar(x):
         x = x.item()
     if dt.kind not in "iu":
         return

@@ -42,7 +42,6 @@ class TensorBase:
         grad: Tensor | None
         _ctx: Any
         _seed: int
-        _rng: np.random.Generator
         training: bool
 
         def __new__(cls, data: Any, device: str | None = None, dtype: DType | str | None = None,
@@ -80,6 +79,8 @@ class TensorBase:
         def zeros(*shape: Any, **kwargs: Any) -> Tensor: ...
         @staticmethod
         def ones(*shape: Any, **kwargs: Any) -> Tensor: ...
+        @staticmethod
+        def _from_host(data: Any, dt: DType, shape: tuple[int, ...], device: str | None) -> UOp: ...
         @staticmethod
         def empty(*shape: Any, dtype: DType | str | None = ..., device: str | None = ..., **kwargs: Any) -> Tensor: ...
 

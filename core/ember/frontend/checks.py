@@ -25,14 +25,17 @@ Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``R
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from ember.dtype import DType, dtypes, to_np_dtype
-from ember.helpers import ContextVar
+from ember.helpers import ContextVar, loaded_numpy
 from ember.ir.lazy import buffers, realized
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -58,7 +61,7 @@ class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
 class _Check:
     checked: UOp                                 # the checked tensor's node when the op was built
     summarize: Callable[[Tensor], Tensor]        # the checked tensor -> a few values, computed on the device
-    on_host: Callable[[np.ndarray], list]        # its flat values -> the same values, computed on the host
+    on_host: Callable[[Any], list]               # its flat values (a list or an array) -> the same, on the host
     verdict: Callable[[list], str | None]        # the summary's values -> an error message, or None when fine
     error: type[Exception]
 
@@ -90,7 +93,12 @@ def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = Fa
             return message.format(index=low, size=size, dim=dim)
         return None
 
-    def on_host(a: np.ndarray) -> list:
+    def on_host(a: Any) -> list:
+        if isinstance(a, list):  # Python ints, as the summary's int64 cast sees them (uint64 above 2**63 wraps)
+            vals = [x - (1 << 64) if x >= 1 << 63 else x for x in a]
+            if ignore is not None:
+                vals = [lo if x == ignore else x for x in vals]
+            return [int(min(vals)), int(max(vals))]
         a = a.astype(np.int64)  # as the summary's cast: exact, but for uint64 above 2**63 (wraps, as there)
         if ignore is not None:
             a = np.where(a == ignore, lo, a)
@@ -104,8 +112,8 @@ def nonzero_divisor(divisor: Tensor) -> None:
     if not INDEX_CHECK.value or divisor.numel() == 0:
         return
     _add(_Check(divisor.lazydata, lambda t: (t == 0).reshape(-1).cast(dtypes.int32).max().reshape(1),
-                lambda a: [int((a == 0).any())], lambda v: "ZeroDivisionError" if int(v[0]) else None,
-                IntegerDivisionByZero))
+                lambda a: [int(0 in a if isinstance(a, list) else (a == 0).any())],
+                lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero))
 
 
 def _add(check: _Check) -> None:
@@ -156,5 +164,15 @@ def _on_host(check: _Check) -> list | None:
     dtype = base.dtype
     if node.dtype != dtype or not isinstance(dtype, DType) or dtype.kind not in ("b", "i", "u"):
         return None
-    data: np.ndarray = np.frombuffer(buffers[base].as_bytes(), dtype=to_np_dtype(dtype))
-    return check.on_host(data) if data.size else None
+    if size == 0:
+        return None
+    raw = buffers[base].as_bytes()
+    if loaded_numpy() is None and size <= HOST_LIST_MAX:  # a few values: not worth importing numpy (~37 ms)
+        return check.on_host(memoryview(raw).cast("B").cast(_INT_CODES[dtype]).tolist())  # type: ignore[call-overload]
+    return check.on_host(np.frombuffer(raw, dtype=to_np_dtype(dtype)))
+
+
+#: the most values a host check reads as a Python list when numpy is not imported yet
+HOST_LIST_MAX = 1 << 12
+_INT_CODES = {dtypes.bool: "?", dtypes.int8: "b", dtypes.uint8: "B", dtypes.int16: "h", dtypes.uint16: "H",
+              dtypes.int32: "i", dtypes.uint32: "I", dtypes.int64: "q", dtypes.uint64: "Q"}

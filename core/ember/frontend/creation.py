@@ -12,19 +12,23 @@ exposes the same generator with an explicit key and counter, tinygrad's stateles
 """
 from __future__ import annotations
 
+import array
 import math
 from typing import TYPE_CHECKING, Any, Sequence
-
-import numpy as np
 
 from ember.device.registry import Device
 from ember.dtype import DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
-from ember.helpers import prod
+from ember.helpers import is_int_like, loaded_numpy, prod
 from ember.ir.symbolic import Variable
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -37,6 +41,20 @@ _THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 def _shape_of_args(shape: Sequence[Any]) -> tuple[int, ...]:
     """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` all mean the shape (2, 3) (negative sizes raise)."""
     return shape_arg(shape)
+
+
+# array module codes of the dtypes whose host values arange may build without numpy (importing numpy costs
+# ~37 ms; a small range of a plain type does not need it)
+_ARRAY_CODES = {code_dt: code for code_dt, code in (
+    (dtypes.int8, "b"), (dtypes.uint8, "B"), (dtypes.int16, "h"), (dtypes.uint16, "H"), (dtypes.int32, "i"),
+    (dtypes.uint32, "I"), (dtypes.int64, "q"), (dtypes.uint64, "Q"), (dtypes.float32, "f"), (dtypes.float64, "d"))
+    if array.array(code).itemsize == code_dt.itemsize}
+
+
+def _without_numpy(dt: DType, n: int) -> bool:
+    """Whether host values of ``n`` elements of ``dt`` are built with the array module: numpy is not imported
+    yet, the range is small, and the dtype has an array code."""
+    return loaded_numpy() is None and n <= 1 << 16 and dt in _ARRAY_CODES
 
 
 class CreationMixin(TensorBase):
@@ -115,11 +133,28 @@ class CreationMixin(TensorBase):
                 n = max(0, (istop - istart + istep - sign) // istep)
             else:
                 n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
+            ints = range(istart, istart + n * istep, istep)
+            if _without_numpy(dt, n) and (not ints or (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt))):
+                return cls._arange_upload(array.array(_ARRAY_CODES[dt], ints), dt, n, kwargs)
             values: np.ndarray = istart + np.arange(n, dtype=np.int64) * istep
         else:
             n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
-            values = float(start) + np.arange(n, dtype=np.float64) * float(step)
+            fstart, fstep = float(start), float(step)
+            if _without_numpy(dt, n):  # the same double arithmetic numpy's would do, rounded to dt as its cast
+                return cls._arange_upload(array.array(_ARRAY_CODES[dt], [fstart + i * fstep for i in range(n)]),
+                                          dt, n, kwargs)
+            values = fstart + np.arange(n, dtype=np.float64) * fstep
         return cls(values, dtype=dt, **kwargs)
+
+    @classmethod
+    def _arange_upload(cls, values: array.array, dt: DType, n: int, kwargs: dict[str, Any]) -> Tensor:
+        """``arange``'s values, computed on the host without numpy, as a tensor with ``kwargs``."""
+        device = kwargs.pop("device", None)
+        requires_grad = kwargs.pop("requires_grad", None)
+        if kwargs:
+            raise TypeError(f"arange() got unexpected keyword arguments {sorted(kwargs)}")
+        t = cls(cls._from_host(values, dt, (n,), device))
+        return cls._leaf(t, requires_grad) if requires_grad is not None else t
 
     @classmethod
     def linspace(cls, start: Scalar, stop: Scalar, steps: int, **kwargs: Any) -> Tensor:
@@ -158,7 +193,6 @@ class CreationMixin(TensorBase):
         """Seed the random number generator and restart its draw counter."""
         cls._seed = int(seed)
         cls._rng_counter = 0
-        cls._rng = np.random.default_rng(int(seed) & ((1 << 64) - 1))
 
     @classmethod
     def _ramp(cls, n: int, device: str) -> Tensor:
@@ -177,24 +211,24 @@ class CreationMixin(TensorBase):
         size = max(16, 1 << (n - 1).bit_length()) if n > 1 else 16
         key = (device, size)
         if key not in CreationMixin._ramps:
-            CreationMixin._ramps[key] = cls(np.arange(size, dtype=np.uint32), device=device).lazydata
+            CreationMixin._ramps[key] = cls._from_host(array.array("I", range(size)), dtypes.uint32, (size,), device)
         ramp = cls(CreationMixin._ramps[key])
         return ramp if n == size else ramp[:n]
 
     @classmethod
-    def _next_rng_words(cls) -> np.ndarray:
+    def _next_rng_words(cls) -> array.array:
         """The key and counter words of the next draw (uint32 ``[k0, k1, k0 ^ k1 ^ parity, call]``); counts it."""
         seed = int(cls._seed)
         k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
         call = cls._rng_counter & _MASK32
         cls._rng_counter += 1
-        return np.array([k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY, call], dtype=np.uint32)
+        return array.array("I", [k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY, call])
 
     @classmethod
     def _random_bits(cls, shape: tuple[int, ...], device: str) -> tuple[Tensor, Tensor]:
         """Two independent uint32 tensors of ``shape`` from one Threefry-2x32 block per element."""
         n = prod(shape)
-        params = cls(cls._next_rng_words(), device=device)
+        params = cls(cls._from_host(cls._next_rng_words(), dtypes.uint32, (4,), device))
         record_upload(params, cls._next_rng_words)  # a jit uploads fresh words here before every replay
         if n == 0:
             empty = cls.zeros(*shape, dtype=dtypes.uint32, device=device)
@@ -299,7 +333,7 @@ class CreationMixin(TensorBase):
         else:
             shp, default_dt = _shape_of_args(args), dtypes.int32
         dt = to_dtype(dtype) if dtype is not None else default_dt
-        if not isinstance(low, (int, np.integer)) or not isinstance(high, (int, np.integer)):
+        if not is_int_like(low) or not is_int_like(high):
             raise TypeError(f"randint bounds must be integers, got {low!r} and {high!r}")
         low, high = int(low), int(high)
         if high <= low:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-import numpy as np
-
 from ember.dtype import DType, dtypes
 from ember.frontend import checks
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape, make_const
-from ember.helpers import prod
+from ember.helpers import is_int_like, is_np_array, is_np_scalar, prod
 from ember.ir.uop import Ops
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -145,9 +148,9 @@ class IndexingMixin(TensorBase):
             return "none", None
         if e is Ellipsis:
             return "ellipsis", None
-        if isinstance(e, (bool, np.bool_)):
+        if isinstance(e, bool) or (is_np_scalar(e) and e.dtype == bool):
             return "mask", np.asarray(bool(e))
-        if isinstance(e, (int, np.integer)):
+        if is_int_like(e):
             return "int", int(e)
         if isinstance(e, slice):
             return "slice", e
@@ -157,12 +160,12 @@ class IndexingMixin(TensorBase):
             if e.dtype.kind not in "iu":
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
             return "index", e
-        if isinstance(e, (list, tuple, np.ndarray)):
+        if isinstance(e, (list, tuple)) or is_np_array(e):
             try:
                 arr = np.asarray(e)
             except ValueError as err:
                 raise IndexError(f"{_BAD_INDEX} (got a ragged sequence: {err})") from None
-            if arr.dtype == np.bool_ or arr.dtype == np.uint8 and isinstance(e, np.ndarray):
+            if arr.dtype == np.bool_ or arr.dtype == np.uint8 and is_np_array(e):
                 return "mask", arr
             if arr.size == 0:
                 return "index", arr.astype(np.int64)
@@ -285,8 +288,8 @@ class IndexingMixin(TensorBase):
     def _setitem_value(self, value: Any) -> Tensor:
         if isinstance(value, type(self)):
             return value.to(self.device).cast(self.dtype)
-        if isinstance(value, (bool, int, float, np.generic)):
-            return self._const(value.item() if isinstance(value, np.generic) else value)
+        if isinstance(value, (bool, int, float)) or is_np_scalar(value):
+            return self._const(value.item() if is_np_scalar(value) else value)
         return type(self)(np.asarray(value), device=self.device).cast(self.dtype)
 
     @staticmethod
@@ -307,7 +310,7 @@ class IndexingMixin(TensorBase):
         e = indices[0] if isinstance(indices, tuple) and len(indices) == 1 else indices
         if isinstance(e, type(self)) and e.dtype == dtypes.bool and 0 < e.ndim <= self.ndim:
             return e if e.shape == self.shape[:e.ndim] else None
-        if isinstance(e, np.ndarray) and e.dtype == np.bool_ and 0 < e.ndim <= self.ndim and \
+        if is_np_array(e) and e.dtype == np.bool_ and 0 < e.ndim <= self.ndim and \
                 e.shape == self.shape[:e.ndim]:
             return type(self)(e, device=self.device)
         return None

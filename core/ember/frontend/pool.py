@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
 from ember.dtype import dtypes
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
-from ember.helpers import prod
+from ember.helpers import is_int_like, prod
 from ember.ir.uop import Ops
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -198,7 +201,7 @@ class PoolMixin(TensorBase):
         kernel of ``input numel x output spatial size`` work (a one-hot match of the indices); entries of
         ``indices`` outside the output write nothing. The gradient gathers ``g`` at the indices.
         """
-        k = ((int(kernel_size),) * 2 if isinstance(kernel_size, (int, np.integer))
+        k = ((int(kernel_size),) * 2 if is_int_like(kernel_size)
              else tuple(int(v) for v in kernel_size))
         n = len(k)
         if n == 0 or self.ndim <= n:
@@ -260,7 +263,7 @@ def _pool_args(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequen
                dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool, name: str,
                effective: bool) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Pads, list[int]]:
     """Validate pooling arguments the way torch does; returns kernel, stride, dilation, pads and output sizes."""
-    k = (int(kernel_size),) * 2 if isinstance(kernel_size, (int, np.integer)) else tuple(int(v) for v in kernel_size)
+    k = (int(kernel_size),) * 2 if is_int_like(kernel_size) else tuple(int(v) for v in kernel_size)
     n = len(k)
     if n == 0 or x.ndim < n:
         raise RuntimeError(f"{name}: a kernel of {n} dims needs an input with at least {n} dims, got shape {x.shape}")
@@ -301,7 +304,7 @@ def _window_counts(i: int, k: int, s: int, d: int, pb: int, pa: int, pb_counted:
 
 
 def _adaptive_sizes(x: Tensor, output_size: int | Sequence[int | None], name: str) -> tuple[int, ...]:
-    if isinstance(output_size, (int, np.integer)):
+    if is_int_like(output_size):
         req: tuple[int | None, ...] = (int(output_size),) * 2
     else:
         req = tuple(None if v is None else int(v) for v in output_size)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError
+from ember.helpers import is_int_like
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -34,7 +38,7 @@ class ResampleMixin(TensorBase):
         if align_corners and not linear:
             raise ValueError("align_corners option can only be set with the interpolating modes: linear | bilinear | "
                              "trilinear")
-        if isinstance(size, (int, np.integer)):
+        if is_int_like(size):
             sizes = (int(size),) * max(self.ndim - 2, 1)
         else:
             sizes = tuple(int(s) for s in size)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ember.dtype import dtypes, to_np_dtype
 from ember.frontend.base import TensorBase
 from ember.frontend.util import Scalar, broadcast_shape
-from ember.helpers import prod
+from ember.helpers import is_int_like, prod
 from ember.ir.uop import Ops
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -89,6 +92,6 @@ class SelectionMixin(TensorBase):
 
 def _check_size(size: Any, name: str) -> int:
     """A non-negative int ``size=`` argument, else a ValueError naming it."""
-    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
+    if not is_int_like(size) or isinstance(size, bool) or size < 0:
         raise ValueError(f"{name}(): size must be a non-negative int, got {size!r}")
     return int(size)

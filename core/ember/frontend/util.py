@@ -1,12 +1,16 @@
 """Helpers shared by the Tensor class and its mixins."""
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, dtypes, truncate
+from ember.helpers import is_int_like
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    pass
+else:
+    pass
 
 Scalar = int | float | bool
 Shape = tuple[int, ...]
@@ -29,7 +33,7 @@ class ArgumentError(RuntimeError, ValueError):
 
 def size_arg(s: object, what: str = "size") -> int:
     """One size as an int: a float (even 2.0, as in torch) or a non-number is a TypeError naming it."""
-    if isinstance(s, (int, np.integer)):
+    if is_int_like(s):
         return int(s)
     raise TypeError(f"{what} must be an int, got {type(s).__name__} {s!r}")
 
@@ -89,7 +93,7 @@ def int_tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     """``value`` repeated ``n`` times, or ``value`` itself when it already has ``n`` entries."""
     if isinstance(value, bool):
         raise TypeError(f"expected {name} to be an integer or a sequence of integers, got {value!r}")
-    if isinstance(value, (int, np.integer)):
+    if is_int_like(value):
         return (int(value),) * n
     vals = tuple(int(v) for v in value)
     if len(vals) == 1:
@@ -107,7 +111,7 @@ def resolve_pads(padding: int | Sequence[int], n: int) -> Pads:
     """
     if isinstance(padding, bool):
         raise TypeError(f"expected padding to be an integer or a sequence of integers, got {padding!r}")
-    if isinstance(padding, (int, np.integer)):
+    if is_int_like(padding):
         return ((int(padding), int(padding)),) * n
     vals = tuple(int(p) for p in padding)
     if len(vals) == n:

@@ -16,13 +16,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
 from ember.dtype import DType, dtypes, to_np_dtype
 from ember.frontend import checks
 from ember.helpers import prod
 from ember.nn import optim
 from ember.tensor import Tensor
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 if TYPE_CHECKING:  # for type checkers: the names resolved by __getattr__ below
     from ember.nn import state

@@ -12,16 +12,20 @@ follow ``torch.optim.lr_scheduler`` names and values.
 """
 from __future__ import annotations
 
+import array
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ember.dtype import dtypes, to_np_dtype
 from ember.ir.uop import Ops
 from ember.tensor import Tensor, no_grad
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,9 @@ def _grad(p: Tensor) -> Tensor:
 
 def _scalar_tensor(value: float, device: str) -> Tensor:
     """A 1-element float32 tensor in its own buffer (a kernel argument, not a compiled-in constant)."""
-    return Tensor([float(value)], device=device, dtype=dtypes.float32, requires_grad=False)
+    # array's float32 element rounds a double as C's (float) cast does, as numpy's would
+    return Tensor(Tensor._from_host(array.array("f", [float(value)]), dtypes.float32, (1,), device),
+                  requires_grad=False)
 
 
 class Optimizer:

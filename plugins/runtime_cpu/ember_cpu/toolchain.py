@@ -23,16 +23,18 @@ import concurrent.futures
 import ctypes
 import functools
 import json
+import math
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
-
-import numpy as np
+from fractions import Fraction
+from typing import Callable
 
 from ember.device import diskcache
 
@@ -145,23 +147,27 @@ def _probe_half(cc: tuple[str, ...], tmp: str) -> str:
 
 
 def _check_half(lib: ctypes.CDLL) -> str:
-    """"" when the loaded probe's ``_Float16`` conversions and arithmetic give the right bits, else why not."""
-    d = np.array(_HALF_VALUES, dtype=np.float64)
-    f = d.astype(np.float32)
-    out = np.zeros(3 * len(d), dtype=np.uint16)
+    """"" when the loaded probe's ``_Float16`` conversions and arithmetic give the right bits, else why not.
+
+    The expected bits are computed exactly (rationals rounded to each format), without numpy: the probe runs
+    while the program starts, and importing numpy then would hold the interpreter for ~37 ms."""
+    n = len(_HALF_VALUES)
+    d = (ctypes.c_double * n)(*_HALF_VALUES)
+    f = (ctypes.c_float * n)(*_HALF_VALUES)  # C's (float) rounding, as the probe's callers see float32 values
+    out = (ctypes.c_uint16 * (3 * n))()
     fn = lib.ember_probe_half
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    fn(d.ctypes.data, f.ctypes.data, out.ctypes.data, len(d))
-    with np.errstate(all="ignore"):
-        a, b = d.astype(np.float16), f.astype(np.float16)
-        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    fn(d, f, out, n)
+    conv_ok = arith_ok = True
+    for i in range(n):
+        a, b = _to_half(d[i]), _to_half(f[i])
+        got_a, got_b, got_c = (_HALF.unpack(_U16.pack(out[3 * i + k]))[0] for k in range(3))
+        conv_ok = conv_ok and _same(got_a, a) and _same(got_b, b)
         # a*b+b may be rounded once per op, or once at the end from float32 (excess precision) or exactly
-        per_op = ((a32 * b32).astype(np.float16).astype(np.float32) + b32).astype(np.float16)
-        once32 = (a32 * b32 + b32).astype(np.float16)
-        once64 = (a.astype(np.float64) * b.astype(np.float64) + b.astype(np.float64)).astype(np.float16)
-    got = out.reshape(-1, 3).view(np.float16)
-    conv_ok = _same(got[:, 0], a).all() and _same(got[:, 1], b).all()
-    arith_ok = (_same(got[:, 2], per_op) | _same(got[:, 2], once32) | _same(got[:, 2], once64)).all()
+        per_op = _to_half(_exact(_to_half(_exact(a, b, "*", _to_f32)), b, "+", _to_f32))
+        once32 = _to_half(_exact(_exact(a, b, "*", _to_f32), b, "+", _to_f32))
+        once64 = _to_half(_exact(_exact(a, b, "*", float), b, "+", float))
+        arith_ok = arith_ok and any(_same(got_c, want) for want in (per_op, once32, once64))
     if not conv_ok:
         return "its float->float16 conversions give wrong results (a runtime-library helper with another ABI)"
     if not arith_ok:
@@ -169,9 +175,49 @@ def _check_half(lib: ctypes.CDLL) -> str:
     return ""
 
 
-def _same(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Elementwise: the same float16 bits, or both NaN."""
-    return (x.view(np.uint16) == y.view(np.uint16)) | (np.isnan(x) & np.isnan(y))
+_HALF, _U16 = struct.Struct("=e"), struct.Struct("=H")
+
+
+def _round_binary(x: float | Fraction, mantissa: int, emin: int, emax: int) -> float:
+    """``x`` rounded to nearest even in the binary format with ``mantissa`` stored fraction bits and exponents
+    ``emin..emax`` (subnormals below; infinity past the largest finite value), as a float (exact: float16 and
+    float32 values are doubles)."""
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return x
+    sign = math.copysign(1.0, x) if isinstance(x, float) else (-1.0 if x < 0 else 1.0)
+    a = abs(Fraction(x))
+    if a == 0:
+        return 0.0 * sign
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # floor(log2(a)) or one more
+    if a < Fraction(2) ** e:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, emin) - mantissa)
+    r = round(a / quantum) * quantum  # Fraction rounds half to even
+    if r >= Fraction(2) ** (emax + 1):
+        return math.inf * sign
+    return float(r) * sign
+
+
+def _to_half(x: float | Fraction) -> float:
+    return _round_binary(x, 10, -14, 15)
+
+
+def _to_f32(x: float | Fraction) -> float:
+    return _round_binary(x, 23, -126, 127)
+
+
+def _exact(x: float, y: float, op: str, rounded: Callable[[float | Fraction], float]) -> float:
+    """``x op y`` computed exactly and rounded once by ``rounded`` (IEEE arithmetic in that format); with an
+    infinite or nan operand, the double result (the same special value every format gives)."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return rounded(x * y if op == "*" else x + y)
+    exact = Fraction(x) * Fraction(y) if op == "*" else Fraction(x) + Fraction(y)
+    return rounded(exact) if exact != 0 else rounded(x * y if op == "*" else x + y)  # keeps the sign of zero
+
+
+def _same(x: float, y: float) -> bool:
+    """The same float16 value with the same sign (zeros), or both NaN."""
+    return (math.isnan(x) and math.isnan(y)) or (x == y and math.copysign(1.0, x) == math.copysign(1.0, y))
 
 
 def _openmp_remedy(cc: tuple[str, ...]) -> str:
