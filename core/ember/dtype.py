@@ -347,6 +347,7 @@ def truncate(dt: DType, x: Any) -> Any:
 
 
 _F32 = struct.Struct("f")
+_F16 = struct.Struct("e")
 # each dtype's element as a struct (native byte order, as buffers hold them); bfloat16 is the top half of a float32
 _STRUCTS = {dt: struct.Struct("=" + code) for dt, code in (
     (dtypes.bool, "?"), (dtypes.int8, "b"), (dtypes.uint8, "B"), (dtypes.int16, "h"), (dtypes.uint16, "H"),
@@ -369,7 +370,6 @@ def scalar_from_bytes(dt: DType, raw: Any) -> Any:
         word[_BF16_HIGH] = bytes(raw[:2])
         return _STRUCTS[dtypes.float32].unpack(word)[0]
     return _STRUCTS[dt].unpack_from(raw)[0]
-_F16 = struct.Struct("e")
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
