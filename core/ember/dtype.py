@@ -348,11 +348,14 @@ def truncate(dt: DType, x: Any) -> Any:
 
 _F32 = struct.Struct("f")
 _F16 = struct.Struct("e")
-# each dtype's element as a struct (native byte order, as buffers hold them); bfloat16 is the top half of a float32
-_STRUCTS = {dt: struct.Struct("=" + code) for dt, code in (
-    (dtypes.bool, "?"), (dtypes.int8, "b"), (dtypes.uint8, "B"), (dtypes.int16, "h"), (dtypes.uint16, "H"),
-    (dtypes.int32, "i"), (dtypes.uint32, "I"), (dtypes.int64, "q"), (dtypes.uint64, "Q"), (dtypes.float16, "e"),
-    (dtypes.float32, "f"), (dtypes.float64, "d"))}
+#: each dtype's element code for ``struct`` (and ``array``, which shares the letters it has); bfloat16 has none
+#: (it is the top half of a float32)
+STRUCT_CODES: dict[DType, str] = {
+    dtypes.bool: "?", dtypes.int8: "b", dtypes.uint8: "B", dtypes.int16: "h", dtypes.uint16: "H", dtypes.int32: "i",
+    dtypes.uint32: "I", dtypes.int64: "q", dtypes.uint64: "Q", dtypes.float16: "e", dtypes.float32: "f",
+    dtypes.float64: "d"}
+# each element as a struct in native byte order, as buffers hold them
+_STRUCTS = {dt: struct.Struct("=" + code) for dt, code in STRUCT_CODES.items()}
 _BF16_HIGH = slice(2, 4) if sys.byteorder == "little" else slice(0, 2)
 
 

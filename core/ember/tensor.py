@@ -107,9 +107,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if dt is not None:
                 self.lazydata = Tensor(self.lazydata).cast(dt).lazydata
             return
-        if isinstance(data, (bool, int, float)) or is_np_scalar(data):
-            dt = dt or (from_np_dtype(data.dtype) if is_np_scalar(data) else dtypes.from_py(data))
-            self.lazydata = make_const(data.item() if is_np_scalar(data) else data, dt, dev)
+        if isinstance(data, (bool, int, float)):
+            self.lazydata = make_const(data, dt or dtypes.from_py(data), dev)
+            return
+        if is_np_scalar(data):
+            self.lazydata = make_const(data.item(), dt or from_np_dtype(data.dtype), dev)
             return
         if isinstance(data, (bytes, bytearray, memoryview)):
             arr = np.frombuffer(bytes(data), dtype=np.uint8)

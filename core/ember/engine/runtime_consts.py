@@ -22,11 +22,6 @@ from ember.helpers import ContextVar
 from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
-    pass
-else:
-    pass
-
-if TYPE_CHECKING:
     from ember.schedule import ScheduleItem
 
 #: ``RUNTIME_CONSTS=0`` keeps every float constant in the kernel source (one kernel per value).

@@ -21,11 +21,6 @@ from ember.helpers import is_np_scalar
 from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
-    pass
-else:
-    pass
-
-if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ember.dtype import DType, dtypes, to_np_dtype
+from ember.dtype import STRUCT_CODES, DType, dtypes, to_np_dtype
 from ember.helpers import ContextVar, loaded_numpy
 from ember.ir.lazy import buffers, realized
 from ember.ir.uop import Ops, UOp
@@ -168,11 +168,9 @@ def _on_host(check: _Check) -> list | None:
         return None
     raw = buffers[base].as_bytes()
     if loaded_numpy() is None and size <= HOST_LIST_MAX:  # a few values: not worth importing numpy (~37 ms)
-        return check.on_host(memoryview(raw).cast("B").cast(_INT_CODES[dtype]).tolist())  # type: ignore[call-overload]
+        return check.on_host(memoryview(raw).cast("B").cast(STRUCT_CODES[dtype]).tolist())  # type: ignore[call-overload]
     return check.on_host(np.frombuffer(raw, dtype=to_np_dtype(dtype)))
 
 
 #: the most values a host check reads as a Python list when numpy is not imported yet
 HOST_LIST_MAX = 1 << 12
-_INT_CODES = {dtypes.bool: "?", dtypes.int8: "b", dtypes.uint8: "B", dtypes.int16: "h", dtypes.uint16: "H",
-              dtypes.int32: "i", dtypes.uint32: "I", dtypes.int64: "q", dtypes.uint64: "Q"}

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.device.registry import Device
-from ember.dtype import DType, dtypes, to_dtype
+from ember.dtype import STRUCT_CODES, DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
@@ -45,10 +45,8 @@ def _shape_of_args(shape: Sequence[Any]) -> tuple[int, ...]:
 
 # array module codes of the dtypes whose host values arange may build without numpy (importing numpy costs
 # ~37 ms; a small range of a plain type does not need it)
-_ARRAY_CODES = {code_dt: code for code_dt, code in (
-    (dtypes.int8, "b"), (dtypes.uint8, "B"), (dtypes.int16, "h"), (dtypes.uint16, "H"), (dtypes.int32, "i"),
-    (dtypes.uint32, "I"), (dtypes.int64, "q"), (dtypes.uint64, "Q"), (dtypes.float32, "f"), (dtypes.float64, "d"))
-    if array.array(code).itemsize == code_dt.itemsize}
+_ARRAY_CODES = {dt: code for dt, code in STRUCT_CODES.items()
+                if dt.kind != "b" and code in array.typecodes and array.array(code).itemsize == dt.itemsize}
 
 
 def _without_numpy(dt: DType, n: int) -> bool:

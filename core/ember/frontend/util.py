@@ -1,16 +1,11 @@
 """Helpers shared by the Tensor class and its mixins."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ember.dtype import DType, dtypes, truncate
 from ember.helpers import is_int_like
 from ember.ir.uop import Ops, UOp
-
-if TYPE_CHECKING:
-    pass
-else:
-    pass
 
 Scalar = int | float | bool
 Shape = tuple[int, ...]
