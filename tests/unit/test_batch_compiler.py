@@ -299,3 +299,32 @@ def test_sources_that_pile_up_near_the_end_of_a_stream_wait_to_be_spread_over_ev
     held = run(True, "a")
     assert held[0] == ["a0"] and len(held) >= 3 and sorted(sum(held[1:], [])) == sorted(f"a{i}" for i in range(1, 10))
     assert run(False, "b") == [["b0"], [f"b{i}" for i in range(1, 10)]]
+
+
+
+def test_a_slot_free_at_the_end_of_a_stream_takes_an_even_share_while_the_other_is_busy(cache):
+    """When a stream ends while one of its builds still runs, the free slot takes its share of a plan with every
+    slot free (half, of two), not a share sized by a guess of when the busy build ends (from the pace of the
+    builds done, which can be far off: here the one done was slow); the rest waits for the next free slot."""
+    import concurrent.futures
+
+    from ember.device.batch_compiler import _Build, _remaining
+
+    c = FakeCompiler(parallel=2)
+    done, busy = concurrent.futures.Future(), concurrent.futures.Future()
+    slow = _Build([big("d0")], done, 4 * c.build_overhead)
+    slow.start -= 10.0  # built at a tenth of the cost units per second the busy build will turn out to need
+    done.set_result([b""])
+    running = _Build([big("d1")], busy, 6 * c.build_overhead)
+    waiting = [big(f"w{i}") for i in range(8)]
+    guessed = c._groups(waiting, _remaining([slow, running]))
+    assert len(guessed[0]) > 4  # what a guess of the busy build's end would give the free slot
+    builds = [slow, running]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        threading.Timer(0.05, busy.set_result, ([b""],)).start()  # the busy build ends after the hand-out began
+        c._hand_out_rest(pool, waiting, builds)
+        for b in builds[2:]:
+            b.future.result()
+    handed = [b.group for b in builds[2:]]
+    assert len(handed[0]) == 4  # the free slot's share: half
+    assert sorted(sum(handed, [])) == sorted(waiting)

@@ -175,12 +175,35 @@ class BatchCompiler(Compiler):
                     waiting_cost = sum(map(self.build_cost, waiting))
                     builds.append(self._submit(pool, group))
             if waiting:
-                busy = _remaining(builds)
-                builds += [self._submit(pool, [waiting[i] for i in group]) for group in self._groups(waiting, busy)]
+                self._hand_out_rest(pool, waiting, builds)
             for build in builds:
                 for src, binary in zip(build.group, build.future.result()):
                     found[src] = self.store(src, binary)
         return [found[src] for src in order]
+
+    def _hand_out_rest(self, pool: concurrent.futures.ThreadPoolExecutor, waiting: list[str],
+                       builds: list[_Build]) -> None:
+        """Build the sources left when a stream ends (appending their builds to ``builds``).
+
+        With a slot still busy with the stream's last build, the free slots take their programs of a plan that
+        has every slot free, and the rest is planned when a slot comes free. What a busy build has left is known
+        only from the pace of the builds done, and the first of those runs while the program starts (at about
+        60% of the later builds' pace, measured): planned with that pace, a free slot took two thirds of the
+        rest while the other came free 2 ms later. A free slot never gets more than an even share this way, and
+        when the busy one takes long after all, the second plan (with a better pace) gives it less."""
+        running = [b for b in builds if not b.future.done()]
+        free = self.parallel_builds - len(running)
+        if running and free > 0:
+            plan = [[waiting[i] for i in group] for group in self._groups(waiting)]
+            builds += [self._submit(pool, group) for group in plan[:free]]
+            waiting = [src for group in plan[free:] for src in group]
+            if not waiting:
+                return
+            running = [b for b in builds if not b.future.done()]
+            if len(running) >= self.parallel_builds:  # (the busy one may have ended meanwhile)
+                concurrent.futures.wait([b.future for b in running], return_when=concurrent.futures.FIRST_COMPLETED)
+        busy = _remaining([b for b in builds if not b.future.done()])
+        builds += [self._submit(pool, [waiting[i] for i in group]) for group in self._groups(waiting, busy)]
 
     def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, group: list[str]) -> _Build:
         cost = self.build_overhead + sum(map(self.build_cost, group))
