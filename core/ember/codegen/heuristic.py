@@ -146,6 +146,7 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[dict[int, int], int]], i
     except _NestedView:
         out, ops = _indexed_loads(reduces, rank)
         out = [({to_full[d]: c for d, c in st.items() if d in to_full}, cost) for st, cost in out]
+    walk = None  # type: ignore[assignment]  # a recursive closure holds itself: unbound, it goes with refcounts
     # loads that no reduction loop moves (a bias, a row's max) are read once per output: they say nothing
     # about how a tile would share work
     moving = [(s, c) for s, c in out if any(s.get(a, 0) != 0 for a in reduce_axes)]

@@ -140,6 +140,9 @@ def linearize(sink: UOp) -> list[UOp]:
 
     for store in sink.src:
         emit(store)
+    # a recursive closure holds itself, and with it the kernel's tables: unbound now, they go with the reference
+    # counts (left to the cyclic collector, each collection of a cold start walked every kernel's again)
+    emit = None  # type: ignore[assignment]
     for r in reversed(global_ranges):
         program.append(UOp(Ops.ENDRANGE, None, (r,)))
     program.append(UOp(Ops.SINK, None, ()))

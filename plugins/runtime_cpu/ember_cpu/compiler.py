@@ -63,10 +63,11 @@ def host_cpu() -> dict[str, str]:
 
 @functools.cache
 def host_identity() -> str:
-    """What ``-march=native`` depends on: the machine type and the CPU model and feature flags."""
+    """What ``-march=native`` depends on: the machine type and the CPU model and feature flags (from
+    ``/proc/cpuinfo``; where there is none, the processor name, which on Linux costs a ``uname`` process)."""
     cpu = host_cpu()
-    ident = [platform.machine(), platform.processor(),
-             *(f"{key}: {cpu[key]}" for key in ("model name", "flags", "Features", "CPU part") if key in cpu)]
+    fields = [f"{key}: {cpu[key]}" for key in ("model name", "flags", "Features", "CPU part") if key in cpu]
+    ident = [platform.machine(), *(fields or [platform.processor()])]
     return hashlib.sha256("\n".join(ident).encode()).hexdigest()[:16]
 
 

@@ -206,6 +206,7 @@ class RolledEpilogues:
         store = ep.template
         where = index(store.src[1])
         val = value(store.src[2])
+        value = None  # type: ignore[assignment]  # a recursive closure holds itself: unbound, it goes with refcounts
         buf = self._index_var(store.src[0])
         body.append(f"{buf}[{where[1:-1]}] = {self.render_store_value(val, store.src[0].pointer_dtype.base)};")
         outer, inner = ((j, ep.cols), (i, ep.rows)) if ep.i_inner else ((i, ep.rows), (j, ep.cols))
