@@ -33,10 +33,12 @@ import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
-from fractions import Fraction
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ember.device import diskcache
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 #: probe format version: bump when the probes change, so cached results are not reused
 _PROBE_VERSION = 1
@@ -113,7 +115,8 @@ def cc_version(cc: tuple[str, ...]) -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def _is_clang(cc: tuple[str, ...]) -> bool:
+def is_clang(cc: tuple[str, ...]) -> bool:
+    """Whether ``cc`` is clang (by its version text or its name)."""
     return "clang" in cc_version(cc).lower() or "clang" in os.path.basename(cc[0])
 
 
@@ -182,6 +185,8 @@ def _round_binary(x: float | Fraction, mantissa: int, emin: int, emax: int) -> f
     """``x`` rounded to nearest even in the binary format with ``mantissa`` stored fraction bits and exponents
     ``emin..emax`` (subnormals below; infinity past the largest finite value), as a float (exact: float16 and
     float32 values are doubles)."""
+    from fractions import Fraction  # (only the float16 probe needs it, in its thread: ~1.6 ms at import)
+
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
         return x
     sign = math.copysign(1.0, x) if isinstance(x, float) else (-1.0 if x < 0 else 1.0)
@@ -209,6 +214,8 @@ def _to_f32(x: float | Fraction) -> float:
 def _exact(x: float, y: float, op: str, rounded: Callable[[float | Fraction], float]) -> float:
     """``x op y`` computed exactly and rounded once by ``rounded`` (IEEE arithmetic in that format); with an
     infinite or nan operand, the double result (the same special value every format gives)."""
+    from fractions import Fraction
+
     if not (math.isfinite(x) and math.isfinite(y)):
         return rounded(x * y if op == "*" else x + y)
     exact = Fraction(x) * Fraction(y) if op == "*" else Fraction(x) + Fraction(y)
@@ -222,7 +229,7 @@ def _same(x: float, y: float) -> bool:
 
 def _openmp_remedy(cc: tuple[str, ...]) -> str:
     return ("install clang's OpenMP runtime (Debian/Ubuntu: apt install libomp-dev) or use CC=gcc"
-            if _is_clang(cc) else "install the compiler's OpenMP runtime (Debian/Ubuntu: apt install libgomp1)")
+            if is_clang(cc) else "install the compiler's OpenMP runtime (Debian/Ubuntu: apt install libgomp1)")
 
 
 def _probe_openmp(cc: tuple[str, ...], tmp: str) -> str:

@@ -321,6 +321,23 @@ def test_cc_override(monkeypatch):
         CPUCompiler()
 
 
+@pytest.mark.parametrize("name", ["gcc", "clang"])
+def test_gcc_alone_gets_its_pass_flags_and_a_kernel_still_builds_and_runs(name, dev):
+    """GCC_FLAGS (two gcc passes off) go to gcc builds only: clang has no such passes."""
+    from ember_cpu.compiler import GCC_FLAGS
+
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    comp = CPUCompiler([path], openmp=False)
+    assert all((f in comp.flags) == (name == "gcc") for f in GCC_FLAGS)
+    a, b = random_floats(100, 0), random_floats(100, 1)
+    prg = dev.runtime("add", comp.compile_cached(ADD_SRC))
+    out, da, db = dev.allocator.alloc(400), to_device(dev, a), to_device(dev, b)
+    prg(out, da, db, global_size=(1, 1, 1), vals=(100,))
+    np.testing.assert_array_equal(from_device(dev, out, np.float32, 100), a + b)
+
+
 # ---- allocator ----
 
 @pytest.mark.parametrize("nbytes", [0, 1, 3, 64, 100, 4096, 1 << 20])
