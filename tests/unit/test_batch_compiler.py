@@ -328,3 +328,36 @@ def test_a_slot_free_at_the_end_of_a_stream_takes_an_even_share_while_the_other_
     handed = [b.group for b in builds[2:]]
     assert len(handed[0]) == 4  # the free slot's share: half
     assert sorted(sum(handed, [])) == sorted(waiting)
+
+
+def test_a_slot_free_near_the_end_takes_its_share_of_the_pile_not_all_of_it(cache):
+    """A slot freed while the last few sources are still being rendered takes what makes it end with the slot
+    that renders now (which builds once the stream ends): part of what piled up, not all of it while the other
+    slot gets only the last sources."""
+    first_started, release = threading.Event(), threading.Event()
+
+    class Gate(FakeCompiler):
+        def build(self, text: str) -> bytes:
+            if "p0(" in text:
+                first_started.set()
+                release.wait(5)
+                time.sleep(0.2)  # a slow build: the pace of the builds so far is low
+            return super().build(text)
+
+    c = Gate(parallel=2)
+
+    def render():
+        yield big("p0")
+        assert first_started.wait(5)
+        yield from (big(f"p{i}") for i in range(1, 13))  # the slot is busy: 12 pile up
+        release.set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not c.built:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the first build's end is recorded after it returns
+        yield from (big(f"p{i}") for i in (13, 14, 15))  # the slot is free: 13 piled, two more to come
+
+    c.compile_cached_stream(Sized(16, render()))
+    groups = [re.findall(r"kernel (\w+)\(", t) for t in c.built]
+    assert groups[0] == ["p0"] and sorted(sum(groups, [])) == sorted(f"p{i}" for i in range(16))
+    assert groups[1][0] == "p1" and 1 <= len(groups[1]) < 13  # a share of the pile, in order

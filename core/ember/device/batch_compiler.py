@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import math
 import re
 import struct
 import time
@@ -153,9 +154,10 @@ class BatchCompiler(Compiler):
         seen: set[str] = set()
         found: dict[str, bytes] = {}
         waiting: list[str] = []
-        waiting_cost = 0
+        waiting_cost = missed_cost = 0
         builds: list[_Build] = []
         streaming_slots = max(1, self.parallel_builds - 1)
+        started = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel_builds) as pool:
             # leaving the block (also on an error while rendering) waits for the builds under way
             for src in srcs:
@@ -167,11 +169,17 @@ class BatchCompiler(Compiler):
                     found[src] = binary
                     continue
                 waiting.append(src)
-                waiting_cost += self.build_cost(src)
+                waiting_cost += (cost := self.build_cost(src))
+                missed_cost += cost
                 if waiting_cost >= self.build_overhead and \
                         sum(b.end is None for b in builds) < streaming_slots and \
                         not _tail_is_near(total, len(order)):
-                    group, waiting = waiting[:self.max_batch], waiting[self.max_batch:]
+                    share = _share_while_streaming(waiting_cost, builds, total, len(order), started, missed_cost)
+                    take, taken_cost = 0, 0
+                    while take < min(len(waiting), self.max_batch) and (take == 0 or taken_cost < share):
+                        taken_cost += self.build_cost(waiting[take])
+                        take += 1
+                    group, waiting = waiting[:take], waiting[take:]
                     waiting_cost = sum(map(self.build_cost, waiting))
                     builds.append(self._submit(pool, group))
             if waiting:
@@ -281,15 +289,41 @@ def _tail_is_near(total: int | None, produced: int) -> bool:
     return total is not None and total - produced <= 1
 
 
+def _pace(builds: Sequence[_Build]) -> float | None:
+    """Cost units built per second by the builds done so far (``None`` before one is done)."""
+    ends = [(b, b.end) for b in builds if b.end is not None]
+    spent = sum(end - b.start for b, end in ends)
+    return sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
+
+
 def _remaining(builds: Sequence[_Build]) -> list[float]:
     """The estimated work left in each build still under way, in cost units: its estimate less what the time
     since it started is worth at the pace of the builds done so far (half its estimate before any is done)."""
-    now = time.perf_counter()
-    ends = [(b, b.end) for b in builds if b.end is not None]
-    spent = sum(end - b.start for b, end in ends)
-    pace = sum(b.cost for b, _ in ends) / spent if ends and spent > 0 else None
+    now, pace = time.perf_counter(), _pace(builds)
     return [max(0.0, b.cost - (now - b.start) * pace) if pace is not None else b.cost / 2
             for b in builds if b.end is None]
+
+
+def _share_while_streaming(piled: float, builds: Sequence[_Build], total: int | None, produced: int,
+                           started: float, missed: float) -> float:
+    """How much of the ``piled`` cost a slot that comes free while sources still come should take (all of it when
+    this is at least ``piled``): what makes it end with the slot that renders now, which starts building when the
+    stream ends and then takes the rest and the sources still to come. Those are estimated at the averages so far
+    of the ``total`` sources (``produced`` since ``started``, of which the compiler's misses cost ``missed``).
+
+    A share smaller than the pile is at most half of it: the sources still to come are estimated at the average
+    so far, while a schedule's costliest kernels (the matmuls' register tiles) tend to come last.
+
+    The slot took all that piled up whenever it was free: when the compiler fell behind near the end, it built
+    14 kernels alone (~190 ms) while the other slot had only the last two, rendered 15 ms later."""
+    pace = _pace(builds)
+    if total is None or pace is None or produced == 0:
+        return math.inf  # nothing to go by (a stream of unknown length, no build done): take it all
+    left = total - produced
+    rendering_left = (time.perf_counter() - started) / produced * left
+    to_come = missed / produced * left
+    share = (piled + to_come + pace * rendering_left) / 2
+    return share if share >= piled else min(share, piled / 2)
 
 
 def _fill(costs: Sequence[int], count: int, most: int, free: int, busy: Sequence[float] = ()) -> list[list[int]]:
