@@ -15,6 +15,7 @@ times its candidates on copies of the real buffers. The rest of the schedule is 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import pickle
 import time
 from collections import OrderedDict
@@ -206,10 +207,11 @@ def program_for(device: str, ast: UOp) -> ProgramSpec:
     """The rendered program for ``ast`` on ``device`` (from the disk lowering cache when possible)."""
     corpus.record(ast)
     renderer = Device[device].renderer
-    spec = None if DEBUG >= 5 else _load_lowered(renderer, ast)
+    entry = _lowered_entry(renderer, ast)  # (its key serializes the AST and the renderer: made once)
+    spec = None if DEBUG >= 5 else _load_lowered(entry)
     if spec is None:
         spec = get_program(ast, renderer)
-        _store_lowered(renderer, ast, spec)
+        _store_lowered(entry, spec)
     elif DEBUG >= 3:
         print(f"{spec.name:32s} opts {list(spec.opts)} (cached)")
     return spec
@@ -289,8 +291,12 @@ class _BatchClock:
                 f"compiler; {built} built{processes}, {kernels - built} from the cache")
 
 
-def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
-    path = diskcache.entry_path("lowered", _lowering_key(renderer, ast))
+def _lowered_entry(renderer: Any, ast: UOp) -> pathlib.Path | None:
+    """Where the lowering of ``ast`` for ``renderer`` is cached on disk (``None``: the disk cache is off)."""
+    return diskcache.entry_path("lowered", _lowering_key(renderer, ast))
+
+
+def _load_lowered(path: pathlib.Path | None) -> ProgramSpec | None:
     payload = diskcache.read(path) if path is not None else None
     if payload is None:
         return None
@@ -302,8 +308,7 @@ def _load_lowered(renderer: Any, ast: UOp) -> ProgramSpec | None:
         return None
 
 
-def _store_lowered(renderer: Any, ast: UOp, spec: ProgramSpec) -> None:
-    path = diskcache.entry_path("lowered", _lowering_key(renderer, ast))
+def _store_lowered(path: pathlib.Path | None, spec: ProgramSpec) -> None:
     if path is not None:
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "uops"}
         diskcache.write(path, pickle.dumps(fields))
@@ -402,7 +407,7 @@ def _needs_search(si: ScheduleItem) -> bool:
     if (device, si.ast) in method_cache or not search.searchable(si.ast):
         return False
     renderer = Device[device].renderer
-    if DEBUG < 5 and _load_lowered(renderer, si.ast) is not None:
+    if DEBUG < 5 and _load_lowered(_lowered_entry(renderer, si.ast)) is not None:
         return False
     return search.cached_opts(si.ast, renderer) is None
 
@@ -415,5 +420,5 @@ def _search_and_compile(si: ScheduleItem) -> None:
     renderer = Device[device].renderer
     opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs))
     spec = get_program(si.ast, renderer, opts=opts)
-    _store_lowered(renderer, si.ast, spec)
+    _store_lowered(_lowered_entry(renderer, si.ast), spec)
     method_cache[(device, si.ast)] = CompiledRunner(device, spec, var_names=ast_var_names(si.ast))
