@@ -143,9 +143,10 @@ class BatchCompiler(Compiler):
         free and the misses rendered so far are worth a build's fixed cost, it takes all of them as one program
         (they pile up while it builds, so programs grow as rendering outpaces the compiler, and each fixed cost
         is paid rarely). The misses left when ``srcs`` ends are spread over every slot as :meth:`compile_batch`
-        does; a ``srcs`` with a length (the engine's) says when one source is left, and what piled up then waits
-        for it rather than go to one slot. Every source is still cached on its own, as with
-        :meth:`compile_cached_many`.
+        does (:meth:`_hand_out_rest`). A ``srcs`` with a length (the engine's) says how much is still to come:
+        near its end a free slot takes only its share of the pile (:func:`_share_while_streaming`), and when one
+        source is left, what piled up waits for it rather than go to one slot. Every source is still cached on
+        its own, as with :meth:`compile_cached_many`.
         """
         if self.parallel_builds <= 1:
             return super().compile_cached_stream(srcs)
