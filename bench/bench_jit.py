@@ -9,8 +9,8 @@
    loss) and the CPU time of the process and its compiler children (what the machine's load does
    not change). The children run with Python's bytecode cache on, as an installed ember does
    (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment; a first import writes it).
-   ``--first-runs N`` repeats each pair with a new cache and gives medians (and the range): on a
-   busy machine one run says little.
+   ``--first-runs N`` (default 5) repeats each pair with a new cache and gives medians (and the
+   range): on a busy machine one run says little (runs of the same checkout spread over 0.48-0.57 s).
 
 Run: ``python bench/bench_jit.py [--device CPU] [--steps 20] [--first-runs 5]``.
 """
@@ -204,7 +204,7 @@ def main() -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument("--first-runs", type=int, default=1, help="fresh-process runs per first-step row (medians)")
+    p.add_argument("--first-runs", type=int, default=5, help="fresh-process runs per first-step row (medians)")
     args = p.parse_args()
     print(json.dumps({"device": args.device, "steps": args.steps}))
     bench_mlp(args.device, args.steps, args.threads)
