@@ -23,7 +23,6 @@ else:
     from ember.helpers import lazy_numpy as np
 
 
-
 @dataclass(frozen=True, eq=True)
 class DType:
     """A scalar element type. ``kind`` is one of ``b`` (bool), ``i``, ``u``, ``f``."""

@@ -223,29 +223,41 @@ def test_one_build_slot_streams_as_one_batch(cache):
     assert len(c.built) == 1 and c.built[0].count("#define") == 3 and len(out) == 3
 
 
+class Gated(FakeCompiler):
+    """Two build slots; the build holding kernel ``first`` waits for :meth:`let_first_finish` (then ``slow`` more
+    seconds), so what is rendered meanwhile piles up."""
+
+    def __init__(self, first: str, slow: float = 0.0):
+        super().__init__(parallel=2)
+        self.first, self.slow = f"{first}(", slow
+        self.first_started, self.release = threading.Event(), threading.Event()
+
+    def build(self, text: str) -> bytes:
+        if self.first in text:
+            self.first_started.set()
+            self.release.wait(5)
+            time.sleep(self.slow)
+        return super().build(text)
+
+    def let_first_finish(self) -> None:
+        """Let the held build end and wait until its end is recorded (just after it returns)."""
+        self.release.set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not self.built:
+            time.sleep(0.005)
+        time.sleep(0.05)
+
+
 def test_a_busy_slot_lets_rendered_sources_pile_up_into_one_program(cache):
     """While sources are still coming, one slot of two builds (the other core renders); what is rendered while
     it is busy becomes its next program, and a source worth less than a fixed cost waits for company."""
-    first_started, release = threading.Event(), threading.Event()
-
-    class Gate(FakeCompiler):
-        def build(self, text: str) -> bytes:
-            if "k0(" in text:
-                first_started.set()
-                release.wait(5)
-            return super().build(text)
-
-    c = Gate(parallel=2)
+    c = Gated("k0")
 
     def render():
         yield big("k0")
-        assert first_started.wait(5)
+        assert c.first_started.wait(5)
         yield from (big(f"k{i}") for i in range(1, 5))  # the slot is busy: they wait
-        release.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not c.built:
-            time.sleep(0.005)
-        time.sleep(0.05)  # the first build's end is recorded after it returns
+        c.let_first_finish()
         yield src("k5")  # the slot is free: k1..k5 go together
         yield src("k6")  # cheap and last: built at the end
 
@@ -271,26 +283,13 @@ def test_sources_that_pile_up_near_the_end_of_a_stream_wait_to_be_spread_over_ev
     rendering's pace so far) does not take everything that piled up alone: it all waits a moment, then goes to
     both slots. A stream of unknown length keeps the old way: the free slot takes the pile."""
     def run(sized: bool, p: str) -> list[list[str]]:  # p: a name prefix (each run builds, none is cached)
-        first_started, release = threading.Event(), threading.Event()
-
-        class Gate(FakeCompiler):
-            def build(self, text: str) -> bytes:
-                if f"{p}0(" in text:
-                    first_started.set()
-                    release.wait(5)
-                return super().build(text)
-
-        c = Gate(parallel=2)
+        c = Gated(f"{p}0")
 
         def render():
             yield big(f"{p}0")
-            assert first_started.wait(5)
+            assert c.first_started.wait(5)
             yield from (big(f"{p}{i}") for i in range(1, 9))  # the slot is busy: they pile up
-            release.set()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not c.built:
-                time.sleep(0.005)
-            time.sleep(0.05)  # the first build's end is recorded after it returns
+            c.let_first_finish()
             yield big(f"{p}9")  # the slot is free, and this is the last source
 
         c.compile_cached_stream(Sized(10, render()) if sized else render())
@@ -334,27 +333,13 @@ def test_a_slot_free_near_the_end_takes_its_share_of_the_pile_not_all_of_it(cach
     """A slot freed while the last few sources are still being rendered takes what makes it end with the slot
     that renders now (which builds once the stream ends): part of what piled up, not all of it while the other
     slot gets only the last sources."""
-    first_started, release = threading.Event(), threading.Event()
-
-    class Gate(FakeCompiler):
-        def build(self, text: str) -> bytes:
-            if "p0(" in text:
-                first_started.set()
-                release.wait(5)
-                time.sleep(0.2)  # a slow build: the pace of the builds so far is low
-            return super().build(text)
-
-    c = Gate(parallel=2)
+    c = Gated("p0", slow=0.2)  # a slow build: the pace of the builds so far is low
 
     def render():
         yield big("p0")
-        assert first_started.wait(5)
+        assert c.first_started.wait(5)
         yield from (big(f"p{i}") for i in range(1, 13))  # the slot is busy: 12 pile up
-        release.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not c.built:
-            time.sleep(0.005)
-        time.sleep(0.05)  # the first build's end is recorded after it returns
+        c.let_first_finish()
         yield from (big(f"p{i}") for i in (13, 14, 15))  # the slot is free: 13 piled, two more to come
 
     c.compile_cached_stream(Sized(16, render()))

@@ -34,11 +34,10 @@ from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ember.tensor import Tensor
 else:
     from ember.helpers import lazy_numpy as np
-
-if TYPE_CHECKING:
-    from ember.tensor import Tensor
 
 #: ``INDEX_CHECK=0`` skips the deferred checks (out-of-range indices then select nothing).
 INDEX_CHECK = ContextVar("INDEX_CHECK", 1)

@@ -27,11 +27,10 @@ from ember.ir.uop import Ops, UOp
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ember.tensor import Tensor
 else:
     from ember.helpers import lazy_numpy as np
-
-if TYPE_CHECKING:
-    from ember.tensor import Tensor
 
 _MASK32 = 0xFFFFFFFF
 _THREEFRY_PARITY = 0x1BD11BDA

@@ -28,11 +28,10 @@ from ember.ir.uop import Ops
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ember.tensor import Tensor
 else:
     from ember.helpers import lazy_numpy as np
-
-if TYPE_CHECKING:
-    from ember.tensor import Tensor
 
 
 class _IndexPlan(NamedTuple):

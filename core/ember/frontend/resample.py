@@ -13,11 +13,10 @@ from ember.helpers import is_int_like
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ember.tensor import Tensor
 else:
     from ember.helpers import lazy_numpy as np
-
-if TYPE_CHECKING:
-    from ember.tensor import Tensor
 
 
 class ResampleMixin(TensorBase):

@@ -22,14 +22,13 @@ from ember.helpers import prod
 from ember.nn import optim
 from ember.tensor import Tensor
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers: numpy (imported on first use otherwise) and the names __getattr__ resolves
     import numpy as np
-else:
-    from ember.helpers import lazy_numpy as np
 
-if TYPE_CHECKING:  # for type checkers: the names resolved by __getattr__ below
     from ember.nn import state
     from ember.nn.state import get_parameters, get_state_dict, load_state_dict
+else:
+    from ember.helpers import lazy_numpy as np
 
 #: imported on first use (``nn.state``, ``nn.get_parameters`` ...): the weights formats it brings (gguf,
 #: safetensors, torch checkpoints) are not needed to build and train a model

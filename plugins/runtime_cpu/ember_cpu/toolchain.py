@@ -27,7 +27,6 @@ import math
 import os
 import shlex
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ember.device import diskcache
+from ember.dtype import dtypes, scalar_from_bytes
 
 if TYPE_CHECKING:
     from fractions import Fraction
@@ -161,10 +161,11 @@ def _check_half(lib: ctypes.CDLL) -> str:
     fn = lib.ember_probe_half
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     fn(d, f, out, n)
+    raw = bytes(out)
     conv_ok = arith_ok = True
     for i in range(n):
         a, b = _to_half(d[i]), _to_half(f[i])
-        got_a, got_b, got_c = (_HALF.unpack(_U16.pack(out[3 * i + k]))[0] for k in range(3))
+        got_a, got_b, got_c = (scalar_from_bytes(dtypes.float16, raw[6 * i + 2 * k:]) for k in range(3))
         conv_ok = conv_ok and _same(got_a, a) and _same(got_b, b)
         # a*b+b may be rounded once per op, or once at the end from float32 (excess precision) or exactly
         per_op = _to_half(_exact(_to_half(_exact(a, b, "*", _to_f32)), b, "+", _to_f32))
@@ -176,9 +177,6 @@ def _check_half(lib: ctypes.CDLL) -> str:
     if not arith_ok:
         return "its _Float16 arithmetic gives wrong results"
     return ""
-
-
-_HALF, _U16 = struct.Struct("=e"), struct.Struct("=H")
 
 
 def _round_binary(x: float | Fraction, mantissa: int, emin: int, emax: int) -> float:
