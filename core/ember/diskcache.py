@@ -19,7 +19,6 @@ is at 90% of it. ``python -m ember.cache`` shows and clears the cache.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pathlib
@@ -30,7 +29,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from ember.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
+from ember.helpers import CACHELEVEL, DEBUG, cache_dir, getenv, sha256
 
 #: First bytes of every entry (bump the digit when the layout changes).
 MAGIC = b"EMBERCC2"
@@ -54,7 +53,7 @@ def entry_path(table: str, key: str) -> pathlib.Path | None:
     """Where the entry for ``key`` in ``table`` lives, or ``None`` when the disk cache is off."""
     if CACHELEVEL.value <= 0:
         return None
-    return cache_dir() / table / hashlib.sha256(key.encode()).hexdigest()
+    return cache_dir() / table / sha256(key.encode()).hexdigest()
 
 
 def _key_digest(path: pathlib.Path) -> bytes | None:
@@ -86,7 +85,7 @@ def read(path: pathlib.Path) -> bytes | None:
     key = _key_digest(path)
     intact = (len(data) >= _HEAD and data[:len(MAGIC)] == MAGIC and key is not None
               and data[len(MAGIC):len(MAGIC) + _DIGEST_LEN] == key
-              and hashlib.sha256(payload).digest() == data[len(MAGIC) + _DIGEST_LEN:_HEAD])
+              and sha256(payload).digest() == data[len(MAGIC) + _DIGEST_LEN:_HEAD])
     if intact:
         try:
             os.utime(path)  # least recently *used*: a hit keeps the entry young
@@ -116,7 +115,7 @@ def write(path: pathlib.Path, payload: bytes) -> None:
                 return
             fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + key + hashlib.sha256(payload).digest() + payload)
+            f.write(MAGIC + key + sha256(payload).digest() + payload)
         os.replace(tmp_name, path)
     except OSError as e:
         if tmp_name is not None:

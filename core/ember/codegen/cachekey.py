@@ -8,12 +8,11 @@ the engine's lowering cache and BEAM's result cache both use it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import pathlib
 import sys
 from typing import Any
 
-from ember.helpers import BEAM, NOOPT
+from ember.helpers import BEAM, NOOPT, sha256
 from ember.ir.uop import UOp, serialize_uop
 
 #: bumped when lowering changes in a way the source hash below would not see
@@ -33,7 +32,7 @@ def codegen_fingerprint(renderer_type: type) -> str:
         mod = sys.modules.get(cls.__module__)
         if mod is not None and getattr(mod, "__file__", None):
             files.append(pathlib.Path(mod.__file__ or ""))
-    h = hashlib.sha256(str(CODEGEN_VERSION).encode())
+    h = sha256(str(CODEGEN_VERSION).encode())
     for f in dict.fromkeys(files):
         h.update(f.read_bytes() if f.is_file() else b"")
     return h.hexdigest()

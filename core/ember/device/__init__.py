@@ -17,39 +17,60 @@ of ``PLUGIN_API`` (see ``docs/contracts.md``):
 
 This module must stay import-light: plugins import it, and it never imports the tensor layer.
 """
+from typing import TYPE_CHECKING, Any
+
 from ember import diskcache
 from ember.device.allocator import Allocator, LRUAllocator, copyin_source, copyout_dest
 from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_sources
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
-
-# the base for queue-driven devices (docs/hcq.md)
-from ember.device.hcq import (
-    DEFAULT_TIMEOUT_S,
-    Copy,
-    Exec,
-    HCQCommandError,
-    HCQDevice,
-    HCQGraph,
-    HCQProgram,
-    HCQTimeoutError,
-    HostSignal,
-    HWQueue,
-    KernelArgs,
-    MemoryBarrier,
-    Signal,
-    SignalCmd,
-    Timeline,
-    Timestamp,
-    Wait,
-    profiled_copy,
-    profiled_exec,
-)
 from ember.device.hookspecs import PLUGIN_API, hookimpl, hookspec
 from ember.device.registry import Device, DeviceNotFoundError, DevicePluginError, DeviceUnavailableError
 from ember.device.spec import DeviceSpec
-from ember.helpers import DEBUG, GlobalCounters, cache_dir, getenv
+from ember.helpers import DEBUG, GlobalCounters, cache_dir, getenv, sha256
+
+if TYPE_CHECKING:
+    from ember.device.hcq import (
+        DEFAULT_TIMEOUT_S,
+        Copy,
+        Exec,
+        HCQCommandError,
+        HCQDevice,
+        HCQGraph,
+        HCQProgram,
+        HCQTimeoutError,
+        HostSignal,
+        HWQueue,
+        KernelArgs,
+        MemoryBarrier,
+        Signal,
+        SignalCmd,
+        Timeline,
+        Timestamp,
+        Wait,
+        profiled_copy,
+        profiled_exec,
+    )
+
+#: the base for queue-driven devices (docs/hcq.md), imported when first asked for: a process that only uses
+#: the CPU or OpenCL device never needs it (its import is ~2 ms of every start)
+_HCQ_NAMES = frozenset({
+    "DEFAULT_TIMEOUT_S", "Copy", "Exec", "HCQCommandError", "HCQDevice", "HCQGraph", "HCQProgram", "HCQTimeoutError",
+    "HostSignal", "HWQueue", "KernelArgs", "MemoryBarrier", "Signal", "SignalCmd",
+    "Timeline", "Timestamp", "Wait", "profiled_copy", "profiled_exec",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HCQ_NAMES:
+        from ember.device import hcq
+
+        value = getattr(hcq, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ember.device' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -72,6 +93,7 @@ __all__ = [
     "profiled_copy",
     "profiled_exec",
     "DEBUG",
+    "sha256",
     "PLUGIN_API",
     "Allocator",
     "BatchCompiler",

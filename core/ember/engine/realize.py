@@ -29,7 +29,7 @@ from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.registry import Device
 from ember.engine import corpus, runtime_consts, tiers
-from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, getenv
+from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, gc_paused, getenv
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.schedule import ScheduleItem
@@ -210,8 +210,12 @@ def program_for(device: str, ast: UOp) -> ProgramSpec:
     entry = _lowered_entry(renderer, ast)  # (its key serializes the AST and the renderer: made once)
     spec = None if DEBUG >= 5 else _load_lowered(entry)
     if spec is None:
-        spec = get_program(ast, renderer)
-        _store_lowered(entry, spec)
+        with gc_paused():  # (until the linear program is dropped: a collection would walk all of its nodes)
+            spec = get_program(ast, renderer)
+            _store_lowered(entry, spec)
+            # a runner needs the source, not the linear program (a spec read from the cache has none either):
+            # its thousands of nodes (a register tile's) would outlive the step, each collection walking them
+            spec = dataclasses.replace(spec, uops=())
     elif DEBUG >= 3:
         print(f"{spec.name:32s} opts {list(spec.opts)} (cached)")
     return spec

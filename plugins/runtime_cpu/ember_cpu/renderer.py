@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +35,7 @@ from ember.renderer import (
     term_coeff,
     toposort,
 )
-from ember_cpu.compiler import host_cpu
+from ember_cpu.compiler import host_cpu, host_machine
 from ember_cpu.renderer_tile_order import TileOrders
 from ember_cpu.renderer_vector_tile import VectorTile, VectorTiles
 
@@ -150,7 +149,7 @@ def _fused_tile(uops: list[UOp], in_loop: bool = False) -> bool:
 @functools.cache
 def host_vector_registers() -> tuple[int, int]:
     """(float32 lanes per vector register, number of vector registers) of the machine ``-march=native`` targets."""
-    machine = platform.machine().lower()
+    machine = host_machine()
     if machine in ("aarch64", "arm64"):
         return 4, 32
     if machine not in ("x86_64", "amd64", "i386", "i686"):
@@ -422,7 +421,19 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles))
         self._closing: UOp | None = None
         dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
-        return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
+        try:
+            return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
+        finally:
+            self._forget_kernel()
+
+    def _forget_kernel(self) -> None:
+        """Drop the render-time state that names the kernel's uops: kept, a register tile's thousands of nodes would
+        live on in the renderer until the next kernel, each garbage collection meanwhile walking them."""
+        self._max_tiles, self._vector_tiles, self._tile_orders = {}, {}, {}
+        self._open_tile, self._tile_load, self._closing = None, None, None
+        self.find_vector_tiles([])
+        self.acc_ops, self.open_accs, self.loop_accs, self.live_accs = {}, [], [], []
+        self.unit_stride_ranges, self.unrolled_ranges, self.simd_ranges = set(), {}, set()
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
         """OpenMP ``reduction`` clauses for ``accs``, or None when one has no OpenMP combiner. A float max uses

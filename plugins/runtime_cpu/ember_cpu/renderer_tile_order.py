@@ -14,19 +14,25 @@ class, so the lowering cache's fingerprint of the renderer's code covers this mo
 """
 from __future__ import annotations
 
-import functools
-
 from ember.renderer import Ops, UOp, split_terms, term_coeff, toposort
 
 #: an index as (its variable terms with their coefficients, its constant)
 Affine = tuple[frozenset[tuple[UOp, int]], int]
 
 
-# a tile's analyses ask for the same few hundred indices again and again (once per accumulator and per epilogue
-# element): UOps are immutable and interned, so the answer for a node never changes
-@functools.lru_cache(maxsize=1 << 14)
+#: where a node keeps its :func:`_affine` answer
+_AFFINE = "_ember_affine"
+
+
 def _affine(idx: UOp) -> Affine:
-    """``idx`` as its variable terms and its constant (a term that is not affine counts as a variable)."""
+    """``idx`` as its variable terms and its constant (a term that is not affine counts as a variable).
+
+    A tile's analyses ask for the same few hundred indices again and again (once per accumulator and per epilogue
+    element): UOps are immutable, so each node keeps its answer, which goes with it (a cache beside the nodes
+    would keep every kernel's index nodes alive, for each garbage collection to walk)."""
+    hit = idx.__dict__.get(_AFFINE)
+    if hit is not None:
+        return hit
     terms: dict[UOp, int] = {}
     const = 0
     for t in split_terms(idx):
@@ -35,7 +41,8 @@ def _affine(idx: UOp) -> Affine:
             const += c
         else:
             terms[var] = terms.get(var, 0) + c
-    return frozenset(terms.items()), const
+    out = idx.__dict__[_AFFINE] = (frozenset(terms.items()), const)
+    return out
 
 
 def _loads_by_buffer(value: UOp, acc: UOp) -> dict[UOp, list[UOp]]:

@@ -16,7 +16,6 @@ unloaded the library (checked with ``RTLD_NOLOAD``); otherwise it is kept open f
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import threading
@@ -24,7 +23,7 @@ import time
 import weakref
 from typing import Any
 
-from ember.device import KernelBinary
+from ember.device import KernelBinary, sha256
 from ember_cpu import cdefs
 
 #: the declarations of :data:`ember_cpu.cdefs.CDEF` (prebuilt: parsing them at start-up costs ~65 ms)
@@ -174,7 +173,7 @@ _loaded_lock = threading.Lock()
 
 def load_shared_object(binary: bytes) -> SharedObject:
     """The loaded library for the shared object ``binary`` (loaded once while anything holds it)."""
-    key = hashlib.sha256(binary).digest()
+    key = sha256(binary).digest()
     with _loaded_lock:
         lib = _loaded.get(key)
         if lib is None:
