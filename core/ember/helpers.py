@@ -224,8 +224,9 @@ def gc_paused() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off inside the block (on again after it, if it was on).
 
     Used around ``import ember``: the import's burst of allocations set off collections that found nothing
-    (~8 ms). Not around realizing: there the pause changed which kernels the runtime-constant cache built
-    in a full CL test run (an interaction not yet understood)."""
+    (~8 ms); and around lowering one kernel in the engine, until its linear program is dropped. Not around
+    realizing: there the pause changed which kernels the runtime-constant cache built in a full CL test run (an
+    interaction not yet understood)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
