@@ -15,7 +15,7 @@ from ember.dtype import DTYPES_ALL, DType, PtrDType, dtypes, to_np_dtype, trunca
 from ember.ir import uop as uop_module
 from ember.ir.pattern import keep_rewrites
 from ember.ir.symbolic import _canonical_sum, _is_canonical_sum, _rebuilt_sum, _sum, simplify
-from ember.ir.uop import Ops, UOp, toposort
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
 
 def test_equal_dtypes_hash_equal_and_pickle_through_init():
@@ -215,3 +215,47 @@ def test_a_compiled_kernel_keeps_none_of_its_lowering_alive(monkeypatch: pytest.
     held = [k for k, v in vars(renderer).items() if isinstance(v, UOp)
             or (isinstance(v, (dict, set, list, tuple)) and any(isinstance(x, UOp) for x in v))]
     assert not held, f"the renderer still holds the kernel's nodes in {held}"
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64])
+def test_float_nodes_without_constant_sources_are_fixed_points(dt: DType):
+    """``known_simplified`` records a float node without a constant source as simplified without trying the
+    rules: no rule may rewrite one (a float rule must need a constant source, or its op leaves _FLOAT_INERT)."""
+    from ember.ir.symbolic import _FLOAT_INERT, known_simplified
+
+    buf = UOp(Ops.DEFINE_GLOBAL, dt.ptr(), (), (0, 16))
+    idx = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("i", 0, 15))
+    a, b, c = (UOp(Ops.LOAD, dt, (buf, simplify(idx + k))) for k in range(3))
+    for op in sorted(_FLOAT_INERT, key=lambda o: o.value):
+        if op is Ops.CAST:
+            node = UOp(Ops.CAST, dt, (UOp(Ops.LOAD, dtypes.float32, (buf, idx)),))
+        elif op in GroupOp.Comparison:
+            continue  # (a comparison's result is a bool, not a float node)
+        else:
+            arity = 1 if op in GroupOp.Unary else 2
+            node = UOp(op, dt, (a, b, c)[:arity])
+        fresh = UOp(node.op, node.dtype, node.src, node.arg)
+        assert simplify(fresh) is fresh, f"a rule rewrites {op} of {dt} without a constant source"
+        assert known_simplified(node)
+    where = UOp(Ops.WHERE, dt, (UOp(Ops.LOAD, dtypes.bool, (buf, idx)), a, a))
+    assert not known_simplified(where) and simplify(where) is a  # (c ? a : a folds: WHERE is never recorded)
+    assert not known_simplified(UOp(Ops.MUL, dt, (a, UOp.const(dt, 1))))
+
+
+def test_recording_simplified_nodes_changes_no_kernel(monkeypatch: pytest.MonkeyPatch):
+    """Lowering records the nodes it builds as simplified (``known_simplified``, ``_add_const``) so the kernel's
+    final simplification skips them; every kernel renders the same source as without the records (checked here on
+    matmul tiles, a masked pad, a softmax and a random kernel; ``bench/render_corpus.py`` does it for a corpus)."""
+    renderer = pytest.importorskip("ember_cpu.renderer").CPURenderer()
+    from ember import Tensor
+    from ember.codegen import get_program, lowerer
+
+    a, b = Tensor.empty(64, 128, device="CPU"), Tensor.empty(128, 96, device="CPU")
+    x = Tensor.empty(16, 10, device="CPU")
+    outs = [(a @ b).relu(), (a.T.contiguous() @ a), x.pad(((1, 2), (0, 3))).exp(), x.softmax(1),
+            Tensor.rand(7, 33, device="CPU") * x.sum()]
+    asts = [si.ast for out in outs for si in out.schedule() if si.ast.op is Ops.SINK]
+    with_records = [get_program(ast, renderer).src for ast in asts]
+    monkeypatch.setattr(lowerer, "known_simplified", lambda u: False)
+    monkeypatch.setattr(lowerer, "mark_simplified", lambda u: u)
+    assert [get_program(ast, renderer).src for ast in asts] == with_records

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.symbolic import simplify, sint_max, smul, split_terms
+from ember.ir.symbolic import is_simplified, known_simplified, mark_simplified, simplify, sint_max, smul, split_terms
 from ember.ir.uop import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
@@ -129,12 +129,16 @@ def _symbolic_grid(out_shape: tuple[int | UOp, ...], sizes: tuple[int | UOp, ...
 
 
 def _add_const(x: UOp, c: int) -> UOp:
-    """``x + c`` for a simplified sum ``x``, in the form simplify gives (constant term last, merged)."""
+    """``x + c`` for a simplified sum ``x``, in the form simplify gives (constant term last, merged), recorded as
+    simplified when ``x`` is (its terms are; a sum whose bounds pinned one value would have folded already)."""
     if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
         x, c = x.src[0], c + x.src[1].arg
     elif x.op is Ops.CONST:
         return UOp.const(x.value_dtype, x.arg + c)
-    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.value_dtype, c))) if c else x
+    if not c:
+        return x
+    out = UOp(Ops.ADD, x.dtype, (x, UOp.const(x.value_dtype, c)))
+    return mark_simplified(out) if is_simplified(x) else out
 
 
 def view_index(ctx: LoweringContext, st: ShapeTracker, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp]:
@@ -286,7 +290,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
                              else UOp.const(ctx.idx_dtype, 0))
                 acc = smul(acc, s)
             sub = tuple(reversed(parts))
-        inner_gate = simplify(gate.logical_and(valid))
+        # (an unmasked view, the common case, leaves the gate as it is: gates are simplified already)
+        inner_gate = gate if valid.op is Ops.CONST and valid.arg is True else simplify(gate.logical_and(valid))
         if inner_gate.op is Ops.CONST and not inner_gate.arg:
             out = UOp.const(u.value_dtype, 0)
         else:
@@ -331,6 +336,7 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
             out = _group_combine(ctx, u, out)
     else:
         raise NotImplementedError(f"cannot lower {u.op} in a kernel AST")
+    known_simplified(out)  # (the kernel's final simplification then skips what no rule can change)
     ctx.memo[key] = out
     return out
 
@@ -440,7 +446,9 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             val = _lower(ctx, value, gidx, gate)
             idx, valid = view_index(ctx, store.arg, gidx)
             # a group's work-items all hold the result; the first stores it
-            valid = simplify(valid.logical_and(gate).logical_and(is_first))
+            if not (valid.op is Ops.CONST and valid.arg is True and gate.op is Ops.CONST and gate.arg is True
+                    and is_first.op is Ops.CONST and is_first.arg is True):
+                valid = simplify(valid.logical_and(gate).logical_and(is_first))
             srcs = (buf, idx, val) if (valid.op is Ops.CONST and valid.arg) else (buf, idx, val, valid)
             stores.append(UOp(Ops.STORE, None, srcs))
     sink = simplify(UOp(Ops.SINK, None, tuple(stores)))

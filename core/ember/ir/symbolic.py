@@ -282,9 +282,60 @@ symbolic = PatternMatcher([
 ])
 
 
+#: the key under which a node records its simplification (see :func:`known_simplified`)
+_SIMPLIFIED = symbolic.cache_key
+_MISSING = object()
+
+
 def simplify(u: UOp) -> UOp:
     """Simplify an expression graph with the symbolic rules."""
-    return graph_rewrite(u, symbolic)
+    out = graph_rewrite(u, symbolic)
+    if out is not u:  # a result is a fixed point: recorded, so graphs built on it know (see known_simplified)
+        out.__dict__.setdefault(_SIMPLIFIED, None)
+    return out
+
+
+#: float nodes no rule rewrites when no source is a constant: every float rule needs one (constant folding,
+#: ``x * 1.0``), except ``WHERE``'s ``c ? a : a``. A float rule that does not must leave its op out of this set
+#: (test_symbolic's check of every op tries them on non-constant sources)
+_FLOAT_INERT = (GroupOp.ALU - {Ops.WHERE}) | {Ops.CAST}
+
+
+def is_simplified(u: UOp) -> bool:
+    """Whether ``u`` is recorded as a fixed point of :func:`simplify` (a result of it, or see
+    :func:`known_simplified`)."""
+    return u.__dict__.get(_SIMPLIFIED, _MISSING) is None
+
+
+def mark_simplified(u: UOp) -> UOp:
+    """Record ``u`` as a fixed point of :func:`simplify`; only for a node its builder made in simplify's own form
+    from simplified parts (lowering's ``x + c`` of a simplified sum ``x``, see ``ember.codegen.lowerer``)."""
+    u.__dict__[_SIMPLIFIED] = None
+    return u
+
+
+def known_simplified(u: UOp) -> bool:
+    """Whether ``u`` is certainly a fixed point of :func:`simplify` without trying the rules, recording it as one
+    when so (as a simplification would): every source is one, and ``u`` is an op with no rules at all (a load, a
+    reduction, a buffer) or a float node of :data:`_FLOAT_INERT` without a constant source.
+
+    Lowering records the value graph it builds (a register tile's thousands of float multiply-adds, loads and
+    reductions): simplifying the kernel at the end then stops at those nodes, where trying every rule on each
+    of them found nothing and took a third of a tile's lowering."""
+    d = u.__dict__
+    hit = d.get(_SIMPLIFIED, _MISSING)
+    if hit is not _MISSING:
+        return hit is None  # (a matcher's entry for "rewrites to itself")
+    op = u.op
+    if symbolic.for_op[op]:
+        dt = u.dtype
+        if op not in _FLOAT_INERT or not isinstance(dt, DType) or dt.kind != "f" or \
+                any(s.op is Ops.CONST for s in u.src):
+            return False
+    if not all(s.op is Ops.CONST or known_simplified(s) for s in u.src):
+        return False
+    d[_SIMPLIFIED] = None
+    return True
 
 
 # --- symbolic ints: an int, or an int expression (UOp) over bound variables ---------------------------
