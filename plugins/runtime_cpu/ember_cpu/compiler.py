@@ -117,8 +117,12 @@ class CPUCompiler(BatchCompiler):
         self.openmp, self.quick = openmp, quick
         tier, family = QUICK_FLAGS if quick else BASE_FLAGS, () if is_clang(self.cc) else GCC_FLAGS
         self.flags: tuple[str, ...] = tier + family + (("-fopenmp",) if openmp else ())
+        #: after the source: the probed lean link (libgomp only with OpenMP) or the default one
+        lean = probe_toolchain(self.cc).link if getenv("CPU_LEAN_LINK", 1) else ()
+        self.link: tuple[str, ...] = tuple(a for a in lean if openmp or a != "-lgomp") if lean else LINK_FLAGS
         # the flags are in the key: each tier has its own cache entries
-        super().__init__(f"cpu-cc|{' '.join(self.cc)}|{cc_version(self.cc)}|{' '.join(self.flags)}|{host_identity()}")
+        super().__init__(f"cpu-cc|{' '.join(self.cc)}|{cc_version(self.cc)}|{' '.join(self.flags)}|"
+                         f"{' '.join(self.link)}|{host_identity()}")
         self._quick: CPUCompiler | None = None
         #: a prefix that runs each build at the lowest priority (for background builds; no effect on the binary)
         self.launcher: tuple[str, ...] = ()
@@ -147,7 +151,7 @@ class CPUCompiler(BatchCompiler):
             with open(os.path.join(tmp, "kernel.c"), "w") as f:
                 f.write(src)
             # relative names (run inside tmp) keep the temporary folder out of error messages
-            cmd = [*self.cc, *self.flags, "-o", "kernel.so", "kernel.c", *LINK_FLAGS]
+            cmd = [*self.cc, *self.flags, "-o", "kernel.so", "kernel.c", *self.link]
             try:
                 proc = subprocess.run([*self.launcher, *cmd], capture_output=True, text=True, errors="replace",
                                       check=False, cwd=tmp)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -74,7 +75,55 @@ def test_one_program_probes_both_features_with_the_same_answers(name, tmp_path, 
     tc = toolchain._probe.__wrapped__((exe,))
     separate = toolchain._probe_half((exe,), str(tmp_path)), toolchain._probe_openmp((exe,), str(tmp_path))
     assert (tc.float16_reason, tc.openmp_reason) == separate
-    assert runs[:-2] == (["both"] if tc.float16 == "native" and tc.openmp else ["both", "half", "omp"]), runs
+    lean = ["lean"] if not toolchain.is_clang((exe,)) and sys.platform.startswith("linux") else []
+    joint = ["both"] if tc.float16 == "native" and tc.openmp else ["both", "half", "omp"]
+    assert runs[:-2] == (lean if tc.link else lean + joint), runs
+
+
+def test_lean_link_falls_back_to_the_default_when_its_program_fails(tmp_path, monkeypatch):
+    """A lean link line the toolchain cannot use (here a library that does not exist) costs one failed build:
+    the features are probed with the default link and no lean link is kept."""
+    from ember_cpu import toolchain
+
+    gcc = shutil.which("gcc")
+    if gcc is None or not sys.platform.startswith("linux"):
+        pytest.skip("the lean link is for gcc on Linux")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(toolchain, "LEAN_LINK", ("-nostdlib", "-lember_no_such_library"))
+    tc = toolchain._probe.__wrapped__((gcc,))
+    assert tc.link == () and tc.openmp == (tc.openmp_reason == "")
+
+
+def test_kernels_linked_lean_compute_what_the_default_link_gives(monkeypatch):
+    """The same kernels (OpenMP, the C library's expf and sinf, a register tile) built with the probed lean link
+    and with the default one give the same bits."""
+    gcc = shutil.which("gcc")
+    if gcc is None or not probe_toolchain((gcc,)).link:
+        pytest.skip("no lean link here (it is for gcc on Linux)")
+    from ember.engine.realize import method_cache
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((96, 80)).astype(np.float32)
+
+    def run() -> np.ndarray:
+        method_cache.clear()  # (built again by each compiler, not reused)
+        x, y = Tensor(a, device="CPU"), Tensor(b, device="CPU")
+        return ((x.exp() @ y.sin()).relu() + x.sum()).numpy()
+
+    dev = Device["CPU"]
+    saved = dev.compiler
+    try:
+        monkeypatch.setenv("CPU_LEAN_LINK", "1")
+        dev._compiler = type(saved)([gcc])
+        assert dev.compiler.link == probe_toolchain((gcc,)).link
+        lean = run()
+        monkeypatch.setenv("CPU_LEAN_LINK", "0")
+        dev._compiler = type(saved)([gcc])
+        assert "-nostdlib" not in dev.compiler.link
+        np.testing.assert_array_equal(run(), lean)
+    finally:
+        dev._compiler = saved
+        method_cache.clear()
 
 
 def test_missing_openmp_names_the_remedy(tmp_path, monkeypatch):
@@ -180,7 +229,7 @@ def test_a_probe_asked_for_twice_at_once_runs_once(tmp_path, monkeypatch):
     for t in threads:
         t.join(30)
     assert len(results) == 3 and results[0] is results[1] is results[2]
-    assert runs[0] == "both" and len(runs) == len(set(runs)), runs  # each probe program built once
+    assert runs[0] in ("lean", "both") and len(runs) == len(set(runs)), runs  # each probe program built once
 
 
 def test_prefetch_starts_one_probe_thread(monkeypatch):
