@@ -346,3 +346,31 @@ def test_a_slot_free_near_the_end_takes_its_share_of_the_pile_not_all_of_it(cach
     groups = [re.findall(r"kernel (\w+)\(", t) for t in c.built]
     assert groups[0] == ["p0"] and sorted(sum(groups, [])) == sorted(f"p{i}" for i in range(16))
     assert groups[1][0] == "p1" and 1 <= len(groups[1]) < 13  # a share of the pile, in order
+
+
+def test_a_stream_hands_the_interpreter_over_quickly_while_it_builds(cache):
+    """While a stream builds, a build thread waiting for the interpreter (to read its result and start the next
+    compiler) gets it within STREAM_SWITCH_INTERVAL, not the default 5 ms per wait; the interval is restored
+    after the stream, also when rendering fails."""
+    import sys
+
+    from ember.device.batch_compiler import STREAM_SWITCH_INTERVAL
+
+    c = FakeCompiler(parallel=2)
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+
+    def render():
+        seen.append(sys.getswitchinterval())
+        yield big("s0")
+
+    c.compile_cached_stream(render())
+    assert seen == [min(before, STREAM_SWITCH_INTERVAL)] and sys.getswitchinterval() == before
+
+    def failing():
+        yield big("s1")
+        raise ValueError("rendering failed")
+
+    with pytest.raises(ValueError, match="rendering failed"):
+        c.compile_cached_stream(failing())
+    assert sys.getswitchinterval() == before
