@@ -297,7 +297,7 @@ def simplify(u: UOp) -> UOp:
 
 #: float nodes no rule rewrites when no source is a constant: every float rule needs one (constant folding,
 #: ``x * 1.0``), except ``WHERE``'s ``c ? a : a``. A float rule that does not must leave its op out of this set
-#: (test_symbolic's check of every op tries them on non-constant sources)
+#: (tests/unit/test_lowering_fast_paths.py tries every op of it on non-constant sources)
 _FLOAT_INERT = (GroupOp.ALU - {Ops.WHERE}) | {Ops.CAST}
 
 
