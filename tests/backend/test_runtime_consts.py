@@ -29,16 +29,32 @@ def _kernel_names(src: str) -> list[str]:
     return re.findall(r"\b[Er]_[0-9_]+\b", src)[:3]
 
 
+class _Builds(list):
+    """Sources built on the test's thread; ``elsewhere``: (thread, kernel names) of builds on other threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elsewhere: list[tuple[str, list[str]]] = []
+
+
 @pytest.fixture
-def builds(monkeypatch) -> list[str]:
-    """The sources every compiler of this process builds from now on, in order."""
+def builds(monkeypatch) -> _Builds:
+    """The sources every compiler of this process builds from now on on this thread, in order (a build another
+    thread finishes meanwhile, say a background build an earlier test left, is not this test's: it goes to
+    ``builds.elsewhere``, named in the failure messages)."""
+    import threading
+
     from ember.device.compiler import Compiler
 
-    built: list[str] = []
+    built = _Builds()
     store = Compiler.store
+    here = threading.current_thread()
 
     def recording_store(self, src: str, binary: bytes) -> bytes:
-        built.append(src)
+        if threading.current_thread() is here:
+            built.append(src)
+        else:
+            built.elsewhere.append((threading.current_thread().name, _kernel_names(src)))
         return store(self, src, binary)
 
     monkeypatch.setattr(Compiler, "store", recording_store)
@@ -46,7 +62,7 @@ def builds(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_changing_float_compiles_once(device: str, dtype: str, builds: list[str]):
+def test_changing_float_compiles_once(device: str, dtype: str, builds: _Builds):
     a = np.linspace(-3, 3, 13).astype(dtype)
     x = Tensor(a, device=device).realize()
     counts = []
@@ -60,7 +76,8 @@ def test_changing_float_compiles_once(device: str, dtype: str, builds: list[str]
         np.testing.assert_allclose(got.astype(np.float32), want.astype(dtype).astype(np.float32),
                                    rtol=1e-2 if dtype == "float16" else 1e-6)
     # the 2nd value builds the kernel with inputs, then none
-    assert counts[0] >= 1 and sum(counts[2:]) == 0, (counts, [_kernel_names(src) for src in builds])
+    assert counts[0] >= 1 and sum(counts[2:]) == 0, (counts, [_kernel_names(src) for src in builds],
+                                                      builds.elsewhere)
 
 
 def test_constants_that_do_not_change_stay_in_the_kernel(device: str):
