@@ -244,29 +244,3 @@ def test_prefetch_starts_one_probe_thread(monkeypatch):
     assert first is not None and toolchain._prefetch is first
     first.join(10)
     assert calls == [1] and not first.daemon  # a process that ends meanwhile waits for it
-
-
-@pytest.mark.parametrize("body, reason", [
-    # a float's top 16 bits (bfloat16's) where float16's belong
-    ("float x = (float)d[i]; unsigned int w; __builtin_memcpy(&w, &x, 4);"
-     "out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = (unsigned short)(w >> 16);", "conversions"),
-    # right conversions, a * b + b computed as a * b
-    ("_Float16 a = (_Float16)d[i], b = (_Float16)f[i], c = a * b; __builtin_memcpy(&out[3 * i], &a, 2);"
-     "__builtin_memcpy(&out[3 * i + 1], &b, 2); __builtin_memcpy(&out[3 * i + 2], &c, 2);", "arithmetic"),
-])
-def test_the_float16_probe_names_wrong_bits(tmp_path, body, reason):
-    """The float16 check compares the probe program's bits with its table: a compiler whose conversions or
-    arithmetic give other bits is reported (and the device then emulates float16)."""
-    import ctypes
-
-    from ember_cpu import toolchain
-
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("needs gcc (with _Float16)")
-    src = ("void ember_probe_half(const double* d, const float* f, unsigned short* out, int n) {\n"
-           f"  for (int i = 0; i < n; i++) {{ {body} }}\n}}\n")
-    so, err = toolchain._build((gcc,), src, ["-march=native"], str(tmp_path), "wrong")
-    if so is None:
-        pytest.skip(f"gcc builds no _Float16 here ({err})")
-    assert reason in toolchain._check_half(ctypes.CDLL(so))
