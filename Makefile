@@ -16,7 +16,7 @@ DEMO_STAMP := $(VENV)/.demo.stamp
 STAMP := $(VENV)/.installed.stamp
 PACKAGING := setup.cfg pyproject.toml $(foreach p,$(PLUGINS),$(p)/setup.cfg $(p)/pyproject.toml)
 
-.PHONY: venv demo test test-cl sysdeps lint bench clean
+.PHONY: venv demo test test-repeat test-cl sysdeps lint bench clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,18 @@ demo: $(DEMO_STAMP)
 test: sysdeps
 	$(MAKE) venv
 	PY=$(PY) tools/test_stages.sh
+
+# every stage N times in a row (default 5), to show the suite does not depend on timing or test order; stops at
+# the first failing run and says which one. Each run uses its own empty kernel cache, as a fresh clone would.
+N ?= 5
+test-repeat: sysdeps
+	$(MAKE) venv
+	@for i in $$(seq 1 $(N)); do \
+		echo "=== run $$i of $(N)"; \
+		cache=$$(mktemp -d -t ember-cache-XXXXXX); \
+		EMBER_CACHE_DIR=$$cache PY=$(PY) tools/test_stages.sh; rc=$$?; rm -rf $$cache; \
+		if [ $$rc -ne 0 ]; then echo "test-repeat: run $$i of $(N) failed"; exit $$rc; fi; \
+	done; echo "test-repeat: all $(N) runs passed"
 
 # only the backend suite on the OpenCL device (part of `make test`); about 7 minutes on 2 cores with a cold
 # PoCL kernel cache, 2 with a warm one

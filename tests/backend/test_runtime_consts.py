@@ -103,3 +103,91 @@ def test_integer_constants_keep_their_kernels(device: str):
     x = Tensor(np.arange(6), dtype=dtypes.int32, device=device).realize()
     for k in (3, 4):
         np.testing.assert_array_equal((x * k).numpy(), np.arange(6) * k)
+
+
+def _values_sequence(x: Tensor, builds: _Builds, values: list[float], offset: float, between=None) -> list[int]:
+    """Run ``(x * s + offset + i / 8).exp2()`` for each value; the builds of its kernel (E_13) at each step."""
+    counts = []
+    for i, s in enumerate(values):
+        before = len(builds)
+        (x * s + offset + i * 0.125).exp2().numpy()
+        counts.append(sum(1 for src in builds[before:] if re.search(r"\bE_13\b", src)))
+        if between is not None:
+            between()
+    return counts
+
+
+@pytest.mark.parametrize("collector", ["collect-between", "disabled", "as-is"])
+@pytest.mark.parametrize("history", ["fresh", "later-values-built-before", "earlier-run"])
+def test_which_kernel_is_built_depends_on_values_only(device: str, builds: _Builds, collector: str, history: str):
+    """The same values give the same builds whatever the collector does and whatever this process compiled
+    before: kernels built earlier with some of the same constants (say by another test) or a whole earlier run
+    of the loop change nothing but cache hits (a kernel is built on the 1st and 2nd value at most, never after)."""
+    import gc
+
+    from ember.engine import runtime_consts
+
+    x = Tensor(np.linspace(-3, 3, 13).astype(np.float32), device=device).realize()
+    values = [0.25, 0.5, -1.75, 3.0, 1e-3, -0.0, 0.25]
+    # kernels no other test of this process builds (an offset of its own for each case)
+    cases = [(h, c) for h in ("fresh", "later-values-built-before", "earlier-run")
+             for c in ("collect-between", "disabled", "as-is")]
+    offset = 2.0 + cases.index((history, collector)) / 64
+    if history == "later-values-built-before":  # the exact kernels of values 2 and 3 are compiled already
+        with Context(RUNTIME_CONSTS=0):
+            for i in (1, 2):
+                (x * values[i] + offset + i * 0.125).exp2().numpy()
+    elif history == "earlier-run":
+        _values_sequence(x, builds, values, offset)
+    runtime_consts._first_values.clear()
+    runtime_consts._varying.clear()
+    was_on = gc.isenabled()
+    if collector == "disabled":
+        gc.disable()
+    try:
+        counts = _values_sequence(x, builds, values, offset, gc.collect if collector == "collect-between" else None)
+    finally:
+        if was_on:
+            gc.enable()
+    assert sum(counts[2:]) == 0 and sum(counts) <= 2, (counts, builds.elsewhere)
+    if history == "fresh":
+        assert counts[:2] == [1, 1], counts  # the first values' kernel, then the one with inputs
+
+
+@pytest.mark.parametrize("collector", ["collect-every-step", "disabled"])
+def test_a_training_loop_with_a_changing_scalar_builds_each_kernel_at_most_twice(device: str, builds: _Builds,
+                                                                                  collector: str):
+    """100 SGD steps whose learning rate and weight decay change every step (a schedule): each kernel of the step
+    is built at most twice (with its first constants, then with them as inputs), whatever the collector does."""
+    import gc
+
+    rng = np.random.default_rng(3)
+    features = 5 + ["collect-every-step", "disabled"].index(collector)  # kernels no other test builds
+    xs, ys = rng.standard_normal((8, features)).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
+    w_np = rng.standard_normal((features, 1)).astype(np.float32)
+    x, y = Tensor(xs, device=device), Tensor(ys, device=device)
+    w = Tensor(w_np.copy(), device=device).realize()
+    was_on = gc.isenabled()
+    if collector == "disabled":
+        gc.disable()
+    try:
+        for step in range(100):
+            lr, decay = 0.05 / (1 + 0.1 * step), 1e-3 * (1 + step % 7)
+            g = (2 / 8) * xs.T @ (xs @ w_np - ys) + decay * w_np
+            w_np = w_np - np.float32(lr) * g
+            w.requires_grad = True
+            loss = ((x @ w - y) ** 2).mean() + (w * w).sum() * (decay / 2)
+            loss.backward()
+            assert w.grad is not None
+            w = (w.detach() - w.grad.detach() * lr).realize()
+            if collector == "collect-every-step":
+                gc.collect()
+    finally:
+        if was_on:
+            gc.enable()
+    np.testing.assert_allclose(w.numpy(), w_np, rtol=1e-4, atol=1e-5)
+    per_kernel: dict[str, int] = {}
+    for src in builds:
+        for name in set(_kernel_names(src)):
+            per_kernel[name] = per_kernel.get(name, 0) + 1
+    assert per_kernel and max(per_kernel.values()) <= 2, per_kernel

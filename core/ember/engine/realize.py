@@ -362,7 +362,7 @@ def lower_schedule(schedule: Sequence[ScheduleItem]) -> list[ExecItem]:
     (:mod:`ember.engine.runtime_consts`), so a Python float that changes every step compiles once."""
     if tiers.pending:
         tiers.apply()
-    schedule = [runtime_consts.parameterize(si, method_cache) for si in schedule]
+    schedule = [runtime_consts.parameterize(si) for si in schedule]
     _compile_new_kernels(schedule)
     return [lower_schedule_item(si) for si in schedule]
 
@@ -392,7 +392,7 @@ def run_schedule_searching(schedule: Sequence[ScheduleItem], wait: bool = False)
     searched (:func:`~ember.codegen.search.beam_search`) just before it runs, on copies of its buffers."""
     if tiers.pending:
         tiers.apply()
-    items = [runtime_consts.parameterize(si, method_cache) for si in schedule]
+    items = [runtime_consts.parameterize(si) for si in schedule]
     to_search = {(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY and _needs_search(si)}
     _compile_new_kernels([si for si in items if (si.bufs[0].device, si.ast) not in to_search])
     for si in items:

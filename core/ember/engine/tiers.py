@@ -16,13 +16,22 @@ optimized build, so results never depend on timing or on the cache's state).
 Upgrades are applied only between kernel launches, on the thread that runs them: at the start of
 :func:`~ember.engine.realize.lower_schedule` and of a jit replay (which rebuilds its device graphs when
 :data:`generation` moved).
+
+A process that ends while optimized builds are under way waits for them at exit, at most
+``TIERED_EXIT_WAIT`` seconds (default 120), so the next process finds them in the cache; builds still
+unfinished then are abandoned (the cache's writes are atomic: nothing half-written is left) and made again by
+a later process. ``TIERED_EXIT_WAIT=0`` exits at once.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ember.device.compiler import Compiler
 from ember.helpers import DEBUG, getenv
@@ -36,7 +45,58 @@ pending: list[tuple[concurrent.futures.Future[list[bytes]], int, dict[str, list[
 generation = 0
 #: the waiting runners of each (compiler, source) under way, so a kernel seen again is not built twice
 _waiting: dict[tuple[int, str], list[CompiledRunner]] = {}
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+#: the background builder's queue of (future, function, argument); None until the first upgrade
+_jobs: queue.SimpleQueue[tuple[concurrent.futures.Future, Callable[[Any], Any], Any]] | None = None
+#: the futures of every build handed to the background builder and not yet finished (waited for at exit)
+_unfinished: set[concurrent.futures.Future] = set()
+_lock = threading.Lock()
+
+
+def _builder() -> None:
+    """The background builder's loop: one build at a time, in the order they were asked for."""
+    assert _jobs is not None
+    while True:
+        fut, fn, arg = _jobs.get()
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn(arg))
+            except BaseException as e:  # noqa: BLE001  (handed to whoever applies the build)
+                fut.set_exception(e)
+        with _lock:
+            _unfinished.discard(fut)
+
+
+def _submit(fn: Callable[[Any], Any], arg: Any) -> concurrent.futures.Future:
+    """Run ``fn(arg)`` on the background builder (a daemon thread: the exit waits for it only as long as
+    ``TIERED_EXIT_WAIT`` allows, see :func:`_wait_at_exit`)."""
+    global _jobs
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    with _lock:
+        if _jobs is None:
+            _jobs = queue.SimpleQueue()
+            threading.Thread(target=_builder, name="ember optimized build", daemon=True).start()
+            atexit.register(_wait_at_exit)
+        _unfinished.add(fut)
+    _jobs.put((fut, fn, arg))
+    return fut
+
+
+def exit_wait() -> float:
+    """How long an ending process waits for its unfinished optimized builds, in seconds (``TIERED_EXIT_WAIT``)."""
+    return max(0.0, float(getenv("TIERED_EXIT_WAIT", 120.0)))
+
+
+def _wait_at_exit() -> None:
+    """At exit: give the background builds still under way up to :func:`exit_wait` seconds to reach the cache."""
+    with _lock:
+        left = set(_unfinished)
+    if not left:
+        return
+    limit = exit_wait()
+    _, not_done = concurrent.futures.wait(left, timeout=limit)
+    if not_done:
+        print(f"ember: {len(not_done)} optimized build batch(es) still under way after TIERED_EXIT_WAIT={limit:g} s "
+              "at exit: abandoned, a later process builds them again", file=sys.stderr)
 
 
 def enabled() -> bool:
@@ -68,7 +128,6 @@ def quick_binaries(compiler: Compiler, srcs: Iterable[str]) -> tuple[list[bytes]
 
 def upgrade_later(compiler: Compiler, runners: Sequence[CompiledRunner]) -> None:
     """Build the optimized binaries of ``runners`` in the background; :func:`apply` loads them."""
-    global _pool
     waiting: dict[str, list[CompiledRunner]] = {}
     for r in runners:
         if (key := (id(compiler), r.spec.src)) in _waiting:
@@ -77,13 +136,11 @@ def upgrade_later(compiler: Compiler, runners: Sequence[CompiledRunner]) -> None
             waiting.setdefault(r.spec.src, []).append(r)
     if not waiting:
         return
-    if _pool is None:
-        # one background batch at a time, with the compiler's low-priority twin; the pool's thread is joined
-        # at exit, so a process that ends early still leaves the optimized binaries cached (the twin must then
-        # start no thread pool of its own: see CPUCompiler.background)
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember optimized build")
+    # one background batch at a time, with the compiler's low-priority twin; an ending process waits for it
+    # (bounded: TIERED_EXIT_WAIT), so a process that ends early still leaves the optimized binaries cached (the
+    # twin must start no thread pool of its own then: see CPUCompiler.background)
     srcs = list(waiting)
-    pending.append((_pool.submit(_background(compiler).compile_cached_many, srcs), id(compiler), waiting))
+    pending.append((_submit(_background(compiler).compile_cached_many, srcs), id(compiler), waiting))
     for src in srcs:
         _waiting[(id(compiler), src)] = waiting[src]
 
