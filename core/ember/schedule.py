@@ -17,6 +17,9 @@ Fusion rules (each is tested):
    partial results over blocks of its outermost reduce axis, stored, then combined. Each block's inputs are
    small enough to stay in the caches while every output of the block is computed from them; in one kernel
    every output tile streams the whole input from memory again.
+7. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
+   MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
+   concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
