@@ -17,6 +17,9 @@ Fusion rules (each is tested):
    partial results over blocks of its outermost reduce axis, stored, then combined. Each block's inputs are
    small enough to stay in the caches while every output of the block is computed from them; in one kernel
    every output tile streams the whole input from memory again.
+7. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
+   MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
+   concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
@@ -185,10 +188,71 @@ def _targets(roots: list[UOp]) -> list[UOp]:
             targets.add(n)
         has_reduce[n] = hr and n not in targets
         costly[n] = cost and n not in targets
+    _bound_kernels(nodes, targets)
     for n in nodes:
         if n.op is Ops.ASSIGN and _reads_target_elsewhere(n, targets):
             targets.add(n.src[1])  # compute the new value aside, then copy it in
     return [n for n in nodes if n in targets]
+
+
+#: the longest chain of operations one kernel computes (fusion rule 7): a longer one is cut, its intermediate
+#: result stored. Each kernel is then one expression a C compiler builds in milliseconds, whatever the graph
+MAX_FUSED_DEPTH = 200
+#: the most buffers one kernel reads (fusion rule 7): a sum or concatenation of thousands of tensors becomes a
+#: few kernels of this many inputs each, not one function with thousands of parameters for the compiler
+MAX_KERNEL_INPUTS = 64
+
+
+def _bound_kernels(nodes: list[UOp], targets: set[UOp]) -> None:
+    """Fusion rule 7: add to ``targets`` (nodes in dependency order) the intermediate results that keep each
+    kernel within :data:`MAX_FUSED_DEPTH` operations along any path and :data:`MAX_KERNEL_INPUTS` buffers read.
+
+    Where a node would pass a bound, the fused sources (through their views, at their base: never an expanded
+    copy) with the deepest chains or the most inputs are materialized until it no longer does."""
+    depth: dict[UOp, int] = {}
+    inputs: dict[UOp, frozenset[UOp]] = {}
+    none: frozenset[UOp] = frozenset()
+
+    def fused_base(s: UOp) -> UOp | None:
+        """The node a fused source is read from, to materialize; None when it is a leaf already."""
+        b = base_of(s)
+        return None if b.op in (Ops.BUFFER, Ops.CONST, Ops.DEVICE) or b in targets else b
+
+    def leaf_inputs(s: UOp) -> frozenset[UOp]:
+        if s in targets or s.op is Ops.BUFFER:
+            return frozenset((s,))
+        return inputs.get(s, none)
+
+    for n in nodes:
+        if n.op in (Ops.BUFFER, Ops.DEVICE, Ops.CONST):
+            depth[n], inputs[n] = 0, none
+            continue
+        while True:
+            d = max((depth.get(s, 0) for s in n.src if s not in targets), default=0) + (n.op is not Ops.VIEW)
+            ins = none.union(*(leaf_inputs(s) for s in n.src))
+            if d <= MAX_FUSED_DEPTH and len(ins) <= MAX_KERNEL_INPUTS:
+                break
+            # materialize the heaviest fused source (by the bound passed), then look again
+            cands = [(b, depth.get(b, 0), len(inputs.get(b, none))) for s in n.src if (b := fused_base(s)) is not None]
+            if not cands:
+                break
+            key = (lambda c: (c[1], c[2])) if d > MAX_FUSED_DEPTH else (lambda c: (c[2], c[1]))
+            b = max(cands, key=key)[0]
+            targets.add(b)
+            _forget_fused(b, n, depth, inputs)
+        depth[n], inputs[n] = d, ins
+
+
+def _forget_fused(b: UOp, n: UOp, depth: dict[UOp, int], inputs: dict[UOp, frozenset[UOp]]) -> None:
+    """The views between the new target ``b`` and its reader ``n`` read a buffer now: their chains start there."""
+    for s in n.src:
+        chain = []
+        while s.op is Ops.VIEW and s is not b:
+            chain.append(s)
+            s = s.src[0]
+        if s is b:
+            for v in chain:
+                depth[v], inputs[v] = 0, frozenset((b,))
 
 
 def assign_view(n: UOp) -> ShapeTracker:

@@ -7,6 +7,8 @@ recomputed per iteration.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ember.codegen.lowerer import reduce_identity
 from ember.dtype import DType
 from ember.ir.uop import Ops, UOp, toposort
@@ -123,19 +125,51 @@ def linearize(sink: UOp) -> list[UOp]:
                 sub[red] = acc
                 add_to_scope(red)
             return sub[n]
+        return emit_value(n)
+
+    def source_order(n: UOp) -> list[int]:
         # operands holding a reduction first: what is computed after a loop from its result (a fused epilogue's
         # loads) then follows the loop instead of staying live across it, and stays in one regular group with
-        # its copies (a register tile's epilogue the compiler can vectorize)
+        # its copies (a register tile's epilogue the compiler can vectorize); otherwise the sources' own order
         srcs = n.src
         if len(srcs) > 1 and any(x in after_reduce for x in srcs) and not all(x in after_reduce for x in srcs):
-            done = {i: emit(s) for i, s in sorted(enumerate(srcs), key=lambda p: p[1] not in after_reduce)}
+            return [i for i, _ in sorted(enumerate(srcs), key=lambda p: p[1] not in after_reduce)]
+        return list(range(len(srcs)))
+
+    def emit_value(root: UOp) -> UOp:
+        """``emit`` of a node that is no REDUCE: its sources first (each in :func:`source_order`), walked with a
+        stack rather than recursion, so a chain of any length is linearized (only a REDUCE recurses)."""
+        # [node, its source order, the position in it, its sources emitted so far (by index)]
+        stack: list[list[Any]] = [[root, source_order(root), 0, {}]]
+        while stack:
+            frame = stack[-1]
+            n, order, done = frame[0], frame[1], frame[3]
+            descended = False
+            while frame[2] < len(order):
+                i = order[frame[2]]
+                s = n.src[i]
+                if live.get(s, 0) > 0 and s in sub:  # (a visible source is emit's first answer)
+                    done[i] = sub[s]
+                elif s.op is Ops.REDUCE:
+                    done[i] = emit(s)
+                else:
+                    stack.append([s, source_order(s), 0, {}])
+                    descended = True
+                    break
+                frame[2] += 1
+            if descended:
+                continue
+            stack.pop()
+            srcs = n.src
             new_src = tuple(done[i] for i in range(len(srcs)))
-        else:  # one group: the sources' own order (a visible source is emit's first answer, looked up here)
-            new_src = tuple([sub[s] if live.get(s, 0) > 0 and s in sub else emit(s) for s in srcs])
-        new = n if new_src == srcs else UOp(n.op, n.dtype, new_src, n.arg)  # UOps compare by identity
-        program.append(new)
-        sub[n] = new
-        add_to_scope(n)
+            new = n if new_src == srcs else UOp(n.op, n.dtype, new_src, n.arg)  # UOps compare by identity
+            program.append(new)
+            sub[n] = new
+            add_to_scope(n)
+            if stack:
+                parent = stack[-1]
+                parent[3][parent[1][parent[2]]] = new
+                parent[2] += 1
         return new
 
     for store in sink.src:

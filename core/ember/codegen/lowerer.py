@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -267,7 +266,7 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     if out is not None:
         return out
     if u.op in GroupOp.Elementwise:  # the most common node first (the branches are exclusive)
-        out = UOp(u.op, u.dtype, tuple([_lower(ctx, s, idxs, gate) for s in u.src]), u.arg)
+        return _lower_elementwise(ctx, u, idxs, gate)
     elif u.op is Ops.CONST:
         out = u
     elif u.op is Ops.VIEW:
@@ -341,6 +340,33 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     return out
 
 
+def _lower_elementwise(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:
+    """:func:`_lower` of the elementwise node ``u``: its elementwise sources (at the same indices) walked with a
+    stack, not recursion, so a chain of any length lowers; each source in its order, as recursion would."""
+    memo = ctx.memo
+    # (node, iterator over its sources, its sources lowered so far)
+    stack: list[tuple[UOp, Any, list[UOp]]] = [(u, iter(u.src), [])]
+    while stack:
+        n, it, done = stack[-1]
+        for s in it:
+            if s.op in GroupOp.Elementwise:
+                hit = memo.get((s, idxs, gate))
+                if hit is None:
+                    stack.append((s, iter(s.src), []))
+                    break
+                done.append(hit)
+            else:
+                done.append(_lower(ctx, s, idxs, gate))
+        else:
+            stack.pop()
+            out = UOp(n.op, n.dtype, tuple(done), n.arg)
+            known_simplified(out)  # (the kernel's final simplification then skips what no rule can change)
+            memo[(n, idxs, gate)] = out
+            if stack:
+                stack[-1][2].append(out)
+    return out
+
+
 def _global_indices(ctx: LoweringContext, out_shape: tuple[int | UOp, ...], max_dims: int | None) -> tuple[UOp, ...]:
     """One global RANGE per output dim; targets with few launch dims get leading dims merged (their sizes are
     ints there: a grid target's symbolic sizes were replaced by their maxima)."""
@@ -382,8 +408,6 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
             work = work // max(out_shape[ax], 1) * n
     idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
     ctx = LoweringContext(idx_dtype, plan=plan)
-    # lowering recurses once per node along a chain: leave room for long elementwise chains
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     upcast = plan.upcast if plan is not None else {}
     padded = plan.padded if plan is not None else {}
     sizes, limits = _symbolic_grid(out_shape, tuple(padded.get(i, d) for i, d in enumerate(out_shape)),

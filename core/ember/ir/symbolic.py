@@ -322,19 +322,57 @@ def known_simplified(u: UOp) -> bool:
     Lowering records the value graph it builds (a register tile's thousands of float multiply-adds, loads and
     reductions): simplifying the kernel at the end then stops at those nodes, where trying every rule on each
     of them found nothing and took a third of a tile's lowering."""
-    d = u.__dict__
-    hit = d.get(_SIMPLIFIED, _MISSING)
+    hit = u.__dict__.get(_SIMPLIFIED, _MISSING)
     if hit is not _MISSING:
         return hit is None  # (a matcher's entry for "rewrites to itself")
+    # the sources in order, each settled before the next (the first that is not known ends its user's walk), with
+    # a stack rather than recursion: a chain of any length
+    answer: dict[UOp, bool] = {}
+    stack = [(u, iter(u.src))] if _inert(u) else []
+    if not stack:
+        return False
+    while stack:
+        n, it = stack[-1]
+        ok = True
+        for s in it:
+            if s.op is Ops.CONST:
+                continue
+            known = s.__dict__.get(_SIMPLIFIED, _MISSING)
+            if known is not _MISSING:
+                if known is not None:
+                    ok = False
+                    break
+                continue
+            if s in answer:
+                if not answer[s]:
+                    ok = False
+                    break
+                continue
+            if not _inert(s):
+                answer[s] = ok = False
+                break
+            stack.append((s, iter(s.src)))
+            break
+        else:
+            stack.pop()
+            n.__dict__[_SIMPLIFIED] = None
+            answer[n] = True
+            continue
+        if not ok:  # each open node waits on the one above it: none of them is known either
+            for m, _ in stack:
+                answer[m] = False
+            break
+    return answer[u]
+
+
+def _inert(u: UOp) -> bool:
+    """Whether no rule applies to ``u`` itself (an op with no rules, or see :data:`_FLOAT_INERT`)."""
     op = u.op
     if symbolic.for_op[op]:
         dt = u.dtype
         if op not in _FLOAT_INERT or not isinstance(dt, DType) or dt.kind != "f" or \
                 any(s.op is Ops.CONST for s in u.src):
             return False
-    if not all(s.op is Ops.CONST or known_simplified(s) for s in u.src):
-        return False
-    d[_SIMPLIFIED] = None
     return True
 
 

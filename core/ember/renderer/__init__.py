@@ -12,6 +12,7 @@ re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,23 @@ class Renderer:
     tensor_cores: tuple[TensorCore, ...] = ()
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        """Render the linear program ``uops`` as the source of a kernel called ``name``."""
+        """Render the linear program ``uops`` as the source of a kernel called ``name``.
+
+        The work is done by :meth:`render_program` on :meth:`for_kernel`'s per-kernel copy of this renderer:
+        whatever a render records while it walks the kernel (names of values, open loops, register tiles) is
+        that copy's and goes with it. A device's renderer is shared by every kernel and every thread, so state
+        left on it would name nodes of a kernel long gone (a hash-consed node dies with its kernel, and an equal
+        one made later is another object) or be overwritten by a render in another thread."""
+        return self.for_kernel().render_program(name, uops)
+
+    def for_kernel(self) -> Renderer:
+        """A copy of this renderer for rendering one kernel: the capabilities are shared (never written while
+        rendering), the attributes a render sets belong to the copy."""
+        return copy.copy(self)
+
+    def render_program(self, name: str, uops: list[UOp]) -> str:
+        """Render ``uops`` (called on a per-kernel copy, see :meth:`render`); dialects implement this, or
+        override :meth:`render` itself when they keep no state while rendering."""
         raise NotImplementedError(f"{type(self).__name__} does not implement render()")
 
     def tensor_core_layout(self, tc: TensorCore, operand: str, lane: Any, element: int) -> tuple[Any, Any]:

@@ -195,7 +195,10 @@ class CStyleRenderer(Renderer):
         return f"ember_bf16_to_f32({out})" if dt == dtypes.bfloat16 else out
 
     # --- the driver ----------------------------------------------------------------------
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
+        """The kernel's source. Runs on a per-kernel copy of the renderer (see :meth:`Renderer.render`): the
+        attributes set here and by the hooks (``acc_ops``, ``open_accs``, ``loop_accs``, ``live_accs``, a
+        dialect's own) describe this kernel only."""
         r: dict[UOp, str] = {}
         params: list[tuple[str, DType | PtrDType]] = []
         body: list[str] = []

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,10 +66,6 @@ _LIB_MATH = {Ops.EXP: "ember_exp", Ops.LOG: "ember_log", Ops.EXP2: "ember_exp2",
 #: a kernel with more math-helper calls than this calls them out of line (``ember_exp_call``): inlining hundreds
 #: of copies (unrolled loops) makes clang take seconds per kernel, and one call per use costs a stack in scratch
 MAX_INLINE_MATH = 8
-
-# state of the render in progress on this thread: the launch dimension each global RANGE runs along, and
-# whether math helpers are called out of line
-_render_state = threading.local()
 
 
 def _ids_block(amd: bool, max_workgroup: int) -> str:
@@ -192,6 +187,8 @@ class AMDRenderer(CStyleRenderer):
     """
 
     kernel_prefix = "EMBER_KERNEL "
+    #: math helpers inline (a render with many calls sets its own, see render_program)
+    _out_of_line = False
     buffer_prefix = "__global "
     # local memory and barriers of grouped reductions (GROUP/GROUPTOP), through the prelude's macros
     local_prefix = "EMBER_LOCAL "
@@ -251,20 +248,17 @@ class AMDRenderer(CStyleRenderer):
         return self.render_dtype(dt)
 
     # --- kernel -------------------------------------------------------------------------------
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
         """Render ``uops`` as the OpenCL C source of a kernel called ``name``."""
         global_ranges = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
         if len(global_ranges) > len(_DIMS):
             raise ValueError(f"kernel {name} has {len(global_ranges)} global loops; a dispatch has at most "
                              f"{len(_DIMS)} dimensions")
         n = len(global_ranges)
-        _render_state.dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
+        self._dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
         calls = sum(1 for u in uops if u.op in _LIB_MATH and isinstance(u.dtype, DType) and u.dtype.kind == "f")
-        _render_state.out_of_line = calls > MAX_INLINE_MATH
-        try:
-            return super().render(name, uops)
-        finally:
-            del _render_state.dims, _render_state.out_of_line
+        self._out_of_line = calls > MAX_INLINE_MATH
+        return super().render_program(name, uops)
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -304,7 +298,7 @@ class AMDRenderer(CStyleRenderer):
         if u.arg[1] != "global":
             return super().render_range_open(u, var, start, end, parallel)
         t = self.render_dtype(u.value_dtype)
-        d = _render_state.dims[u]
+        d = self._dims[u]
         index = f"({t})EMBER_GLOBAL_ID({d})" if start == "0" else f"({start} + ({t})EMBER_GLOBAL_ID({d}))"
         return [f"const {t} {var} = {index};", f"if ({var} < {end}) {{"]
 
@@ -376,7 +370,7 @@ class AMDRenderer(CStyleRenderer):
             fn = "__builtin_sqrt" if op is Ops.SQRT else "__builtin_trunc"
             return (lambda *a: f"{fn}({', '.join(a)})") if dt == dtypes.float64 else \
                 (lambda *a: f"{fn}f({', '.join(a)})")
-        out_of_line = getattr(_render_state, "out_of_line", False)
+        out_of_line = self._out_of_line
         if op is Ops.MOD and dt != dtypes.float64 and not out_of_line:
             return lambda *a: f"ember_fmodf({', '.join(a)})"
         fn = _LIB_MATH[op] + ("_call" if out_of_line else "")

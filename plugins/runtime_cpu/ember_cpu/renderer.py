@@ -281,21 +281,14 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     #: a register tile of a float max along a non-contiguous axis is rendered as a vectorized loop over an array
     #: (see :class:`MaxTile`), so the heuristic may make it wider than the register file
     vector_max_tiles = True
+    #: no column max tile open (a render sets its own, see render_program)
+    _open_tile: tuple[MaxTile, str] | None = None
 
     def __init__(self, float16: str = "native"):
         """``float16``: "native" (``_Float16``) or "emulated" (16-bit storage, float arithmetic rounded to half)."""
         if float16 not in ("native", "emulated"):
             raise ValueError(f"float16 must be 'native' or 'emulated', got {float16!r}")
         self.float16 = float16
-        # render-time state of the column max tiles (see MaxTile): the tile per reduce loop, the open tile and
-        # its array, the buffer and index of its first element, the array whose loop just closed, the arrays
-        self._max_tiles: dict[UOp, MaxTile] = {}
-        self._open_tile: tuple[MaxTile, str] | None = None
-        self._tile_load: tuple[str, str] | None = None
-        self._closed_tile: str | None = None
-        self._declared_tiles: list[str] = []
-        self._vector_tiles: dict[UOp, VectorTile] = {}
-        self.find_vector_tiles([])  # no tile open
         self.variant = f"float16={float16}"
         if self.emulated_half:
             self.type_map = {**self.type_map, dtypes.float16: "float"}
@@ -357,7 +350,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
                 t = self.render_dtype(dt)
                 head.append(f"  const {t} {pname} = ({t})vals[{nvar}];")
                 nvar += 1
-        head += list(getattr(self, "_declared", {}).values())
+        head += list(self._declared.values())
         attr = "EMBER_FUSED_TILE " if _fused_tile(uops, in_loop=True) else ""
         return "\n".join([self.preamble + FUSED_TILE_ATTR, f"{attr}void {name}(void** bufs, const long long* vals) {{",
                           *head, *body, "}", ""])
@@ -371,7 +364,9 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
             return lambda x: f"{fn}({x})"
         return super().math_fn(op, dt)
 
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
+        """The kernel's C. Runs on a per-kernel copy of the renderer (see :meth:`ember.renderer.Renderer.render`):
+        every attribute set from here on (loop strides, register tiles, their names) belongs to this kernel."""
         # how every load and store walks each loop: unit-stride loops vectorize
         load_strides: dict[UOp, set[int]] = {}
         walks: dict[UOp, set[int]] = {}
@@ -409,31 +404,24 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         self._declared: dict[str, str] = {}
         self._thread_accs: list[tuple[str, Ops | None, DType]] = []
         self._fused, self._tiles = _fused_tile(uops), 0
-        # column max tiles: rendered as a loop over an array (see MaxTile); their per-element uops are left out
-        self._max_tiles = {}
+        # column max tiles: rendered as a loop over an array (see MaxTile); their per-element uops are left out.
+        # While one renders: the open tile and its array, the buffer and index of its first element, the array
+        # whose loop just closed, and the arrays declared
+        self._max_tiles: dict[UOp, MaxTile] = {}
         for u in uops:
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and (tile := MaxTile.find(uops, u)) is not None:
                 self._max_tiles[u] = tile
-        self._open_tile, self._tile_load, self._closed_tile, self._declared_tiles = None, None, None, []
+        self._open_tile: tuple[MaxTile, str] | None = None
+        self._tile_load: tuple[str, str] | None = None
+        self._closed_tile: str | None = None
+        self._declared_tiles: list[str] = []
         # outer-product register tiles: written with vector types (see VectorTile); their multiply-adds left out
-        self._vector_tiles = self.find_vector_tiles(uops)
+        self._vector_tiles: dict[UOp, VectorTile] = self.find_vector_tiles(uops)
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
         self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles))
         self._closing: UOp | None = None
         dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
-        try:
-            return super().render(name, [u for u in uops if u not in dropped] if dropped else uops)
-        finally:
-            self._forget_kernel()
-
-    def _forget_kernel(self) -> None:
-        """Drop the render-time state that names the kernel's uops: kept, a register tile's thousands of nodes would
-        live on in the renderer until the next kernel, each garbage collection meanwhile walking them."""
-        self._max_tiles, self._vector_tiles, self._tile_orders = {}, {}, {}
-        self._open_tile, self._tile_load, self._closing = None, None, None
-        self.find_vector_tiles([])
-        self.acc_ops, self.open_accs, self.loop_accs, self.live_accs = {}, [], [], []
-        self.unit_stride_ranges, self.unrolled_ranges, self.simd_ranges = set(), {}, set()
+        return super().render_program(name, [u for u in uops if u not in dropped] if dropped else uops)
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
         """OpenMP ``reduction`` clauses for ``accs``, or None when one has no OpenMP combiner. A float max uses

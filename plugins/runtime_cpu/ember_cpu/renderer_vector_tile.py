@@ -222,7 +222,8 @@ class VectorTiles(RolledEpilogues):
     """The CPU renderer's part: which reduce loops are vector tiles (and which of their epilogues are rolled into
     a loop, see :mod:`ember_cpu.renderer_rolled_epilogue`), and their C.
 
-    Rendering state: the open tile, its name, and the (buffer, index) each of its loop's loads rendered as."""
+    Rendering state (set by :meth:`find_vector_tiles` on the per-kernel copy of the renderer): the open tile, its
+    name, and the (buffer, index) each of its loop's loads rendered as."""
 
     #: write outer-product register tiles with vector types (see :class:`VectorTile`)
     vector_tiles = True
@@ -231,11 +232,13 @@ class VectorTiles(RolledEpilogues):
     #: roll a vector tile's epilogue into a loop where it can (see :class:`RolledEpilogue`)
     rolled_epilogues = True
     _undeclared: AbstractSet[UOp]
+    #: no vector tile open (a render sets its own, see find_vector_tiles)
+    _vtile_open: tuple[VectorTile, str, list[tuple[str, str]]] | None = None
 
     def find_vector_tiles(self, uops: list[UOp]) -> dict[UOp, VectorTile]:
         """Each reduce loop of ``uops`` that is a vector tile, with its tile; the rolled epilogues found are
         left in ``rolled`` (by tile), the uops both replace in ``vector_dropped``."""
-        self._vtile_open: tuple[VectorTile, str, list[tuple[str, str]]] | None = None
+        self._vtile_open = None
         self._vtile_closed: tuple[VectorTile, str] | None = None
         self._vtile_count = 0
         self.rolled: dict[VectorTile, RolledEpilogue] = {}

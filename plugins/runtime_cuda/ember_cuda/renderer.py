@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,9 +99,6 @@ _DIMS = ("x", "y", "z")
 #: log2f: 1 but not correctly rounded): computed in float64 and rounded once they are within 1 ulp, the bound
 #: ember holds every compiled device to
 WIDE_MATH_OPS = frozenset({Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.POW})
-
-# state of the render in progress on this thread: the launch dimension each global RANGE runs along
-_render_state = threading.local()
 
 
 @dataclass(frozen=True)
@@ -235,18 +231,15 @@ class CUDARenderer(CStyleRenderer):
         return self.render_dtype(dt)
 
     # --- kernel -------------------------------------------------------------------------------
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
         """Render ``uops`` as the CUDA C source of a kernel called ``name``."""
         global_ranges = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
         if len(global_ranges) > len(_DIMS):
             raise ValueError(f"kernel {name} has {len(global_ranges)} global loops; CUDA launches at most "
                              f"{len(_DIMS)} dimensions")
         n = len(global_ranges)
-        _render_state.dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
-        try:
-            return super().render(name, uops)
-        finally:
-            del _render_state.dims
+        self._dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
+        return super().render_program(name, uops)
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -288,7 +281,7 @@ class CUDARenderer(CStyleRenderer):
         if u.arg[1] != "global":
             return super().render_range_open(u, var, start, end, parallel)
         t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
-        d = _DIMS[_render_state.dims[u]]
+        d = _DIMS[self._dims[u]]
         first = f"(long long)blockIdx.{d} * blockDim.{d} + threadIdx.{d}"
         stride = f"(long long)gridDim.{d} * blockDim.{d}"
         bound = u.src[1].arg if u.src[1].op is Ops.CONST else None

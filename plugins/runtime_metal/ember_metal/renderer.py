@@ -24,7 +24,6 @@ group holds row ``t / 4``, columns ``2 * (t % 4)`` and ``2 * (t % 4) + 1`` of A,
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,8 +59,6 @@ _INDEX_ATTRS = {"gid": ("uint3", "thread_position_in_grid"),
 
 #: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
 _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
-
-_render_state = threading.local()
 
 
 def _guarded(macro: str, code: str) -> str:
@@ -178,18 +175,15 @@ class MetalRenderer(CStyleRenderer):
         return self.render_dtype(dt)
 
     # --- kernel -------------------------------------------------------------------------------
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
         """Render ``uops`` as the MSL source of a kernel called ``name``."""
         global_ranges = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
         if len(global_ranges) > 3:
             raise ValueError(f"kernel {name} has {len(global_ranges)} global loops; Metal launches at most 3 "
                              "dimensions")
         n = len(global_ranges)
-        _render_state.dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
-        try:
-            return super().render(name, uops)
-        finally:
-            del _render_state.dims
+        self._dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
+        return super().render_program(name, uops)
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -237,7 +231,7 @@ class MetalRenderer(CStyleRenderer):
         """A global RANGE is this thread's position in its launch dimension; other RANGEs are loops."""
         if u.arg[1] == "global":
             t = self.render_dtype(u.dtype)  # type: ignore[arg-type]
-            return [f"const {t} {var} = ({t})gid.{'xyz'[_render_state.dims[u]]};"]
+            return [f"const {t} {var} = ({t})gid.{'xyz'[self._dims[u]]};"]
         return super().render_range_open(u, var, start, end, parallel)
 
     def render_range_close(self, u: UOp) -> list[str]:

@@ -16,7 +16,6 @@ Storage and compute types:
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes
@@ -54,8 +53,6 @@ _BASE_TYPES: dict[DType, str] = {
     dtypes.uint64: "ulong", dtypes.float16: "half", dtypes.bfloat16: "float", dtypes.float32: "float",
     dtypes.float64: "double"}
 
-# state of the render in progress on this thread: the launch dimension each global RANGE reads
-_render_state = threading.local()
 
 #: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
 _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
@@ -113,18 +110,15 @@ class CLRenderer(CStyleRenderer):
         return dt == dtypes.float16 and not self.fp16
 
     # --- kernel -------------------------------------------------------------------------------
-    def render(self, name: str, uops: list[UOp]) -> str:
+    def render_program(self, name: str, uops: list[UOp]) -> str:
         """Render ``uops`` as the OpenCL C source of a kernel called ``name``."""
         global_ranges = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
         if len(global_ranges) > len(self.global_max):
             raise ValueError(f"kernel {name} has {len(global_ranges)} global loops; OpenCL launches at most "
                              f"{len(self.global_max)} dimensions")
         n = len(global_ranges)
-        _render_state.dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
-        try:
-            return super().render(name, uops)
-        finally:
-            del _render_state.dims
+        self._dims = {r: n - 1 - i for i, r in enumerate(global_ranges)}
+        return super().render_program(name, uops)
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -172,7 +166,7 @@ class CLRenderer(CStyleRenderer):
         """A global RANGE is this work-item's id in its launch dimension; other RANGEs are loops."""
         if u.arg[1] == "global":
             t = self.render_dtype(u.value_dtype)
-            return [f"const {t} {var} = ({t})get_global_id({_render_state.dims[u]});"]
+            return [f"const {t} {var} = ({t})get_global_id({self._dims[u]});"]
         return super().render_range_open(u, var, start, end, parallel)
 
     def render_range_close(self, u: UOp) -> list[str]:
