@@ -11,7 +11,6 @@ three of those per installed plugin, plus a minute for the smoke tests).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import threading
 import warnings
 
 from ember.device import PLUGIN_API, Device, DeviceSpec
+from ember.helpers import getenv
 
 
 def _ember_version() -> str:
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from ember.device.registry import ENTRY_POINT_GROUP, plugin_timeout
 
     plugins = len(entry_points(ENTRY_POINT_GROUP))  # the same plugins device selection finds
-    budget = float(os.environ.get("EMBER_DOCTOR_TIMEOUT", "") or plugin_timeout() * 3 * (plugins + 2) + 60)
+    budget = getenv("EMBER_DOCTOR_TIMEOUT", 0.0) or plugin_timeout() * 3 * (plugins + 2) + 60
     child = subprocess.Popen([sys.executable, "-m", "ember.doctor", "--in-process"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     last: list[str] = [""]

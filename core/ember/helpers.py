@@ -66,14 +66,23 @@ def is_int_like(x: object) -> TypeIs[int]:
 def getenv(key: str, default: Any = 0) -> Any:
     """Read an environment knob, converting it to the type of ``default``.
 
-    Values set through :class:`Context` take precedence over the process environment.
+    Values set through :class:`Context` take precedence over the process environment. An empty value
+    counts as unset; one that does not convert is a ValueError naming the variable and its value.
     """
     if key in ContextVar.by_key:
         return ContextVar.by_key[key].value
     raw = os.environ.get(key)
     if raw is None:
         return default
-    return type(default)(raw) if not isinstance(default, bool) else raw not in ("", "0", "false", "False")
+    if isinstance(default, bool):
+        return raw not in ("", "0", "false", "False")
+    if isinstance(default, (int, float)) and not raw.strip():
+        return default
+    try:
+        return type(default)(raw)
+    except ValueError:
+        kind = {int: "an integer", float: "a number"}.get(type(default), type(default).__name__)
+        raise ValueError(f"environment variable {key}={raw!r} must be {kind}") from None
 
 
 class ContextVar:

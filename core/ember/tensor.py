@@ -48,7 +48,7 @@ from ember.frontend.resample import ResampleMixin
 from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
-from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, make_const, shape_arg, size_arg
+from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, dim_arg, make_const, shape_arg, size_arg
 from ember.helpers import is_int_like, is_np_array, is_np_scalar, prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
@@ -125,6 +125,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                 raise RuntimeError(f"value cannot be converted to type {dt.name} without overflow ({e})") from e
             except ValueError as e:
                 raise ValueError(f"cannot build a {dt} tensor from {type(data).__name__}: {e}") from e
+            except TypeError as e:  # None or another object where an int is expected
+                raise TypeError(f"cannot build a {dt} tensor from {type(data).__name__}: {e}") from e
+            if arr.dtype.kind == "f" and arr.size and np.isnan(arr).any() and (at := _none_at(data)) is not None:
+                # numpy reads None as nan for a float array: refuse it, as torch does, rather than invent a value
+                raise ArgumentError(f"Could not infer dtype of NoneType: the data holds None at index {at}")
         elif is_np_array(data):
             arr = data
             if dt is None:
@@ -225,7 +230,10 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if self.numel() == 0:
             return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_np_dtype(self.dtype))
         buf = self._buffer()
-        raw: np.ndarray = np.frombuffer(buf.as_bytes(), dtype=to_np_dtype(self.dtype))
+        try:
+            raw: np.ndarray = np.frombuffer(buf.as_bytes(), dtype=to_np_dtype(self.dtype))
+        except MemoryError as e:
+            raise MemoryError(f"{e} (reading a tensor of shape {self.shape})") from e
         if self.dtype == dtypes.bfloat16:
             raw = bf16_to_f32(raw)
         return raw.reshape(self.shape).copy()
@@ -459,6 +467,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
              **kwargs: Any) -> Tensor:
         """A tensor of ``shape`` filled with ``fill_value``."""
         shp = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+        if fill_value is None or isinstance(fill_value, (str, bytes)):
+            raise TypeError(f"fill_value must be a number, got {type(fill_value).__name__} {fill_value!r}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         numeric = isinstance(fill_value, (int, float)) or (is_np_scalar(fill_value)
                                                              and isinstance(fill_value, np.number))
@@ -495,7 +505,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return Tensor(buffer_view(new_buffer(dev, sint_max(sprod(shp)), dt), shp), **kwargs)
 
     # --- movement ------------------------------------------------------------------------
-    def _axis(self, ax: int, ndim: int | None = None) -> int:
+    def _axis(self, ax: int, ndim: int | None = None, what: str = "dim") -> int:
+        ax = dim_arg(ax, what)
         nd = self.ndim if ndim is None else ndim
         lo, hi = (-1, 0) if nd == 0 else (-nd, nd - 1)
         if not lo <= ax <= hi:
@@ -531,6 +542,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     def reshape(self, *shape: Any) -> Tensor:
         """Same elements, new shape (one dimension may be -1)."""
         shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        if (none_at := next((i for i, s in enumerate(shp) if s is None), None)) is not None \
+                and (len(shp) == 1 or none_at >= self.ndim):
+            # None keeps the size of the same dimension, among other sizes; reshape(None) has no shape
+            raise TypeError(f"reshape: shape entry {none_at} is None in {tuple(shp)}: give a size, or None only among "
+                            f"other sizes to keep one of the {self.ndim} dimensions of {self.shape}")
         if _symbolic_arg(shp) or _symbolic_shape(self.shape):
             return self._reshape_symbolic(shp)
         shp = [size_arg(s, "reshape size") if s is not None else self.shape[i] for i, s in enumerate(shp)]
@@ -617,7 +633,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if _symbolic_arg(padding) or _symbolic_shape(self.shape):
             return self._pad_symbolic(padding, value)
         if padding and not isinstance(padding[0], (tuple, list)) and padding[0] is not None:
-            flat = list(padding)
+            flat = [size_arg(p, "padding entry") for p in padding]
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
                 raise ArgumentError(f"padding {tuple(flat)} does not fit a tensor of {self.ndim} dims: it needs an "
                                     f"even number of entries, at most {2 * self.ndim}")
@@ -978,6 +994,16 @@ __all__ = ["Tensor", "no_grad"]
 def _is_symbolic_int(x: object) -> bool:
     """A bound Variable or an integer expression of variables (what symbolic shrink bounds are)."""
     return isinstance(x, Variable) or (isinstance(x, UOp) and getattr(x.dtype, "kind", "") in "iu")
+
+
+def _none_at(data: Any) -> list[int] | None:
+    """The index of the first None in nested lists, or None when there is none."""
+    for i, v in enumerate(data):
+        if v is None:
+            return [i]
+        if isinstance(v, (list, tuple)) and (inner := _none_at(v)) is not None:
+            return [i, *inner]
+    return None
 
 
 def _symbolic_bounds(i: Any, size: int | UOp, dim: int) -> tuple[int | UOp, int | UOp]:

@@ -111,11 +111,21 @@ def test_conv2d_kernel_counts(device):
 
 def test_conv2d_cropping_padding_gradients(device):
     """Negative (cropping) padding with strides, groups and dilation: the input gradient convolves the spread
-    output gradient and crops back to the input, which must land every gradient where torch puts it."""
+    output gradient and crops back to the input, which must land every gradient where torch puts it.
+
+    ``conv2d`` refuses a negative padding (as torch does), but the convolution underneath takes one (a
+    transposed convolution's gradient crops this way), so it is called directly."""
+    from ember.frontend.conv import _conv
+    from ember.frontend.util import resolve_pads
+
     for pad, kw in [((-1, 2, 1, -2), {"stride": (2, 1), "groups": 2, "dilation": (1, 2)}),
                     ((0, -1, -1, 0), {"stride": 3, "groups": 2})]:
-        compare(device, lambda x, w, pad=pad, kw=kw: x.conv2d(w, padding=pad, **kw),
-                lambda x, w, pad=pad, kw=kw: F.conv2d(F.pad(x, pad), w, **kw), [q(2, 4, 9, 8), q(6, 2, 3, 2)])
+        def ours(x, w, pad=pad, kw=kw):
+            return _conv(x, w, None, kw["groups"], kw["stride"], kw.get("dilation", 1), resolve_pads(pad, 2), None)
+        compare(device, ours, lambda x, w, pad=pad, kw=kw: F.conv2d(F.pad(x, pad), w, **kw),
+                [q(2, 4, 9, 8), q(6, 2, 3, 2)])
+        with pytest.raises(RuntimeError, match="negative padding"):
+            Tensor(q(2, 4, 9, 8), device=device).conv2d(Tensor(q(6, 2, 3, 2), device=device), padding=pad, **kw)
 
 
 def test_conv2d_second_order_gradient(device):

@@ -370,3 +370,210 @@ def test_float_indices_are_index_errors(device):
     with pytest.raises(IndexError):
         t[1.0]
     np.testing.assert_array_equal(t[[1, 3]].numpy(), [1.0, 3.0])  # integer lists still work
+
+
+# --------------------------------------------------------------------------------------------
+# arguments torch refuses: the same builtin exception type, and a message naming the argument
+# --------------------------------------------------------------------------------------------
+_X = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+
+def _conv(d, **kw):
+    return Tensor.ones(1, 1, 5, 5, device=d).conv2d(Tensor.ones(1, 1, 3, 3, device=d), **kw)
+
+
+def _tconv(**kw):
+    return F.conv2d(torch.ones(1, 1, 5, 5), torch.ones(1, 1, 3, 3), **kw)
+
+
+# name: (ember call given the device, the same call in torch, text the message must contain)
+NAMED_ARGUMENTS = {
+    # a float, bool or string where a dimension goes: int() would quietly pick dimension 0
+    "sum float axis": (lambda d: Tensor(_X, device=d).sum(0.5), lambda: torch.tensor(_X).sum(0.5), "axis"),
+    "sum bool axis": (lambda d: Tensor(_X, device=d).sum(True), lambda: torch.tensor(_X).sum(True), "axis"),
+    "sum str axis": (lambda d: Tensor(_X, device=d).sum("a"), lambda: torch.tensor(_X).sum("a"), "axis"),
+    "mean float in tuple": (lambda d: Tensor(_X, device=d).mean((0.0,)), lambda: torch.tensor(_X).mean((0.0,)),
+                            "axis"),
+    "max float axis": (lambda d: Tensor(_X, device=d).max(0.5), lambda: torch.tensor(_X).max(0.5), "axis"),
+    "std float axis": (lambda d: Tensor(_X, device=d).std(0.5), lambda: torch.tensor(_X).std(0.5), "axis"),
+    "logsumexp float axis": (lambda d: Tensor(_X, device=d).logsumexp(0.5),
+                             lambda: torch.tensor(_X).logsumexp(0.5), "axis"),
+    "softmax float axis": (lambda d: Tensor(_X, device=d).softmax(0.5), lambda: torch.tensor(_X).softmax(0.5),
+                           "axis"),
+    "argmax float dim": (lambda d: Tensor(_X, device=d).argmax(0.5), lambda: torch.tensor(_X).argmax(0.5), "dim"),
+    "cumsum float dim": (lambda d: Tensor(_X, device=d).cumsum(0.5), lambda: torch.tensor(_X).cumsum(0.5), "dim"),
+    "transpose float dim": (lambda d: Tensor(_X, device=d).transpose(0.0, 1),
+                            lambda: torch.tensor(_X).transpose(0.0, 1), "dim"),
+    "unsqueeze bool dim": (lambda d: Tensor(_X, device=d).unsqueeze(True),
+                           lambda: torch.tensor(_X).unsqueeze(True), "dim"),
+    "squeeze float dim": (lambda d: Tensor(_X, device=d).squeeze(0.5), lambda: torch.tensor(_X).squeeze(0.5), "dim"),
+    "flatten float dim": (lambda d: Tensor(_X, device=d).flatten(0.5), lambda: torch.tensor(_X).flatten(0.5), "dim"),
+    "flip float dim": (lambda d: Tensor(_X, device=d).flip(0.5), lambda: torch.tensor(_X).flip(0.5), "dim"),
+    "roll float dim": (lambda d: Tensor(_X, device=d).roll(1, 0.5), lambda: torch.tensor(_X).roll(1, 0.5), "dim"),
+    "cat float dim": (lambda d: Tensor(_X, device=d).cat(Tensor(_X, device=d), dim=0.5),
+                      lambda: torch.cat([torch.tensor(_X)] * 2, 0.5), "dim"),
+    "gather float dim": (lambda d: Tensor(_X, device=d).gather(1.0, Tensor([[0], [1]], device=d)),
+                         lambda: torch.tensor(_X).gather(1.0, torch.tensor([[0], [1]])), "dim"),
+    "sort float dim": (lambda d: Tensor(_X, device=d).sort(0.5), lambda: torch.tensor(_X).sort(0.5), "dim"),
+    # sizes that are not ints
+    "reshape None": (lambda d: Tensor(_X, device=d).reshape(None), lambda: torch.tensor(_X).reshape(None), "None"),
+    "view None": (lambda d: Tensor(_X, device=d).view(None), lambda: torch.tensor(_X).view(None), "None"),
+    "reshape bool": (lambda d: Tensor(_X, device=d).reshape((True, 6)),
+                     lambda: torch.tensor(_X).reshape((True, 6)), "reshape size"),
+    "zeros bool": (lambda d: Tensor.zeros(True, device=d), lambda: torch.zeros(True), "shape"),
+    "repeat float": (lambda d: Tensor(_X, device=d).repeat((1.5, 1)), lambda: torch.tensor(_X).repeat((1.5, 1)),
+                     "repeats"),
+    "split float": (lambda d: Tensor(_X, device=d).split(1.5), lambda: torch.tensor(_X).split(1.5), "split_size"),
+    "chunk float": (lambda d: Tensor(_X, device=d).chunk(1.5), lambda: torch.tensor(_X).chunk(1.5), "chunks"),
+    "linspace float steps": (lambda d: Tensor.linspace(0, 1, 2.5, device=d), lambda: torch.linspace(0, 1, 2.5),
+                             "steps"),
+    "eye float": (lambda d: Tensor.eye(2.5, device=d), lambda: torch.eye(2.5), "n"),
+    "one_hot float classes": (lambda d: Tensor([0, 1], device=d).one_hot(2.0),
+                              lambda: F.one_hot(torch.tensor([0, 1]), 2.0), "num_classes"),
+    "tril float diagonal": (lambda d: Tensor(_X, device=d).tril(0.5), lambda: torch.tensor(_X).tril(0.5),
+                            "diagonal"),
+    "diagonal float offset": (lambda d: Tensor(_X, device=d).diagonal(0.5), lambda: torch.tensor(_X).diagonal(0.5),
+                              "offset"),
+    "pad float": (lambda d: Tensor(_X, device=d).pad((1.5, 0)), lambda: F.pad(torch.tensor(_X), (1.5, 0)),
+                  "padding"),
+    "arange nan": (lambda d: Tensor.arange(float("nan"), device=d), lambda: torch.arange(float("nan")), "nan"),
+    "arange str": (lambda d: Tensor.arange("5", device=d),
+                    lambda: torch.arange("5"), "end"),
+    "full None": (lambda d: Tensor.full((2,), None, device=d), lambda: torch.full((2,), None), "fill_value"),
+    "multinomial float samples": (lambda d: Tensor([1.0, 2.0], device=d).multinomial(1.5),
+                                  lambda: torch.tensor([1.0, 2.0]).multinomial(1.5), "num_samples"),
+    # convolutions and pools: negative or non-int padding
+    "conv2d negative padding": (lambda d: _conv(d, padding=-1), lambda: _tconv(padding=-1), "padding=-1"),
+    "conv2d negative padding pair": (lambda d: _conv(d, padding=(0, -1)), lambda: _tconv(padding=(0, -1)),
+                                     "padding=(0, -1)"),
+    "conv2d float padding": (lambda d: _conv(d, padding=1.5), lambda: _tconv(padding=1.5), "padding"),
+    "conv_transpose2d negative padding": (
+        lambda d: Tensor.ones(1, 1, 5, 5, device=d).conv_transpose2d(Tensor.ones(1, 1, 3, 3, device=d), padding=-1),
+        lambda: F.conv_transpose2d(torch.ones(1, 1, 5, 5), torch.ones(1, 1, 3, 3), padding=-1), "padding=-1"),
+    "max_pool2d negative padding": (lambda d: Tensor.ones(1, 1, 5, 5, device=d).max_pool2d(2, padding=-1),
+                                    lambda: F.max_pool2d(torch.ones(1, 1, 5, 5), 2, padding=-1), "padding=-1"),
+    "avg_pool2d negative padding": (lambda d: Tensor.ones(1, 1, 5, 5, device=d).avg_pool2d(2, padding=-1),
+                                    lambda: F.avg_pool2d(torch.ones(1, 1, 5, 5), 2, padding=-1), "padding=-1"),
+    "max_pool2d float kernel": (lambda d: Tensor.ones(1, 1, 5, 5, device=d).max_pool2d(2.5),
+                                lambda: F.max_pool2d(torch.ones(1, 1, 5, 5), 2.5), "kernel_size"),
+    # data that is not a number
+    "tensor of None": (lambda d: Tensor([None], device=d), lambda: torch.tensor([None]), "None"),
+    "tensor with a None inside": (lambda d: Tensor([[1.0, 2.0], [3.0, None]], device=d),
+                                  lambda: torch.tensor([[1.0, 2.0], [3.0, None]]), "[1, 1]"),
+    "stack of nothing": (lambda d: Tensor.stack(), lambda: torch.stack([]), "non-empty"),
+    "cat of nothing": (lambda d: Tensor.cat(), lambda: torch.cat([]), "non-empty"),
+    "cat of a number": (lambda d: Tensor.cat(Tensor(_X, device=d), 3), lambda: torch.cat([torch.tensor(_X), 3]),
+                        "position 1"),
+    # malformed device strings: each would be a device of its own
+    "device CPU:abc": (lambda d: Tensor([1.0], device="CPU:abc"), lambda: torch.tensor([1.0], device="cpu:abc"),
+                       "'CPU:abc'"),
+    "device CPU:-1": (lambda d: Tensor([1.0], device="CPU:-1"), lambda: torch.tensor([1.0], device="cpu:-1"),
+                      "'CPU:-1'"),
+    "device CPU:": (lambda d: Tensor([1.0], device="CPU:"), lambda: torch.tensor([1.0], device="cpu:"), "'CPU:'"),
+    "device CPU:01": (lambda d: Tensor([1.0], device="CPU:01"), lambda: torch.tensor([1.0], device="cpu:01"),
+                      "'CPU:01'"),
+    "device CPU:0:1": (lambda d: Tensor([1.0], device="CPU:0:1"), lambda: torch.tensor([1.0], device="cpu:0:1"),
+                       "'CPU:0:1'"),
+    "device empty": (lambda d: Tensor([1.0], device=""), lambda: torch.tensor([1.0], device=""), "''"),
+    "device to": (lambda d: Tensor([1.0], device=d).to("CPU:x"), lambda: torch.tensor([1.0]).to("cpu:x"), "'CPU:x'"),
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", NAMED_ARGUMENTS)
+def test_bad_argument_is_refused_like_torch_and_named(device, name):
+    from backend_utils import builtin_error
+
+    ours, theirs, named = NAMED_ARGUMENTS[name]
+    with pytest.raises(Exception) as want:
+        theirs()
+    with pytest.raises(builtin_error(want.value)) as got:
+        ours(device)
+    assert named in str(got.value), str(got.value)
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([[0.0, 0.0], [1.0, 1.0]], "sum of probabilities <= 0"),
+    ([-1.0, 2.0], "element < 0"),
+    ([float("nan"), 2.0], "nan"),
+    ([float("inf"), 2.0], "inf"),
+], ids=["zero row", "negative", "nan", "inf"])
+@pytest.mark.parametrize("replacement", [False, True])
+def test_multinomial_refuses_invalid_weights_at_the_read(device, weights, message, replacement):
+    from ember.frontend import checks
+
+    checks.discard()
+    samples = Tensor(weights, device=device).multinomial(1, replacement=replacement)  # lazy: nothing raises yet
+    with pytest.raises(RuntimeError, match=message) as info:
+        samples.numpy()
+    assert isinstance(info.value, checks.InvalidDistribution) and "multinomial" in str(info.value)
+    assert checks.pending() == 0
+
+
+def test_multinomial_of_valid_weights_still_samples(device):
+    from ember.frontend import checks
+
+    checks.discard()
+    w = Tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.5]], device=device)
+    got = w.multinomial(2, replacement=True).numpy()
+    assert (got[0] == 1).all() and set(got[1].tolist()) <= {0, 2}
+    assert sorted(Tensor([0.0, 3.0, 1.0], device=device).multinomial(2).numpy().tolist()) == [1, 2]
+
+
+def test_valid_dims_sizes_and_devices_still_work(device):
+    t = Tensor(_X, device=device)
+    assert t.sum(np.int64(1)).tolist() == [3.0, 12.0] and t.sum((0, -1)).item() == 15.0
+    assert t.softmax(-1).shape == (2, 3) and t.flip((0, 1)).tolist() == [[5.0, 4.0, 3.0], [2.0, 1.0, 0.0]]
+    assert t.reshape(np.int64(3), 2).shape == (3, 2) and t.reshape(2, None).shape == (2, 3)  # None keeps a dim
+    assert t.squeeze((0, 1)).shape == (2, 3) and t.roll((1,), (1,)).tolist() == [[2.0, 0.0, 1.0], [5.0, 3.0, 4.0]]
+    assert [p.shape for p in t.split([1, 2], 1)] == [(2, 1), (2, 2)] and len(t.chunk(2, 1)) == 2
+    assert Tensor.stack(t, t).shape == (2, 2, 3) and Tensor.cat([t, t], dim=1).shape == (2, 6)
+    assert t.pad((-1, 0)).shape == (2, 2)  # pad (unlike a convolution) crops with a negative value, as in torch
+    assert _conv(device, padding=(1, 0)).shape == (1, 1, 5, 3)
+    for name, canonical in (("CPU", "CPU"), ("cpu", "CPU"), ("CPU:0", "CPU"), ("CPU:1", "CPU:1"),
+                            ("cuda:12", "CUDA:12"), ("DISK:/tmp/x:y", "DISK:/tmp/x:y")):
+        assert Device.canonicalize(name) == canonical
+    assert Tensor([1.0, float("nan")], device=device).numpy()[1] != 0  # a real nan is data, not a None
+
+
+def test_non_string_device_is_a_type_error():
+    with pytest.raises(TypeError, match="device must be a string"):
+        Tensor([1.0], device=5)
+
+
+def test_bad_environment_knob_names_the_variable(monkeypatch):
+    from ember.helpers import getenv
+
+    monkeypatch.setenv("EMBER_CACHE_MB", "abc")
+    with pytest.raises(ValueError, match="EMBER_CACHE_MB='abc' must be an integer"):
+        getenv("EMBER_CACHE_MB", 1024)
+    monkeypatch.setenv("EMBER_PLUGIN_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="EMBER_PLUGIN_TIMEOUT='soon' must be a number"):
+        getenv("EMBER_PLUGIN_TIMEOUT", 10.0)
+    monkeypatch.setenv("EMBER_CACHE_MB", "")  # empty counts as unset
+    assert getenv("EMBER_CACHE_MB", 1024) == 1024
+    monkeypatch.setenv("EMBER_CACHE_MB", " 64 ")
+    assert getenv("EMBER_CACHE_MB", 1024) == 64
+
+
+def test_cache_size_knob_error_names_the_variable(monkeypatch):
+    from ember import diskcache
+
+    monkeypatch.setenv("EMBER_CACHE_MB", "12MB")
+    with pytest.raises(ValueError, match="EMBER_CACHE_MB='12MB'"):
+        diskcache.limit_bytes()
+
+
+def test_host_copy_memory_error_names_bytes_shape_dtype_and_device(monkeypatch):
+    from ember.device import buffer as buffer_mod
+
+    t = Tensor.ones(3, 4, device="CPU").contiguous().realize()
+
+    def no_memory(n: int) -> bytearray:
+        raise MemoryError
+
+    monkeypatch.setattr(buffer_mod, "bytearray", no_memory, raising=False)
+    with pytest.raises(MemoryError) as info:
+        t.numpy()
+    msg = str(info.value)
+    assert all(s in msg for s in ("48 bytes", "12 elements", "float", "CPU", "(3, 4)")), msg

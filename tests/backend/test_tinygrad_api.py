@@ -1,7 +1,8 @@
 """tinygrad API that torch lacks or spells differently, checked against torch or against the rule in numpy.
 
-masked_select/nonzero with ``size=`` (fixed-size, no read-back), convolutions with negative padding (they
-crop), ``nn.ConvTranspose1d``, ``contiguous_backward``, ``replace``, ``nn.optim.LARS`` and ``OptimizerGroup``.
+masked_select/nonzero with ``size=`` (fixed-size, no read-back), cropping before a convolution with ``pad``
+(a negative conv padding is refused, as in torch), ``nn.ConvTranspose1d``, ``contiguous_backward``,
+``replace``, ``nn.optim.LARS`` and ``OptimizerGroup``.
 """
 from __future__ import annotations
 
@@ -69,18 +70,18 @@ def test_nonzero_with_size(device):
 
 
 # --------------------------------------------------------------------------------------------------
-# conv with negative padding (crops, as in tinygrad), ConvTranspose1d, contiguous_backward, replace
+# conv with negative padding (refused, as in torch), ConvTranspose1d, contiguous_backward, replace
 # --------------------------------------------------------------------------------------------------
-def test_conv2d_negative_padding_crops(device):
+def test_conv2d_negative_padding_is_refused_and_pad_crops_instead(device):
+    # tinygrad crops with a negative conv padding; ember refuses it as torch does (a typo must not crop
+    # silently) and the crop is spelled with pad, whose negative values crop
     x, w = q(1, 2, 7, 6), q(3, 2, 3, 3)
-    for padding, crop in ((-1, (1, 1, 1, 1)), ((-1, 0), (1, 1, 0, 0)), ((0, -1, 1, -2), None)):
-        got = Tensor(x, device=device).conv2d(Tensor(w, device=device), padding=padding)
-        if crop is None:  # flat form: (left, right, top, bottom); crop right and bottom, pad top
-            tx = F.pad(torch.tensor(x), (0, -1, 1, -2))
-        else:
-            tx = torch.tensor(x)[..., crop[0]:x.shape[2] - crop[1], crop[2]:x.shape[3] - crop[3]]
-        check(got, F.conv2d(tx, torch.tensor(w)), atol=1e-5)
-    check_grad(device, lambda a, b: a.conv2d(b, padding=-1),
+    for padding in (-1, (-1, 0), (0, -1, 1, -2)):
+        with pytest.raises(RuntimeError, match="negative padding"):
+            Tensor(x, device=device).conv2d(Tensor(w, device=device), padding=padding)
+    got = Tensor(x, device=device).pad((0, -1, 1, -2)).conv2d(Tensor(w, device=device))
+    check(got, F.conv2d(F.pad(torch.tensor(x), (0, -1, 1, -2)), torch.tensor(w)), atol=1e-5)
+    check_grad(device, lambda a, b: a.pad((-1, -1, -1, -1)).conv2d(b),
                lambda a, b: F.conv2d(a[..., 1:-1, 1:-1], b), [x, w], atol=1e-5)
 
 

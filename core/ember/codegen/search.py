@@ -30,7 +30,7 @@ from ember.codegen.cachekey import lowering_key
 from ember.codegen.heuristic import MAX_TILE_OPS, USE_TC, reduce_loads
 from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
 from ember.dtype import PtrDType, dtypes, to_np_dtype
-from ember.helpers import DEBUG
+from ember.helpers import DEBUG, getenv
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
@@ -231,7 +231,7 @@ def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None =
     if not searchable(ast):
         return heuristic_opts(ast, renderer)
     try:
-        opts = _search(ast, renderer, amt, float(os.environ.get("BEAM_BUDGET", 1.5)) if budget_s is None else budget_s,
+        opts = _search(ast, renderer, amt, getenv("BEAM_BUDGET", 1.5) if budget_s is None else budget_s,
                        bufs)
     except Exception as e:  # a device that cannot time candidates: the heuristic's choice, said once per kernel
         warnings.warn(f"BEAM search failed for {kernel_name_of(ast)} ({type(e).__name__}: {e}); using the "

@@ -82,7 +82,11 @@ class Buffer:
 
     def as_bytes(self) -> bytearray:
         """A host copy of the contents."""
-        out = bytearray(self.nbytes)
+        try:
+            out = bytearray(self.nbytes)
+        except MemoryError as e:  # Python's error names nothing
+            raise MemoryError(f"cannot allocate {self.nbytes} bytes ({self.nbytes / 2 ** 30:.2f} GiB) of host memory "
+                              f"to copy {self.size} elements of {self.dtype} from {self.device}") from e
         self.copyout(memoryview(out))
         return out
 

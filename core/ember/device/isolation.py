@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from ember.helpers import getenv
+
 
 class PluginTimeout(TimeoutError):
     """A plugin's import, hook or probe did not return within ``EMBER_PLUGIN_TIMEOUT`` seconds."""
@@ -29,7 +31,7 @@ class PluginTimeout(TimeoutError):
 
 def plugin_timeout() -> float:
     """Seconds a plugin's import, ``ember_devices()`` or probe may take (``EMBER_PLUGIN_TIMEOUT``, default 10)."""
-    return float(os.environ.get("EMBER_PLUGIN_TIMEOUT", "") or 10)
+    return getenv("EMBER_PLUGIN_TIMEOUT", 10.0)
 
 
 def call_with_timeout(fn: Any, what: str, timeout: float | None = None) -> Any:

@@ -24,6 +24,7 @@ Typical use::
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import sys
@@ -66,6 +67,11 @@ BUILTIN_SPECS: tuple[DeviceSpec, ...] = (
 )
 
 _BUILTIN_PLUGIN_NAME = "ember:builtin"
+
+
+class InvalidDeviceName(ValueError, RuntimeError):
+    """A device string that is not ``NAME`` or ``NAME:index`` (torch raises RuntimeError, many libraries
+    ValueError: it is both)."""
 
 
 class DeviceNotFoundError(RuntimeError):
@@ -151,12 +157,29 @@ def _probe_memo_key(spec: DeviceSpec, origin: PluginOrigin) -> str:
 def canonicalize(name: str) -> str:
     """Normalize a device name: ``"cpu"`` -> ``"CPU"``, ``"CPU:0"`` -> ``"CPU"``, ``"cuda:1"`` -> ``"CUDA:1"``.
 
-    Only the base name before ``:`` is upper-cased; the rest (an index, or a path for DISK) is kept.
+    Only the base name before ``:`` is upper-cased; the rest (an index, or a path for DISK) is kept. A name
+    that is not a string is a TypeError; one with no base, or whose index is not a plain non-negative
+    number (``"CPU:abc"``, ``"CPU:-1"``, ``"CPU:"``, ``"CPU:01"``) raises :class:`InvalidDeviceName`: each
+    spelling would otherwise be a device of its own.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:1', got {type(name).__name__} {name!r}")
+    return _canonical(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical(name: str) -> str:
     base, sep, rest = name.strip().partition(":")
-    if rest == "0":
-        return base.upper()
-    return base.upper() + sep + rest
+    base = base.upper()
+    if not base.replace("_", "").isalnum() or not base.isascii() or base[0].isdigit():
+        raise InvalidDeviceName(f"invalid device string {name!r}: expected a device name such as 'CPU', "
+                                "optionally followed by ':' and an index ('CUDA:1')")
+    if base == "DISK":  # the rest is a file path
+        return base + sep + rest
+    if sep and not (rest.isascii() and rest.isdigit() and (rest == "0" or rest[0] != "0")):
+        raise InvalidDeviceName(f"invalid device string {name!r}: the index after ':' must be a non-negative "
+                                f"integer such as '{base}:1', got {rest!r}")
+    return base if rest == "0" else base + sep + rest
 
 
 def _extra_exists(extra: str) -> bool:

@@ -18,12 +18,16 @@ a copy of a few kilobytes costs less than a kernel, whose first build in a proce
 takes 50-100 ms. ``INDEX_CHECK=0`` turns the checks off; more than ``MAX_PENDING``
 unread checks are flushed early so a loop that never reads keeps bounded memory.
 
+Weights given to ``multinomial`` are checked the same way (no negative, nan or inf value, no row of zeros),
+raising :class:`InvalidDistribution`, a ``RuntimeError`` as in torch.
+
 Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``RuntimeError``: torch raises
 ``IndexError`` for ``t[idx]``, ``Embedding`` and the losses but ``RuntimeError`` for ``gather``,
 ``scatter`` and ``one_hot``, and an ``except`` written for either catches ember's error.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -54,6 +58,10 @@ class IndexOutOfRange(IndexError, RuntimeError):
 
 class IntegerDivisionByZero(RuntimeError, ZeroDivisionError):
     """An integer tensor was divided by a tensor holding 0 (torch raises RuntimeError("ZeroDivisionError"))."""
+
+
+class InvalidDistribution(RuntimeError):
+    """The weights given to ``multinomial`` held a negative, nan or inf value, or a row of zeros."""
 
 
 @dataclass
@@ -113,6 +121,34 @@ def nonzero_divisor(divisor: Tensor) -> None:
     _add(_Check(divisor.lazydata, lambda t: (t == 0).reshape(-1).cast(dtypes.int32).max().reshape(1),
                 lambda a: [int(0 in a if isinstance(a, list) else (a == 0).any())],
                 lambda v: "ZeroDivisionError" if int(v[0]) else None, IntegerDivisionByZero))
+
+
+def valid_distribution(weights: Tensor, what: str = "multinomial") -> None:
+    """Check, at the next read, that the 1-D or 2-D ``weights`` hold no negative, nan or inf value and that no
+    row is all zeros (torch raises for both; sampling them would give an arbitrary category)."""
+    if not INDEX_CHECK.value or weights.numel() == 0:
+        return
+    k, shape = weights.shape[-1], weights.shape
+
+    def summarize(t: Tensor) -> Tensor:
+        x = t.reshape(-1, k)
+        bad = ((x < 0) | (x != x) | (x == math.inf)).reshape(-1).cast(dtypes.int32).max()
+        empty = ((x > 0).cast(dtypes.int32).max(1) == 0).cast(dtypes.int32).max()
+        return type(t).cat(bad.reshape(1), empty.reshape(1))
+
+    def on_host(a: Any) -> list:
+        x = np.asarray(a, dtype=np.float64).reshape(-1, k)
+        return [int(bool((~np.isfinite(x) | (x < 0)).any())), int(bool((x <= 0).all(axis=1).any()))]
+
+    def verdict(v: list) -> str | None:
+        if int(v[0]):
+            return f"{what}: probability tensor of shape {shape} contains either inf, nan or element < 0"
+        if int(v[1]):
+            return f"{what}: invalid multinomial distribution (sum of probabilities <= 0) in a row of the " \
+                   f"probability tensor of shape {shape}"
+        return None
+
+    _add(_Check(weights.lazydata, summarize, on_host, verdict, InvalidDistribution))
 
 
 def _add(check: _Check) -> None:

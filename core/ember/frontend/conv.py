@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, least_upper_dtype, to_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
+from ember.frontend.util import Pads, int_tuple, nonnegative_pads, resolve_pads, shape_str
 from ember.helpers import prod
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class ConvMixin(TensorBase):
         ``weight`` is ``(out_channels, in_channels // groups, *kernel)``; the input is ``(batch, in_channels,
         *spatial)`` or unbatched ``(in_channels, *spatial)``. ``padding`` is an int, one int per spatial dim,
         ``2 * dims`` ints in torch's flat order ``(left, right, top, bottom, ...)``, or ``"same"``/``"valid"``.
-        A negative padding crops the input on that side, as in tinygrad (torch rejects it).
+        A negative padding is refused, as in torch (tinygrad crops; ``x.pad`` with negative values crops first).
         """
         n = weight.ndim - 2
         if n < 1:
@@ -40,6 +40,7 @@ class ConvMixin(TensorBase):
                                 int_tuple(dilation, n, "dilation"))
         else:
             pads = resolve_pads(padding, n)
+            nonnegative_pads(pads, padding, "conv")
         return _conv(self, weight, bias, groups, stride, dilation, pads, dtype)
 
     def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ember.device.registry import Device
 from ember.dtype import STRUCT_CODES, DType, dtypes, to_dtype
 from ember.engine.jit import record_upload
+from ember.frontend import checks
 from ember.frontend.base import TensorBase
-from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg
+from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg, size_arg
 from ember.helpers import is_int_like, loaded_numpy, prod
 from ember.ir.symbolic import Variable
 from ember.ir.uop import Ops, UOp
@@ -115,12 +116,15 @@ class CreationMixin(TensorBase):
             dt = dtypes.default_float
         else:
             dt = dtypes.default_int
+        for name, v in (("start", start), ("end", stop), ("step", step)):
+            if not isinstance(v, (int, float)) and not is_int_like(v) and not hasattr(v, "__float__"):
+                raise TypeError(f"arange: {name} must be a number, got {type(v).__name__} {v!r}")
         if step == 0:
             raise RuntimeError("step must be nonzero")
+        if not all(math.isfinite(float(v)) for v in (start, stop, step)):  # before the sign test: nan fails both
+            raise RuntimeError(f"unsupported range: {start} -> {stop}")
         if not ((step > 0 and stop >= start) or (step < 0 and stop <= start)):
             raise RuntimeError("upper bound and lower bound inconsistent with step sign")
-        if not all(math.isfinite(float(v)) for v in (start, stop, step)):
-            raise RuntimeError(f"unsupported range: {start} -> {stop}")
         if dt.kind in "iub":
             istart, istop, istep = int(start), int(stop), int(step)
             if istep == 0:
@@ -156,7 +160,7 @@ class CreationMixin(TensorBase):
     @classmethod
     def linspace(cls, start: Scalar, stop: Scalar, steps: int, **kwargs: Any) -> Tensor:
         """``steps`` evenly spaced values from ``start`` to ``stop`` inclusive (default float dtype)."""
-        if steps < 0:
+        if size_arg(steps, "steps") < 0:
             raise RuntimeError("number of steps must be non-negative")
         dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
         i = np.arange(steps, dtype=np.float64)
@@ -173,7 +177,8 @@ class CreationMixin(TensorBase):
     @classmethod
     def eye(cls, n: int, m: int | None = None, **kwargs: Any) -> Tensor:
         """The identity matrix with ``n`` rows and ``m`` (default ``n``) columns."""
-        m = n if m is None else m
+        n = size_arg(n, "n")
+        m = n if m is None else size_arg(m, "m")
         if n < 0 or m < 0:
             raise ArgumentError(f"n and m must be greater or equal to 0, got {n} and {m}")
         kwargs.setdefault("dtype", dtypes.default_float)
@@ -448,19 +453,21 @@ class CreationMixin(TensorBase):
         Self is 1-D (one distribution) or 2-D (one per row). With replacement, each draw inverts the
         cumulative weights at a uniform point; without, the ``num_samples`` smallest exponential race
         times ``E / w`` give the categories in order (zero weights come last). Returns int32 indices.
-        Negative or all-zero weights are not detected (torch raises).
+        Negative, nan or inf weights and a row of zeros raise :class:`~ember.frontend.checks.InvalidDistribution`
+        at the next read (a deferred check, as for index tensors: the weights are lazy).
         """
         if self.ndim not in (1, 2):
             raise RuntimeError("prob_dist must be 1 or 2 dim")
         if self.dtype.kind != "f":
             raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {self.dtype.name}")
-        if num_samples <= 0:
+        if size_arg(num_samples, "num_samples") <= 0:
             raise RuntimeError(f"cannot sample n_sample <= 0 samples, got {num_samples}")
         k = self.shape[-1]
         if k == 0:
             raise RuntimeError("multinomial: number of categories cannot be zero")
         if not replacement and num_samples > k:
             raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+        checks.valid_distribution(self.detach())
         w = (self if self.ndim == 2 else self.reshape(1, k)).cast(dtypes.float32).detach()
         rows = w.shape[0]
         cls = type(self)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ember.dtype import dtypes
 from ember.frontend import checks
 from ember.frontend.base import TensorBase
+from ember.frontend.util import size_arg
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -26,7 +27,7 @@ class LossMixin(TensorBase):
         """A tensor (the default int) with a trailing dim of ``num_classes`` holding 1 at each index (-1: max + 1)."""
         if self.dtype.kind not in "iu":
             raise RuntimeError(f"one_hot is only applicable to index tensors, got dtype {self.dtype}")
-        if num_classes == -1:
+        if size_arg(num_classes, "num_classes") == -1:
             if self.numel() == 0:
                 raise RuntimeError("Can not infer total number of classes from empty tensor.")
             num_classes = int(self.max().item()) + 1

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import ArgumentError
+from ember.frontend.util import ArgumentError, size_arg
 from ember.helpers import prod
 
 if TYPE_CHECKING:
@@ -29,14 +29,25 @@ def _argfix(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(args)
 
 
-def _tensor_list(first: Any, rest: Sequence[Any]) -> list[Any]:
+class _NoTensors:
+    """The default ``self`` of ``Tensor.cat()``/``Tensor.stack()`` called with no tensors, so the call reaches
+    the "non-empty list" error instead of Python's "missing 1 required positional argument: 'self'"."""
+
+
+_NO_TENSORS: Any = _NoTensors()
+
+
+def _tensor_list(first: Any, rest: Sequence[Any], name: str = "cat") -> list[Any]:
     """The tensors of ``Tensor.cat(a, b)``, ``Tensor.cat([a, b])``, ``a.cat(b, c)`` and ``a.cat([b, c])``."""
     out: list[Any] = []
-    for item in (first, *rest):
+    for item in (() if first is _NO_TENSORS else (first,)) + tuple(rest):
         if isinstance(item, (list, tuple)):
             out.extend(item)
         else:
             out.append(item)
+    for i, t in enumerate(out):
+        if not isinstance(t, TensorBase):
+            raise TypeError(f"{name}(): expected a sequence of Tensors, but got {type(t).__name__} at position {i}")
     return out
 
 
@@ -108,7 +119,7 @@ class MovementMixin(TensorBase):
         """Drop size-1 dimensions: all of them, or those among ``dim`` (an int or a tuple)."""
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
         axes = [self._axis(d) for d in dims]
         for a in axes:
             if axes.count(a) > 1:
@@ -125,7 +136,7 @@ class MovementMixin(TensorBase):
     # --- repeats -------------------------------------------------------------------------------
     def repeat(self, repeats: int | Sequence[int], *args: int) -> Tensor:
         """Tile the tensor ``repeats[i]`` times along each dimension (extra leading repeats add dimensions)."""
-        reps = tuple(int(r) for r in _argfix((repeats, *args)))
+        reps = tuple(size_arg(r, "repeats entry") for r in _argfix((repeats, *args)))
         if len(reps) < self.ndim:
             raise ArgumentError(f"Number of dimensions of repeat dims can not be smaller than number of dimensions "
                                 f"of tensor: got repeats {reps} for shape {self.shape}")
@@ -141,7 +152,7 @@ class MovementMixin(TensorBase):
 
     def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
         """Repeat each element ``repeats`` times along ``dim`` (of the flattened tensor when None)."""
-        if not isinstance(repeats, int):
+        if not isinstance(repeats, int) or isinstance(repeats, bool):
             raise TypeError(f"repeat_interleave: repeats must be an int, got {type(repeats).__name__}")
         if repeats < 0:
             raise RuntimeError("Repeats must be non-negative")
@@ -161,8 +172,9 @@ class MovementMixin(TensorBase):
                     raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shift)}, dims:0")
                 shift = shift[0]
             return self.reshape(-1).roll(shift, 0).reshape(self.shape)
-        dim_t = (dims,) if isinstance(dims, int) else tuple(dims)
-        shift_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dim_t = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+        shift_t = tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
+        shift_t = tuple(size_arg(s, "shifts entry") for s in shift_t)
         if len(dim_t) != len(shift_t):
             raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shift_t)}, dims:{len(dim_t)}")
         x = self
@@ -241,7 +253,7 @@ class MovementMixin(TensorBase):
         return self.shrink(tuple(None if n is None else (0, int(n)) for n in new))
 
     # --- joining and splitting -----------------------------------------------------------------
-    def cat(self, *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
+    def cat(self: Any = _NO_TENSORS, *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
         """Concatenate self with ``args`` along ``dim`` (dtypes promote like torch).
 
         Called as ``a.cat(b, c)``, ``Tensor.cat(a, b)`` or with a list, ``Tensor.cat([a, b])``.
@@ -287,9 +299,9 @@ class MovementMixin(TensorBase):
         assert out is not None
         return out
 
-    def stack(self, *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
+    def stack(self: Any = _NO_TENSORS, *args: Tensor | Sequence[Tensor], dim: int = 0) -> Tensor:
         """Join self and ``args`` (all the same shape) along a new dimension ``dim``."""
-        tensors = _tensor_list(self, args)
+        tensors = _tensor_list(self, args, "stack")
         if not tensors:
             raise ArgumentError("stack expects a non-empty list of Tensors")
         first = tensors[0]
@@ -307,7 +319,8 @@ class MovementMixin(TensorBase):
             raise RuntimeError("split expects at least a 1-dimensional tensor")
         d = self._axis(dim)
         n = self.shape[d]
-        if isinstance(sizes, int):
+        if not isinstance(sizes, (tuple, list)):
+            sizes = size_arg(sizes, "split_size")
             if sizes < 0:
                 raise RuntimeError(f"split expects split_size be non-negative, but got split_size={sizes}")
             if sizes == 0:
@@ -317,7 +330,7 @@ class MovementMixin(TensorBase):
                 return (self,)
             pieces = [min(sizes, n - i) for i in range(0, max(n, 1), sizes)]
         else:
-            pieces = [int(s) for s in sizes]
+            pieces = [size_arg(s, "split_sizes entry") for s in sizes]
             if any(s < 0 for s in pieces):
                 raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got "
                                    f"split_sizes={pieces}")
@@ -333,7 +346,7 @@ class MovementMixin(TensorBase):
 
     def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
         """At most ``chunks`` views of equal size along ``dim`` (the last may be smaller; fewer may come back)."""
-        if chunks <= 0:
+        if size_arg(chunks, "chunks") <= 0:
             raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
         if self.ndim == 0:
             raise RuntimeError("chunk expects at least a 1-dimensional tensor")
@@ -347,7 +360,7 @@ class MovementMixin(TensorBase):
         """Coordinate grids from 0-d or 1-d tensors; ``indexing="xy"`` swaps the first two grid axes."""
         if indexing not in ("ij", "xy"):
             raise RuntimeError(f'meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')
-        tensors = _tensor_list(self, args)
+        tensors = _tensor_list(self, args, "meshgrid")
         for t in tensors:
             if t.ndim > 1:
                 raise RuntimeError(f"meshgrid: Expected 0D or 1D tensor in the tensor list but got a tensor of "
@@ -388,6 +401,7 @@ class MovementMixin(TensorBase):
         """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest."""
         if self.ndim < 2:
             raise RuntimeError("triu: input tensor must have at least 2 dimensions")
+        diagonal = size_arg(diagonal, "diagonal")
         keep = type(self)._tri(self.shape[-2], self.shape[-1], diagonal, device=self.device)
         return keep.where(self, self.zeros_like())
 
@@ -395,6 +409,7 @@ class MovementMixin(TensorBase):
         """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest."""
         if self.ndim < 2:
             raise RuntimeError("tril: input tensor must have at least 2 dimensions")
+        diagonal = size_arg(diagonal, "diagonal")
         drop = type(self)._tri(self.shape[-2], self.shape[-1], diagonal + 1, device=self.device)
         return drop.where(self.zeros_like(), self)
 
@@ -404,6 +419,7 @@ class MovementMixin(TensorBase):
 
         ``offset > 0`` is above the main diagonal, ``< 0`` below; the two dims are removed, as in torch.
         """
+        offset = size_arg(offset, "offset")
         a, b = self._axis(dim1), self._axis(dim2)
         if a == b:
             raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import dtypes
 from ember.frontend.base import TensorBase
-from ember.frontend.util import Pads, int_tuple, resolve_pads, shape_str
+from ember.frontend.util import Pads, int_tuple, nonnegative_pads, resolve_pads, shape_str, size_arg
 from ember.helpers import is_int_like, prod
 from ember.ir.uop import Ops
 
@@ -262,7 +262,8 @@ def _pool_args(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequen
                dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool, name: str,
                effective: bool) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Pads, list[int]]:
     """Validate pooling arguments the way torch does; returns kernel, stride, dilation, pads and output sizes."""
-    k = (int(kernel_size),) * 2 if is_int_like(kernel_size) else tuple(int(v) for v in kernel_size)
+    k = (size_arg(kernel_size, "kernel_size"),) * 2 if is_int_like(kernel_size) else \
+        int_tuple(kernel_size, len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 0, "kernel_size")
     n = len(k)
     if n == 0 or x.ndim < n:
         raise RuntimeError(f"{name}: a kernel of {n} dims needs an input with at least {n} dims, got shape {x.shape}")
@@ -275,6 +276,7 @@ def _pool_args(x: Tensor, kernel_size: int | Sequence[int], stride: int | Sequen
     if any(v <= 0 for v in d_):
         raise RuntimeError(f"{name}: dilation must be greater than zero, but got {list(d_)}")
     pads = resolve_pads(padding, n)
+    nonnegative_pads(pads, padding, name)
     for kk, d, (pb, pa) in zip(k, d_, pads):
         limit = (d * (kk - 1) + 1) // 2 if effective else kk // 2
         if pb < 0 or pa < 0 or pb > limit or pa > limit:

@@ -59,10 +59,10 @@ class ReduceMixin(TensorBase):
         """Normalized, sorted reduce axes; None or an empty sequence means every axis (like torch)."""
         if axis is None:
             return tuple(range(self.ndim))
-        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (int(axis),)
+        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
         if not axes:
             return tuple(range(self.ndim))
-        norm = [self._axis(a) for a in axes]
+        norm = [self._axis(a, what="axis") for a in axes]
         if self.ndim == 0:
             return ()
         for a in norm:

@@ -27,10 +27,18 @@ class ArgumentError(RuntimeError, ValueError):
 
 
 def size_arg(s: object, what: str = "size") -> int:
-    """One size as an int: a float (even 2.0, as in torch) or a non-number is a TypeError naming it."""
-    if is_int_like(s):
+    """One size as an int: a float (even 2.0, as in torch), a bool or a non-number is a TypeError naming it."""
+    if is_int_like(s) and not isinstance(s, bool):
         return int(s)
     raise TypeError(f"{what} must be an int, got {type(s).__name__} {s!r}")
+
+
+def dim_arg(d: object, what: str = "dim") -> int:
+    """One dimension index as an int: a float, a bool or a non-number is a TypeError naming ``what`` (torch
+    refuses them too; ``int(0.5)`` would quietly pick dimension 0)."""
+    if is_int_like(d) and not isinstance(d, bool):
+        return int(d)
+    raise TypeError(f"{what} must be an int, got {type(d).__name__} {d!r}")
 
 
 def shape_arg(shape: Sequence[object], what: str = "shape") -> Shape:
@@ -86,11 +94,11 @@ def compute_dtype(dt: DType) -> DType:
 
 def int_tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
     """``value`` repeated ``n`` times, or ``value`` itself when it already has ``n`` entries."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not (is_int_like(value) or isinstance(value, (tuple, list))):
         raise TypeError(f"expected {name} to be an integer or a sequence of integers, got {value!r}")
     if is_int_like(value):
         return (int(value),) * n
-    vals = tuple(int(v) for v in value)
+    vals = tuple(size_arg(v, f"{name} entry") for v in value)
     if len(vals) == 1:
         return vals * n
     if len(vals) != n:
@@ -104,16 +112,23 @@ def resolve_pads(padding: int | Sequence[int], n: int) -> Pads:
 
     The flat form lists the last dim first: ``(left, right, top, bottom, ...)``.
     """
-    if isinstance(padding, bool):
+    if isinstance(padding, bool) or not (is_int_like(padding) or isinstance(padding, (tuple, list))):
         raise TypeError(f"expected padding to be an integer or a sequence of integers, got {padding!r}")
     if is_int_like(padding):
         return ((int(padding), int(padding)),) * n
-    vals = tuple(int(p) for p in padding)
+    vals = tuple(size_arg(p, "padding entry") for p in padding)
     if len(vals) == n:
         return tuple((p, p) for p in vals)
     if len(vals) == 2 * n:
         return tuple((vals[2 * j], vals[2 * j + 1]) for j in reversed(range(n)))
     raise RuntimeError(f"padding must be an int or a sequence of {n} or {2 * n} ints, but got {list(vals)}")
+
+
+def nonnegative_pads(pads: Pads, padding: object, name: str) -> None:
+    """torch's refusal of a negative padding (``x.pad`` crops with one; a convolution or a pool does not)."""
+    if any(p < 0 for pair in pads for p in pair):
+        raise RuntimeError(f"{name}: negative padding is not supported, but got padding={padding!r} (to crop the "
+                           "input, pad or shrink it first)")
 
 
 def shape_str(shape: Sequence[int]) -> str:
