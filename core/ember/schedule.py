@@ -103,18 +103,20 @@ def _split_reductions(roots: list[UOp]) -> list[UOp]:
     return [memo[r] for r in roots]
 
 
-def _split_reduce(r: UOp) -> UOp | None:
+def _split_reduce(r: UOp, tree_only: bool = False) -> UOp | None:
     """The REDUCE_AXIS ``r`` as two: one over blocks of one of its reduce axes (the block index an axis of its
     output, first, so its kernel computes all outputs of one block before the next), stored, and one over the
     blocks. None when ``r`` is short enough to stay whole. A float sum still longer than ACCUMULATE_MAX per
-    output after one cut is cut again (fusion rule 7), so every kernel's sums stay short."""
+    output after one cut is cut again (fusion rule 7), so every kernel's sums stay short; ``tree_only``: only
+    that cut (a part of a split reduction is not split again for the caches: its blocks would be read in
+    runs of a block's length, strided by the next level's)."""
     op, axes = r.arg
     shape, out = shape_of(r.src[0]), shape_of(r)
     if not all(isinstance(d, int) for d in shape + out):
         return None
     if _needs_tree(r, prod(shape) // max(prod(out), 1)):
         choice = _tree_block(shape, axes)
-    elif prod(out) > 1 and prod(shape) >= SPLIT_REDUCE_RATIO * prod(out):
+    elif not tree_only and prod(out) > 1 and prod(shape) >= SPLIT_REDUCE_RATIO * prod(out):
         choice = _cache_block(shape, axes)
     else:
         return None
@@ -130,7 +132,7 @@ def _split_reduce(r: UOp) -> UOp | None:
     if moved is None:
         return None
     inner = UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes)))
-    partial = UOp(Ops.CONTIGUOUS, r.dtype, (_split_reduce(inner) or inner,))
+    partial = UOp(Ops.CONTIGUOUS, r.dtype, (_split_reduce(inner, True) or inner,))
     # the partial results, (k, *out), seen with the block index in place of the reduced axis a: one more reduction
     pshape = (k, *out)
     back = ShapeTracker.from_shape(pshape).permute((*range(1, a + 1), 0, *range(a + 1, len(pshape))))
@@ -143,7 +145,7 @@ def _split_reduce(r: UOp) -> UOp | None:
     if rest_src is None:
         return None
     rest = UOp(Ops.REDUCE_AXIS, r.dtype, (rest_src,), (op, axes))
-    return UOp(op, r.dtype, (top, _split_reduce(rest) or rest))
+    return UOp(op, r.dtype, (top, _split_reduce(rest, True) or rest))
 
 
 #: a float sum over more than this many elements per output is summed in a tree of kernels (fusion rule 7)
