@@ -190,3 +190,12 @@ def test_reductions_of_constants_fold(device):
         assert not reductions(out), out.shape
         got = out.numpy()
         np.testing.assert_array_equal(got.astype(np.float64), np.asarray(want, dtype=np.float64))
+
+
+@pytest.mark.skipif(os.environ.get("EMBER_SLOW_TESTS") != "1", reason="set EMBER_SLOW_TESTS=1 to run (2**31 adds)")
+@pytest.mark.xfail(reason="indexes past 2**31 elements: needs 64-bit indexing in the lowerer and renderers",
+                   strict=False)
+def test_sum_of_a_broadcast_past_2_31_elements():
+    """A realized value broadcast to 2**31 + 5 elements: the tree keeps every sum exact, but its kernels index
+    past 2**31 (today 2147483008 instead of 2147483648)."""
+    assert Tensor([1.0], device="CPU").expand(2 ** 31 + 5).sum().item() == float(np.float32(2 ** 31 + 5))
