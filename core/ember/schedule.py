@@ -17,7 +17,12 @@ Fusion rules (each is tested):
    partial results over blocks of its outermost reduce axis, stored, then combined. Each block's inputs are
    small enough to stay in the caches while every output of the block is computed from them; in one kernel
    every output tile streams the whole input from memory again.
-7. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
+7. A float sum longer than ACCUMULATE_MAX per output is cut the same way, again and again, until no kernel adds up
+   more than ACCUMULATE_MAX values into one result: a tree of partial sums, whose top adds at most
+   SPLIT_REDUCE_MAX partials (a float32 accumulator stops growing at 2**24, and its rounding error grows with
+   the length of its chain). A reduction of a constant folds to its value (value times count for a sum,
+   computed in float64 then rounded), with no kernel.
+8. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
    MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
    concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
 
@@ -28,10 +33,11 @@ writes is computed into a temporary first, so an update never sees itself half-d
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ember.dtype import PtrDType
+from ember.dtype import PtrDType, truncate
 from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
@@ -95,36 +101,124 @@ def _split_reductions(roots: list[UOp]) -> list[UOp]:
         new_src = tuple(memo[s] for s in n.src)
         new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
         if new.op is Ops.REDUCE_AXIS:
-            new = _split_reduce(new) or new
+            new = _fold_const_reduce(new) or _split_reduce(new) or new
         memo[n] = new
     return [memo[r] for r in roots]
 
 
-def _split_reduce(r: UOp) -> UOp | None:
-    """The REDUCE_AXIS ``r`` as two: one over blocks of its outermost reduce axis that divides (the block index
-    an axis of its output, first, so its kernel computes all outputs of one block before the next), stored,
-    and one over the blocks. None when ``r`` is not long enough to be worth it."""
+def _split_reduce(r: UOp, tree_only: bool = False) -> UOp | None:
+    """The REDUCE_AXIS ``r`` as two: one over blocks of one of its reduce axes (the block index an axis of its
+    output, first, so its kernel computes all outputs of one block before the next), stored, and one over the
+    blocks. None when ``r`` is short enough to stay whole. A float sum still longer than ACCUMULATE_MAX per
+    output after one cut is cut again (fusion rule 7), so every kernel's sums stay short; ``tree_only``: only
+    that cut (a part of a split reduction is not split again for the caches: its blocks would be read in
+    runs of a block's length, strided by the next level's)."""
     op, axes = r.arg
     shape, out = shape_of(r.src[0]), shape_of(r)
-    if not all(isinstance(d, int) for d in shape) or prod(out) <= 1 or prod(shape) < SPLIT_REDUCE_RATIO * prod(out):
+    if not all(isinstance(d, int) for d in shape + out):
         return None
-    for a in sorted(axes):
-        k = next((k for k in range(min(SPLIT_REDUCE_MAX, shape[a]), 1, -1) if shape[a] % k == 0), 1)
-        if k > 1:
-            break
+    if _needs_tree(r, prod(shape) // max(prod(out), 1)):
+        choice = _tree_block(shape, axes)
+    elif not tree_only and prod(out) > 1 and prod(shape) >= SPLIT_REDUCE_RATIO * prod(out):
+        choice = _cache_block(shape, axes)
     else:
         return None
-    split = shape[:a] + (k, shape[a] // k) + shape[a + 1:]
+    if choice is None:
+        return None
+    a, k = choice
+    n = shape[a]
+    whole = n // k * k  # the blocks cover the axis up to here; the rest (fewer than k elements) is reduced apart
+    split = shape[:a] + (k, whole // k) + shape[a + 1:]
     front = (a, *range(a), *range(a + 1, len(split)))
-    moved = _moved(r.src[0], lambda st: st.reshape(split).permute(front))
+    cut = tuple((0, whole) if i == a else (0, d) for i, d in enumerate(shape))
+    moved = _moved(r.src[0], lambda st: (st.shrink(cut) if whole != n else st).reshape(split).permute(front))
     if moved is None:
         return None
-    partial = UOp(Ops.CONTIGUOUS, r.dtype, (UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes))),))
+    inner = UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes)))
+    partial = UOp(Ops.CONTIGUOUS, r.dtype, (_split_reduce(inner, True) or inner,))
     # the partial results, (k, *out), seen with the block index in place of the reduced axis a: one more reduction
     pshape = (k, *out)
     back = ShapeTracker.from_shape(pshape).permute((*range(1, a + 1), 0, *range(a + 1, len(pshape))))
     view = UOp(Ops.VIEW, r.dtype, (partial,), back.reshape(out[:a] + (k,) + out[a + 1:]))
-    return UOp(Ops.REDUCE_AXIS, r.dtype, (view,), (op, (a,)))
+    top = UOp(Ops.REDUCE_AXIS, r.dtype, (view,), (op, (a,)))
+    if whole == n:
+        return top
+    rest_cut = tuple((whole, n) if i == a else (0, d) for i, d in enumerate(shape))
+    rest_src = _moved(r.src[0], lambda st: st.shrink(rest_cut))
+    if rest_src is None:
+        return None
+    rest = UOp(Ops.REDUCE_AXIS, r.dtype, (rest_src,), (op, axes))
+    return UOp(op, r.dtype, (top, _split_reduce(rest, True) or rest))
+
+
+#: a float sum over more than this many elements per output is summed in a tree of kernels (fusion rule 7)
+ACCUMULATE_MAX = 1 << 16
+#: the fewest blocks a tree level cuts an axis into when the axis has a divisor to allow it
+TREE_MIN_BLOCKS = 16
+
+
+def _needs_tree(r: UOp, length: int) -> bool:
+    """Whether the REDUCE_AXIS ``r`` (``length`` elements per output) is a float sum too long for one chain."""
+    return r.arg[0] is Ops.ADD and getattr(r.dtype, "kind", "") == "f" and length > ACCUMULATE_MAX
+
+
+def _cache_block(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int] | None:
+    """Fusion rule 6's cut (axis, blocks): the outermost reduce axis with a divisor in [2, SPLIT_REDUCE_MAX], and
+    its largest such divisor."""
+    for a in sorted(axes):
+        k = _largest_divisor(shape[a], SPLIT_REDUCE_MAX, 2)
+        if k > 1:
+            return a, k
+    return None
+
+
+def _tree_block(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int] | None:
+    """Fusion rule 7's cut (axis, blocks): the outermost reduce axis with a divisor in [TREE_MIN_BLOCKS,
+    SPLIT_REDUCE_MAX] (the blocks then cover it exactly), else the longest reduce axis, in SPLIT_REDUCE_MAX
+    blocks plus a remainder when it is longer than that, whole (one block per element) when it is not."""
+    live = [a for a in sorted(axes) if shape[a] > 1]
+    if not live:
+        return None
+    for a in live:
+        k = _largest_divisor(shape[a], SPLIT_REDUCE_MAX, TREE_MIN_BLOCKS)
+        if k > 1:
+            return a, k
+    a = max(live, key=lambda i: shape[i])
+    return a, min(shape[a], SPLIT_REDUCE_MAX)
+
+
+def _largest_divisor(n: int, limit: int, smallest: int) -> int:
+    """The largest divisor of ``n`` in [smallest, limit], or 1."""
+    return next((k for k in range(min(limit, n), smallest - 1, -1) if n % k == 0), 1)
+
+
+def _fold_const_reduce(r: UOp) -> UOp | None:
+    """The REDUCE_AXIS ``r`` of a constant (through views without padding) as the constant it gives: a sum is the
+    value times the count (in float64, then rounded to the dtype; integers wrap as their sum would), a max the
+    value, a product the value to the count. None for anything else or an empty reduction."""
+    src = r.src[0]
+    while src.op is Ops.VIEW and all(v.mask is None for v in src.arg.views):
+        src = src.src[0]
+    shape, out = shape_of(r.src[0]), shape_of(r)
+    if src.op is not Ops.CONST or not all(isinstance(d, int) for d in shape + out) or prod(shape) == 0:
+        return None
+    count = prod(shape) // prod(out)
+    op, dt, v = r.arg[0], r.dtype, src.arg
+    if op is Ops.MAX:
+        value = v
+    elif dt.kind == "f":
+        try:
+            value = float(v) * count if op is Ops.ADD else float(v) ** count
+        except OverflowError:  # a power past float64's range: inf with the sign an odd count keeps
+            value = -math.inf if v < 0 and count % 2 else math.inf
+    elif op is Ops.ADD:
+        value = int(v) * count
+    elif op is Ops.MUL:
+        value = pow(int(v), count, 1 << dt.bitsize)
+    else:
+        return None
+    const = UOp(Ops.CONST, dt, src.src, truncate(dt, value))
+    return UOp(Ops.VIEW, dt, (const,), ShapeTracker.from_shape(()).reshape((1,) * len(out)).expand(out))
 
 
 def _moved(value: UOp, move: Any) -> UOp | None:
@@ -195,16 +289,16 @@ def _targets(roots: list[UOp]) -> list[UOp]:
     return [n for n in nodes if n in targets]
 
 
-#: the longest chain of operations one kernel computes (fusion rule 7): a longer one is cut, its intermediate
+#: the longest chain of operations one kernel computes (fusion rule 8): a longer one is cut, its intermediate
 #: result stored. Each kernel is then one expression a C compiler builds in milliseconds, whatever the graph
 MAX_FUSED_DEPTH = 200
-#: the most buffers one kernel reads (fusion rule 7): a sum or concatenation of thousands of tensors becomes a
+#: the most buffers one kernel reads (fusion rule 8): a sum or concatenation of thousands of tensors becomes a
 #: few kernels of this many inputs each, not one function with thousands of parameters for the compiler
 MAX_KERNEL_INPUTS = 64
 
 
 def _bound_kernels(nodes: list[UOp], targets: set[UOp]) -> None:
-    """Fusion rule 7: add to ``targets`` (nodes in dependency order) the intermediate results that keep each
+    """Fusion rule 8: add to ``targets`` (nodes in dependency order) the intermediate results that keep each
     kernel within :data:`MAX_FUSED_DEPTH` operations along any path and :data:`MAX_KERNEL_INPUTS` buffers read.
 
     Where a node would pass a bound, the fused sources (through their views, at their base: never an expanded

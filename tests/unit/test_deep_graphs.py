@@ -1,5 +1,5 @@
 """Graphs of any depth: long chains realize and differentiate without the interpreter's recursion limit, and the
-scheduler cuts them into kernels of bounded size (fusion rule 7 in :mod:`ember.schedule`).
+scheduler cuts them into kernels of bounded size (fusion rule 8 in :mod:`ember.schedule`).
 
 Each test runs under a low recursion limit, so a pass that recurses once per node fails here at a few hundred
 nodes instead of at some depth in a user's program. ``EMBER_DEEP_FULL=1`` runs the full sizes (100,000 chained
