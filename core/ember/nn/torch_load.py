@@ -77,6 +77,11 @@ class _Storage:
     stype: _StorageType
     numel: int           # elements of stype (bytes when untyped)
     base_offset: int = 0  # elements into the root storage (legacy storage views)
+    bad: str = ""        # why the reference is malformed: reported with the name of a tensor that uses it
+
+    def itemsize(self) -> int:
+        """Bytes per element of the stored bytes."""
+        return 1 if self.stype.untyped or self.stype.dtype is None else self.stype.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -160,11 +165,13 @@ def _storage_from_pid(where: str, pid: Any) -> _Storage:
         raise TorchLoadError(f"{where}: unsupported persistent id {pid!r} (only tensor storages can be loaded)")
     stype, key, numel = pid[1], str(pid[2]), pid[4]
     if not isinstance(stype, _StorageType) or not _is_int(numel) or numel < 0:
-        raise TorchLoadError(f"{where}: malformed storage reference {pid!r}")
+        # the tensors that use it are not built yet: their names go in the message later
+        return _Storage(key, _StorageType("?", None, untyped=True), 0, bad=f"malformed storage reference {pid!r}")
     view = pid[5] if len(pid) > 5 else None
     if view is not None:  # legacy format: a storage that is a slice of another one
-        if not (isinstance(view, tuple) and len(view) == 3 and _is_int(view[1]) and _is_int(view[2])):
-            raise TorchLoadError(f"{where}: malformed storage view {view!r}")
+        if not (isinstance(view, tuple) and len(view) == 3 and _is_int(view[1]) and _is_int(view[2])
+                and view[1] >= 0 and view[2] >= 0):
+            return _Storage(key, stype, 0, bad=f"malformed storage view {view!r}")
         return _Storage(key, stype, view[2], base_offset=view[1])
     return _Storage(key, stype, numel)
 
@@ -242,6 +249,8 @@ class _TorchFile:
         st = rec.storage
         if not isinstance(st, _Storage) or not (rec.dtype is None or isinstance(rec.dtype, _TorchDType)):
             raise TorchLoadError(f"{where}: malformed tensor record (storage {st!r}, dtype {rec.dtype!r})")
+        if st.bad:
+            raise TorchLoadError(f"{where}: its storage {st.key!r}: {st.bad}")
         if rec.dtype is not None:
             dtype, dname = rec.dtype.dtype, rec.dtype.name
         else:
@@ -391,7 +400,7 @@ def _inflate(src: _Source, zf: zipfile.ZipFile, info: zipfile.ZipInfo, st: _Stor
     A member larger than its storage record says is refused before anything is inflated: deflate packs a
     gigabyte of zeros into a megabyte, and the record, not the archive, says how big a storage is.
     """
-    item = 1 if st.stype.untyped or st.stype.dtype is None else st.stype.dtype.itemsize
+    item = st.itemsize()
     declared = st.numel * item
     where = f"{src.name}: storage {st.key!r} (member {info.filename}, used by tensor {name!r})"
     if info.file_size > declared:
@@ -449,7 +458,7 @@ def _torch_load_legacy(src: _Source) -> Any:
         if pos + 8 > src.size:
             break  # truncated: the tensors of the storages left are reported by name
         count = int.from_bytes(src.view[pos:pos + 8], "little" if little else "big")
-        item = 1 if st.stype.untyped or st.stype.dtype is None else st.stype.dtype.itemsize
+        item = st.itemsize()
         tf.regions[str(key)] = (pos + 8, max(0, min(count * item, src.size - pos - 8)))
         pos += 8 + count * item
     return tf.materialize(obj)
