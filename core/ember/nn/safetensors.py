@@ -59,6 +59,8 @@ class _Pairs(list):
     """A JSON object as the parser read it: its (key, value) pairs in order, duplicates kept (a list subclass,
     so ``{}`` is not mistaken for the empty list ``[]``). Made by the C parser without a Python call."""
 
+    __slots__ = ()
+
 
 def _object(where: str, pairs: Any, what: str) -> dict[str, Any]:
     """``pairs`` as a dict, refusing a key listed twice (readers that keep the first or the last one differ)."""
@@ -120,17 +122,24 @@ def _safe_entry(where: str, name: str, info: Any, data_size: int) -> _SafeEntry:
 _BY_RANGE = operator.attrgetter("begin", "end")
 
 
-def _safe_entries(where: str, pairs: list[tuple[str, Any]], data_size: int) -> list[_SafeEntry]:
-    """The checked entries of the header's (name, value) pairs, ``__metadata__`` left out.
+def _safe_entries(where: str, pairs: list[Any], data_size: int, keep: bool) -> tuple[list[_SafeEntry], Any]:
+    """The checked entries of the header's (name, value) pairs and the value of ``__metadata__`` (None when absent).
 
     A header can list a million tensors, so the common entry ({"dtype", "shape", "data_offsets"} in that order,
     as every writer puts them) is checked inline; anything else goes through :func:`_safe_entry`, which checks
-    the same things more slowly and says what is wrong.
+    the same things more slowly and says what is wrong. Unless ``keep``, each parsed pair is dropped once
+    checked: the parsed header and the entries are not both held whole.
     """
     dtypes_, max_dim, entries, make = _SAFE_DTYPES, _SAFE_MAX_DIM, [], _SafeEntry._make
-    add = entries.append
-    for name, info in pairs:
+    add, meta = entries.append, None
+    for i in range(len(pairs)):
+        name, info = pairs[i]
+        if not keep:
+            pairs[i] = None
         if name == "__metadata__":
+            if meta is not None:
+                raise SafetensorsError(f"{where}: the header lists '__metadata__' twice")
+            meta = info
             continue
         if type(info) is _Pairs and len(info) == 3:
             (k0, dname), (k1, shape), (k2, offsets) = info
@@ -149,7 +158,7 @@ def _safe_entries(where: str, pairs: list[tuple[str, Any]], data_size: int) -> l
                             add(make((name, dtype, tuple(shape), begin, end)))
                             continue
         add(_safe_entry(where, name, info, data_size))
-    return entries
+    return entries, meta
 
 
 def _safe_header(src: _Source, raw_header: bool = False) -> tuple[int, dict[str, Any] | None, list[_SafeEntry]]:
@@ -191,17 +200,17 @@ def _check_header(src: _Source, n: int, parsed: Any,
     where = src.name
     if type(parsed) is not _Pairs:
         raise SafetensorsError(f"{where}: the header must be a JSON object, got {type(_plain(parsed)).__name__}")
-    top = _object(where, parsed, "the header")
-    meta = top.get("__metadata__")
+    data_start = 8 + n
+    data_size = src.size - data_start
+    header = {k: _plain(v) for k, v in _object(where, parsed, "the header").items()} if raw_header else None
+    entries, meta = _safe_entries(where, parsed, data_size, keep=False)
+    del parsed
+    if len({e.name for e in entries}) != len(entries):
+        _object(where, [(e.name, None) for e in entries], "the header")  # raises, naming the name
     if meta is not None:
         meta = _object(where, meta, "__metadata__") if type(meta) is _Pairs else meta
         if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
             raise SafetensorsError(f"{where}: __metadata__ must map strings to strings, got {_plain(meta)!r}")
-    data_start = 8 + n
-    data_size = src.size - data_start
-    entries = _safe_entries(where, parsed, data_size)
-    header = {k: _plain(v) for k, v in parsed} if raw_header else None
-    del parsed, top
     pos, prev = 0, None
     for ent in sorted(entries, key=_BY_RANGE):
         if ent.begin < pos and prev is not None:
