@@ -130,7 +130,8 @@ def _safe_entries(where: str, pairs: list[Any], data_size: int, keep: bool) -> t
     the same things more slowly and says what is wrong. Unless ``keep``, each parsed pair is dropped once
     checked: the parsed header and the entries are not both held whole.
     """
-    dtypes_, max_dim, entries, make = _SAFE_DTYPES, _SAFE_MAX_DIM, [], _SafeEntry._make
+    entries: list[_SafeEntry] = []
+    dtypes_, max_dim, make = _SAFE_DTYPES, _SAFE_MAX_DIM, _SafeEntry._make
     add, meta = entries.append, None
     for i in range(len(pairs)):
         name, info = pairs[i]

@@ -410,12 +410,13 @@ def _inflate(src: _Source, zf: zipfile.ZipFile, info: zipfile.ZipInfo, st: _Stor
     out = bytearray(want)
     try:
         with zf.open(info) as f:
-            got = f.readinto(out)
+            got = 0
             while got < want:
-                n = f.readinto(memoryview(out)[got:])
-                if not n:
+                chunk = f.read(min(want - got, 1 << 20))  # never asks the decompressor for more than is wanted
+                if not chunk:
                     break
-                got += n
+                out[got:got + len(chunk)] = chunk
+                got += len(chunk)
     except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, RuntimeError, zlib.error) as e:
         raise TorchLoadError(f"{where}: cannot inflate it: {type(e).__name__}: {e}") from e
     return memoryview(out)[:got]
