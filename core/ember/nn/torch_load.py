@@ -472,8 +472,11 @@ def torch_load(fn: Tensor | str | os.PathLike[str] | bytes) -> Any:
     pickle is read by a restricted unpickler: only tensor rebuilds, storages, torch dtypes and plain
     containers are allowed, any other global raises :class:`TorchLoadError` before anything is
     imported. Tensors stored contiguously come back as zero-copy DISK views of the file (copy them
-    with ``.to()`` or :func:`load_state_dict`); strided ones are rebuilt on the host on the default
-    device. Returns the unpickled object with ember tensors in it.
+    with ``.to()`` or :func:`load_state_dict`); strided ones are views, on the default device, of a
+    copy of the bytes they span (a stride-0 tensor costs one element). An object the pickle shares is
+    rebuilt once and stays shared. A compressed storage member larger than its storage record is
+    refused, and only the bytes tensors read are inflated. Returns the unpickled object with ember
+    tensors in it.
     """
     src = _Source.open(fn)
     head = bytes(src.view[:4])
