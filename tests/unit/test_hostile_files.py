@@ -388,3 +388,22 @@ def test_corpus_malformed_records_are_refused(tmp_path):
     (folder / "1.pkl").write_bytes(bad.replace(b"tb.", b"tR."))
     with pytest.raises(ValueError, match=r"1\.pkl: malformed record: the sources of a node"):
         load_corpus(folder)
+
+
+def test_corpus_record_nesting_views_deeply_is_refused(tmp_path):
+    # a node whose arg is a view whose size is a node whose arg is a view ... 5000 deep
+    def name(module: str, attr: str) -> bytes:
+        return f"c{module}\n{attr}\n".encode()
+
+    const = name("ember.ir.uop", "Ops") + b"K" + bytes([Ops.CONST.value]) + b"\x85R"
+    body = b"K\x01"
+    for _ in range(5000):
+        view = (name("ember.ir.shapetracker", "View") + b")\x81}(U\x05shape" + body + b"\x85U\x07stridesK\x00\x85"
+                b"U\x06offsetK\x00U\x04maskNU\x0acontiguous\x89ub")
+        tracker = name("ember.ir.shapetracker", "ShapeTracker") + b")\x81}U\x05views" + view + b"\x85sb"
+        body = name("ember.ir.uop", "UOp") + b"(" + const + b"N)" + tracker + b"tR"
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "1.pkl").write_bytes(b"\x80\x02" + body + b".")
+    with pytest.raises(ValueError, match=r"1\.pkl: malformed record: its args nest too deeply"):
+        load_corpus(folder)

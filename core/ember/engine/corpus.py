@@ -67,15 +67,22 @@ def _read_records(path: pathlib.Path) -> Iterable[UOp]:
                 raw = _CorpusUnpickler(f, path).load()
             except EOFError:
                 return
+            except _Refused:
+                raise
             except pickle.UnpicklingError as e:
                 if "truncated" in str(e):
                     return  # a torn last record (the writer was killed): keep what came before
                 raise ValueError(f"kernel corpus file {path}: a record cannot be read ({e})") from e
-            except (AttributeError, ValueError, TypeError, ImportError, IndexError, KeyError, MemoryError) as e:
+            except (AttributeError, ValueError, TypeError, ImportError, IndexError, KeyError, MemoryError,
+                    RecursionError) as e:
                 raise ValueError(f"kernel corpus file {path}: a record cannot be read ({type(e).__name__}: {e}); "
                                  "record the corpus again") from e
             if isinstance(raw, _Raw) and raw.kind == "UOp":
-                yield _Rebuild(path).uop(raw)
+                try:
+                    node = _Rebuild(path).uop(raw)
+                except RecursionError:
+                    raise _Refused(f"kernel corpus file {path}: malformed record: its args nest too deeply") from None
+                yield node
 
 
 # --- reading records without running a pickle's code -------------------------------------------------------
@@ -91,6 +98,10 @@ _CORPUS_GLOBALS = {("ember.ir.uop", "UOp"): "UOp", ("ember.ir.uop", "Ops"): "Ops
                    ("ember.ir.shapetracker", "View"): "View"}
 #: nesting allowed in a node's arg (tuples, views, the symbolic sizes inside them): real ASTs stay under ten
 _MAX_ARG_DEPTH = 64
+
+
+class _Refused(ValueError):
+    """A corpus record that is refused (its message names the file and why)."""
 
 
 class _Raw:
@@ -117,7 +128,7 @@ class _CorpusUnpickler(pickle.Unpickler):
         if kind is None:
             # a class this ember does not have is the usual reason (a file of another version): say so, and
             # never import or call it
-            raise ValueError(f"kernel corpus file {self._path}: a record names {module}.{name}, which a kernel "
+            raise _Refused(f"kernel corpus file {self._path}: a record names {module}.{name}, which a kernel "
                              "AST never holds: refusing to load it (a file of an incompatible ember version, or "
                              "not a kernel corpus)")
         return _STAND_INS[kind]
@@ -145,7 +156,8 @@ class _Rebuild:
         self.done: dict[int, Any] = {}
 
     def bad(self, what: str) -> ValueError:
-        return ValueError(f"kernel corpus file {self.path}: malformed record: {what}")
+        """The error for a record that is not a well-formed AST."""
+        return _Refused(f"kernel corpus file {self.path}: malformed record: {what}")
 
     def fields(self, raw: _Raw, names: tuple[str, ...]) -> tuple:
         """The constructor arguments of ``raw``: its call arguments, or the named entries of its state."""
