@@ -222,6 +222,7 @@ _GGUF_SCALARS: dict[int, tuple[str, str]] = {  # value type -> (struct format, n
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_MAX_DIMS = 4
 _GGUF_MAX_NESTING = 16  # arrays of arrays: real files nest one or two levels
+_GGUF_MAX_DIM = 2 ** 63 - 1  # dimensions are u64 in the file; tensor sizes are int64
 
 
 class _GGUFReader:
@@ -320,9 +321,13 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
         if ggml_type not in _GGML_PLAIN and ggml_type not in _DEQUANT:
             raise GGUFError(f"{what} uses quantization {tname}, which ember cannot dequantize (supported: "
                             f"{', '.join(GGML_TYPES[t][0] for t in _DEQUANT)})")
+        if any(d > _GGUF_MAX_DIM for d in shape) or prod(shape) > _GGUF_MAX_DIM:
+            raise GGUFError(f"{what}: shape {shape} is larger than a tensor can be (dimensions and element count "
+                            f"must fit in int64)")
         numel = prod(shape)
-        if numel % block or (shape and shape[-1] % block):
-            raise GGUFError(f"{what}: its rows of {shape[-1]} elements are not whole {tname} blocks of {block}")
+        if (shape[-1] if shape else numel) % block:
+            raise GGUFError(f"{what}: its rows of {shape[-1] if shape else numel} elements are not whole {tname} "
+                            f"blocks of {block}")
         nbytes = numel // block * size
         if offset % alignment:
             raise GGUFError(f"{what}: data offset {offset} is not a multiple of the alignment {alignment}")
@@ -335,7 +340,10 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
         if ggml_type in _GGML_PLAIN:
             tensors[name] = src.tensor(start, shape, _GGML_PLAIN[ggml_type])
         else:
-            values = ggml_dequantize(src.view[start:start + nbytes], ggml_type, numel).reshape(shape)
+            try:
+                values = ggml_dequantize(src.view[start:start + nbytes], ggml_type, numel).reshape(shape)
+            except (GGUFError, ValueError, MemoryError) as e:
+                raise GGUFError(f"{what}: cannot dequantize its {numel} {tname} elements: {e}") from e
             tensors[name] = Tensor(values, device=src.host_device())
     return metadata, tensors
 

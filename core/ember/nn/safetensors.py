@@ -5,12 +5,13 @@ no holes); a malformed file raises :class:`ember.nn.weights.SafetensorsError` na
 """
 from __future__ import annotations
 
+import gc
 import json
+import operator
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from ember.dtype import DType, dtypes, to_dtype
 from ember.helpers import prod
@@ -42,8 +43,11 @@ _SAFE_UNSUPPORTED = ("F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0"
 _SAFE_MAX_HEADER = 100_000_000
 
 
-@dataclass(frozen=True)
-class _SafeEntry:
+#: the largest dimension a header may give (tensor sizes are int64 everywhere else)
+_SAFE_MAX_DIM = 2 ** 63 - 1
+
+
+class _SafeEntry(NamedTuple):
     name: str
     dtype: DType
     shape: tuple[int, ...]
@@ -51,36 +55,58 @@ class _SafeEntry:
     end: int
 
 
-def _no_duplicate_keys(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in pairs:
-            if k in out:
-                raise SafetensorsError(f"{where}: the header lists {k!r} twice")
-            out[k] = v
-        return out
-    return hook
+class _Pairs(list):
+    """A JSON object as the parser read it: its (key, value) pairs in order, duplicates kept (a list subclass,
+    so ``{}`` is not mistaken for the empty list ``[]``). Made by the C parser without a Python call."""
+
+    __slots__ = ()
+
+
+def _object(where: str, pairs: Any, what: str) -> dict[str, Any]:
+    """``pairs`` as a dict, refusing a key listed twice (readers that keep the first or the last one differ)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise SafetensorsError(f"{where}: {what} lists {k!r} twice")
+            seen.add(k)
+    return out
+
+
+def _plain(x: Any) -> Any:
+    """A parsed JSON value with every object as a dict (for callers that want the raw header)."""
+    if type(x) is _Pairs:
+        return {k: _plain(v) for k, v in x}
+    if type(x) is list:
+        return [_plain(v) for v in x]
+    return x
 
 
 def _safe_entry(where: str, name: str, info: Any, data_size: int) -> _SafeEntry:
+    """Check one header entry in full, raising the precise error (the slow path of :func:`_safe_header`)."""
     what = f"{where}: tensor {name!r}"
-    if not isinstance(info, dict):
-        raise SafetensorsError(f"{what}: expected an object with dtype, shape and data_offsets, got {info!r}")
+    if type(info) is not _Pairs:
+        raise SafetensorsError(f"{what}: expected an object with dtype, shape and data_offsets, got {_plain(info)!r}")
+    info = _object(where, info, f"the entry of tensor {name!r}")
     for key in ("dtype", "shape", "data_offsets"):
         if key not in info:
             raise SafetensorsError(f"{what}: the header entry has no {key!r}")
     dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype_name, str):
-        raise SafetensorsError(f"{what}: dtype must be a string, got {dtype_name!r}")
+        raise SafetensorsError(f"{what}: dtype must be a string, got {_plain(dtype_name)!r}")
     if dtype_name not in _SAFE_DTYPES:
         if dtype_name in _SAFE_UNSUPPORTED:
             raise SafetensorsError(f"{what}: dtype {dtype_name} is valid safetensors but ember has no such dtype")
         raise SafetensorsError(f"{what}: unknown dtype {dtype_name!r} (known: {', '.join(_SAFE_DTYPES)})")
-    if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
-        raise SafetensorsError(f"{what}: shape must be a list of integers >= 0, got {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+    if type(shape) is not list or not all(_is_int(s) and s >= 0 for s in shape):
+        raise SafetensorsError(f"{what}: shape must be a list of integers >= 0, got {_plain(shape)!r}")
+    if any(s > _SAFE_MAX_DIM for s in shape):
+        raise SafetensorsError(f"{what}: shape {tuple(shape)} has a dimension larger than {_SAFE_MAX_DIM}")
+    if not (type(offsets) is list and len(offsets) == 2 and all(_is_int(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
-        raise SafetensorsError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}")
+        raise SafetensorsError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, got "
+                               f"{_plain(offsets)!r}")
     dtype = _SAFE_DTYPES[dtype_name]
     begin, end = offsets
     if end > data_size:
@@ -93,8 +119,52 @@ def _safe_entry(where: str, name: str, info: Any, data_size: int) -> _SafeEntry:
     return _SafeEntry(name, dtype, tuple(shape), begin, end)
 
 
-def _safe_header(src: _Source) -> tuple[int, dict[str, Any], list[_SafeEntry]]:
-    """Parse and check the header: (data start, raw header dict, entries in header order)."""
+_BY_RANGE = operator.attrgetter("begin", "end")
+
+
+def _safe_entries(where: str, pairs: list[Any], data_size: int, keep: bool) -> tuple[list[_SafeEntry], Any]:
+    """The checked entries of the header's (name, value) pairs and the value of ``__metadata__`` (None when absent).
+
+    A header can list a million tensors, so the common entry ({"dtype", "shape", "data_offsets"} in that order,
+    as every writer puts them) is checked inline; anything else goes through :func:`_safe_entry`, which checks
+    the same things more slowly and says what is wrong. Unless ``keep``, each parsed pair is dropped once
+    checked: the parsed header and the entries are not both held whole.
+    """
+    entries: list[_SafeEntry] = []
+    dtypes_, max_dim, make = _SAFE_DTYPES, _SAFE_MAX_DIM, _SafeEntry._make
+    add, meta = entries.append, None
+    for i in range(len(pairs)):
+        name, info = pairs[i]
+        if not keep:
+            pairs[i] = None
+        if name == "__metadata__":
+            if meta is not None:
+                raise SafetensorsError(f"{where}: the header lists '__metadata__' twice")
+            meta = info
+            continue
+        if type(info) is _Pairs and len(info) == 3:
+            (k0, dname), (k1, shape), (k2, offsets) = info
+            dtype = dtypes_.get(dname) if type(dname) is str else None
+            if (dtype is not None and k0 == "dtype" and k1 == "shape" and k2 == "data_offsets"
+                    and type(shape) is list and type(offsets) is list and len(offsets) == 2):
+                begin, end = offsets
+                if type(begin) is int and type(end) is int and 0 <= begin <= end <= data_size:
+                    n = dtype.itemsize
+                    for d in shape:
+                        if type(d) is not int or not 0 <= d <= max_dim:
+                            break
+                        n *= d
+                    else:
+                        if n == end - begin:
+                            add(make((name, dtype, tuple(shape), begin, end)))
+                            continue
+        add(_safe_entry(where, name, info, data_size))
+    return entries, meta
+
+
+def _safe_header(src: _Source, raw_header: bool = False) -> tuple[int, dict[str, Any] | None, list[_SafeEntry]]:
+    """Parse and check the header: (data start, the header as a dict when ``raw_header``, entries in header
+    order)."""
     where = src.name
     if src.size < 8:
         raise SafetensorsError(f"{where}: not a safetensors file: it has {src.size} bytes, fewer than the 8-byte "
@@ -105,25 +175,45 @@ def _safe_header(src: _Source) -> tuple[int, dict[str, Any], list[_SafeEntry]]:
                                "follow it: the file is truncated or not a safetensors file")
     if n > _SAFE_MAX_HEADER:
         raise SafetensorsError(f"{where}: a {n}-byte header is larger than the {_SAFE_MAX_HEADER} bytes allowed")
-    raw = bytes(src.view[8:8 + n])
+    gc_was_on = gc.isenabled()
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys(where))
+        # the parse makes two objects per tensor, none of them in a cycle: the collector would walk the growing
+        # heap again and again (half the time of a million-tensor header)
+        gc.disable()
+        try:
+            text = str(src.view[8:8 + n], "utf-8")  # decoded from the mapping: no copy of the bytes first
+            parsed = json.loads(text, object_pairs_hook=_Pairs)
+            del text
+            return _check_header(src, n, parsed, raw_header)
+        finally:
+            if gc_was_on:
+                gc.enable()
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SafetensorsError(f"{where}: the {n}-byte header is not valid JSON ({e}): not a safetensors "
                                "file, or a corrupt one") from e
     except RecursionError:  # a safetensors header nests three levels; thousands are an attack or garbage
         raise SafetensorsError(f"{where}: the {n}-byte header nests JSON arrays or objects too deeply to read: "
                                "not a safetensors file, or a corrupt one") from None
-    if not isinstance(header, dict):
-        raise SafetensorsError(f"{where}: the header must be a JSON object, got {type(header).__name__}")
-    meta = header.get("__metadata__")
-    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-        raise SafetensorsError(f"{where}: __metadata__ must map strings to strings, got {meta!r}")
+
+
+def _check_header(src: _Source, n: int, parsed: Any,
+                  raw_header: bool) -> tuple[int, dict[str, Any] | None, list[_SafeEntry]]:
+    where = src.name
+    if type(parsed) is not _Pairs:
+        raise SafetensorsError(f"{where}: the header must be a JSON object, got {type(_plain(parsed)).__name__}")
     data_start = 8 + n
     data_size = src.size - data_start
-    entries = [_safe_entry(where, k, v, data_size) for k, v in header.items() if k != "__metadata__"]
+    header = {k: _plain(v) for k, v in _object(where, parsed, "the header").items()} if raw_header else None
+    entries, meta = _safe_entries(where, parsed, data_size, keep=False)
+    del parsed
+    if len({e.name for e in entries}) != len(entries):
+        _object(where, [(e.name, None) for e in entries], "the header")  # raises, naming the name
+    if meta is not None:
+        meta = _object(where, meta, "__metadata__") if type(meta) is _Pairs else meta
+        if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+            raise SafetensorsError(f"{where}: __metadata__ must map strings to strings, got {_plain(meta)!r}")
     pos, prev = 0, None
-    for ent in sorted(entries, key=lambda x: (x.begin, x.end)):  # not "e": an except clause above uses that name
+    for ent in sorted(entries, key=_BY_RANGE):
         if ent.begin < pos and prev is not None:
             raise SafetensorsError(f"{where}: tensors {prev.name!r} [{prev.begin}, {prev.end}] and {ent.name!r} "
                                    f"[{ent.begin}, {ent.end}] overlap")
@@ -143,7 +233,8 @@ def safe_load_metadata(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[Ten
     :func:`safe_load` checks it. For a file name the tensor is a zero-copy DISK view.
     """
     src = _Source.open(fn)
-    data_start, header, _ = _safe_header(src)
+    data_start, header, _ = _safe_header(src, raw_header=True)
+    assert header is not None
     return src.tensor(0, (src.size,), dtypes.uint8), data_start, header
 
 
