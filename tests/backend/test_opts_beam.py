@@ -158,6 +158,8 @@ def test_beam_256_matmul_is_quick_and_searched_once(tmp_path: Path):
 
     seconds, searches, compiled = run()
     assert searches == 1 and compiled >= 2
-    assert seconds <= 3.0, f"BEAM=2 on a 256x256 matmul took {seconds:.2f} s in a fresh process"
+    # quick means little work, counted, not timed (a loaded machine must not fail it): a handful of candidates
+    # built and timed (8 today, ~2 s on 2 idle cores), not the hundreds of an exhaustive search
+    assert compiled <= 32, f"BEAM=2 on a 256x256 matmul built {compiled} kernels ({seconds:.2f} s)"
     _, searches, compiled = run()
     assert (searches, compiled) == (0, 0)

@@ -157,7 +157,7 @@ def test_torch_shared_references_load_once(tmp_path):
     assert path.stat().st_size < 1000
     start = time.perf_counter()
     out = torch_load(path)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 30  # 2**40 paths never end; a DAG loaded once is instant
     node = out
     for _ in range(40):  # shared in the file, shared in the result
         assert node[0] is node[1]
