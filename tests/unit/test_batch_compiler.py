@@ -223,6 +223,26 @@ def test_one_build_slot_streams_as_one_batch(cache):
     assert len(c.built) == 1 and c.built[0].count("#define") == 3 and len(out) == 3
 
 
+#: every build whose end a stream recorded, in order (see :func:`_ended_builds`)
+_ENDED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _ended_builds(monkeypatch: pytest.MonkeyPatch):
+    """Record each build's end as the stream sees it (its future's done callback), so a test waits for that
+    event itself rather than for a time after which it has usually happened."""
+    import ember.device.batch_compiler as bc
+
+    record = bc._Build._done
+
+    def done(build: bc._Build, fut: object) -> None:
+        record(build, fut)
+        _ENDED.append(build)
+
+    _ENDED.clear()
+    monkeypatch.setattr(bc._Build, "_done", done)
+
+
 class Gated(FakeCompiler):
     """Two build slots; the build holding kernel ``first`` waits for :meth:`let_first_finish` (then ``slow`` more
     seconds), so what is rendered meanwhile piles up."""
@@ -240,12 +260,13 @@ class Gated(FakeCompiler):
         return super().build(text)
 
     def let_first_finish(self) -> None:
-        """Let the held build end and wait until its end is recorded (just after it returns)."""
+        """Let the held build end and wait until the stream has recorded its end (its future's done callback),
+        however loaded the machine is (see :func:`_ended_builds`)."""
         self.release.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not self.built:
-            time.sleep(0.005)
-        time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while not any(self.first in text for b in _ENDED for text in b.group):
+            assert time.monotonic() < deadline, "the held build never ended"
+            time.sleep(0.002)
 
 
 def test_a_busy_slot_lets_rendered_sources_pile_up_into_one_program(cache):
