@@ -15,6 +15,14 @@ hang in an unrelated plugin cannot stall it. Two distributions that declare the 
 an error naming both, until the user picks one with ``EMBER_PLUGIN_<NAME>=<distribution>``. When the
 default device is chosen by priority, a device whose factory fails is skipped with a warning.
 
+Crashes: with ``DEV`` unset, every call into an installed plugin is tried in a forked child first
+(:func:`~ember.device.isolation.tried_in_child`): the entry points' imports and ``ember_devices()`` hooks in
+one child, each device's precheck, probe and factory in another. A call that crashes, ends or interrupts
+the child, or hangs there, makes that plugin broken (or that device unusable) with the reason and the
+distribution's name, and is never made in this process; selection goes on with the next device. A clean
+run is remembered on disk per distribution, version, Python and environment (``plugin-ok`` table), so a
+warm start forks nothing. An explicit ``DEV=`` runs the plugin in this process, as asked.
+
 Typical use::
 
     from ember.device import Device
@@ -24,6 +32,7 @@ Typical use::
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib
 import os
 import sys
@@ -38,7 +47,17 @@ import pluggy
 from ember.device import hookspecs
 from ember.device.entry_points import entry_points as installed_entry_points
 from ember.device.hookspecs import PLUGIN_API, hookimpl
-from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, crash_checked, plugin_timeout  # noqa: F401
+from ember.device.isolation import (  # noqa: F401
+    STOP,
+    PluginCrash,
+    PluginTimeout,
+    _importing,
+    call_with_timeout,
+    crash_checked,
+    guard_enabled,
+    plugin_timeout,
+    tried_in_child,
+)
 from ember.device.spec import DeviceSpec
 from ember.helpers import getenv
 
@@ -148,6 +167,63 @@ def _probe_memo_key(spec: DeviceSpec, origin: PluginOrigin) -> str:
     return f"{origin.label}|{origin.name}|{spec.name}|{file}|{mtime}|{qualname}"
 
 
+#: Environment variables a shell changes between commands without changing what a plugin sees of the machine.
+_VOLATILE_ENV = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST"})
+
+
+def _tried_key(kind: str, origin: PluginOrigin, *parts: str) -> str:
+    """The disk-cache key under which a clean run of a plugin's code in a child is remembered: the distribution,
+    its version and entry point, this Python and ember, and a hash of the environment (a plugin may read any
+    variable: a changed one is checked again)."""
+    env = hashlib.sha256(repr(sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENV)).encode())
+    return "|".join((kind, origin.label, origin.entry_point or "", *parts, sys.version, sys.executable,
+                     str(PLUGIN_API), __file__, env.hexdigest()))
+
+
+def _remembered(key: str) -> bool:
+    from ember import diskcache  # imported late: `import ember` does not need it
+
+    path = diskcache.entry_path("plugin-ok", key)
+    return path is not None and diskcache.read(path) == b"ok"
+
+
+def _remember(key: str) -> None:
+    from ember import diskcache
+
+    if (path := diskcache.entry_path("plugin-ok", key)) is not None:
+        diskcache.write(path, b"ok")
+
+
+def _origin_of(ep: Any) -> PluginOrigin:
+    dist, version = _dist_of(ep)
+    name = str(getattr(ep, "name", "?"))
+    return PluginOrigin(name, dist, version, entry_point=f"{name} = {getattr(ep, 'value', '?')}")
+
+
+def _hook_of(plugin: Any) -> Any:
+    """A plugin's ``ember_devices`` implementation, called as pluggy calls it (no arguments)."""
+    hook = getattr(plugin, "ember_devices", None)
+    return hook() if callable(hook) else None
+
+
+def _import_steps(eps: list[tuple[Any, PluginOrigin]]) -> list[tuple[str, Any]]:
+    """For :func:`tried_in_child`: each entry point's import, then its ``ember_devices()`` (two steps each)."""
+    loaded: dict[int, Any] = {}
+
+    def load(j: int) -> None:
+        loaded[j] = eps[j][0].load()
+
+    def hook(j: int) -> None:
+        if j in loaded:  # an import that raised has nothing to call
+            _hook_of(loaded[j])
+
+    steps: list[tuple[str, Any]] = []
+    for j, (_, origin) in enumerate(eps):
+        steps += [(f"the import of {origin.label}", lambda j=j: load(j)),
+                  (f"ember_devices() of {origin.label}", lambda j=j: hook(j))]
+    return steps
+
+
 def canonicalize(name: str) -> str:
     """Normalize a device name: ``"cpu"`` -> ``"CPU"``, ``"CPU:0"`` -> ``"CPU"``, ``"cuda:1"`` -> ``"CUDA:1"``.
 
@@ -216,6 +292,12 @@ class _DeviceRegistry:
         #: True once :meth:`finalize` ran (at exit): buffers dropped after that leave their memory alone
         self.finalized = False
         self._default: str | None = None                  # set explicitly through the DEFAULT setter
+        # what trying plugin code in a child found: id(entry point) -> (entry point, its verdict), and
+        # (plugin name, device name) -> the reason the device's code is unsafe here (None: safe)
+        self._tried_eps: dict[int, tuple[Any, tuple[str, Exception] | None]] = {}
+        self._tried_specs: dict[tuple[str, str], str | None] = {}
+        #: try plugin code in a child first even with ``DEV`` set (the doctor reports on every plugin)
+        self.try_plugins_in_child = False
         self._auto_default: tuple[str, str] | None = None  # (DEV value it was computed for, result)
 
     # ----- loading plugins -----
@@ -239,8 +321,40 @@ class _DeviceRegistry:
                 todo = [ep for ep in self._pending
                         if str(getattr(ep, "name", "")).upper() == want or (dist and _dist_of(ep)[0] == dist)]
                 self._pending = [ep for ep in self._pending if all(ep is not t for t in todo)]
+            if todo and self._guarded():
+                self._try_entry_points(todo)
             for ep in todo:
                 self._load_entry_point(ep)
+
+    def _guarded(self) -> bool:
+        """Whether plugin code is tried in a child before it runs here: ``DEV`` unset (an explicit choice runs the
+        plugin in this process, as asked) or :attr:`try_plugins_in_child` set, on a platform that can fork."""
+        return (self.try_plugins_in_child or not getenv("DEV", "")) and guard_enabled()
+
+    def _try_entry_points(self, eps: list[Any]) -> None:
+        """Import each entry point and call its ``ember_devices()`` in a child process first, all in one child (one
+        more after each that took a child down), unless a child already did so cleanly with this environment."""
+        todo: list[tuple[Any, PluginOrigin, str]] = []
+        for ep in eps:
+            if id(ep) in self._tried_eps:
+                continue
+            origin = _origin_of(ep)
+            key = _tried_key("import", origin)
+            if _remembered(key):
+                self._tried_eps[id(ep)] = (ep, None)
+            else:
+                todo.append((ep, origin, key))
+        while todo:
+            verdict = tried_in_child(_import_steps([(ep, origin) for ep, origin, _ in todo]))
+            clean = len(todo) if verdict is None else verdict.step // 2
+            for ep, _, key in todo[:clean]:
+                self._tried_eps[id(ep)] = (ep, None)
+                _remember(key)
+            if verdict is None:
+                break
+            stage = "import" if verdict.step % 2 == 0 else "ember_devices"
+            self._tried_eps[id(todo[clean][0])] = (todo[clean][0], (stage, verdict.error()))
+            todo = todo[clean + 1:]
 
     def _invalidate(self) -> None:
         self._specs = None
@@ -252,13 +366,20 @@ class _DeviceRegistry:
         self._invalidate()
 
     def _load_entry_point(self, ep: Any) -> bool:
-        dist, version = _dist_of(ep)
-        name = str(getattr(ep, "name", "?"))
-        origin = PluginOrigin(name, dist, version, entry_point=f"{name} = {getattr(ep, 'value', '?')}")
+        origin = _origin_of(ep)
+        name = origin.name
         if name in self._origins:
             # the same distribution visible twice on sys.path (e.g. installed and editable): keep the first
             if self._origins[name].entry_point == origin.entry_point:
                 return False
+            if self._origins[name].dist != origin.dist:
+                # another distribution's entry point of the same name (a third-party `cpu`): registered beside the
+                # first, so the devices both declare are the conflict error, never a silent displacement
+                origin = PluginOrigin(f"{name} ({origin.dist})", origin.dist, origin.version, origin.entry_point)
+        unsafe = self._tried_eps.get(id(ep), (None, None))[1]
+        if unsafe is not None:  # it took down the child that tried it: never run here
+            self._record_load_failure(origin, *unsafe)
+            return False
         try:
             # with a time limit, except while some module is being imported: a thread importing it would wait
             # for this one (a plugin found while ember itself is importing)
@@ -442,7 +563,8 @@ class _DeviceRegistry:
         for failure in [*self._load_failures, *self._hook_failures]:
             if failure.stage == "conflict":
                 continue
-            if failure.origin.name.upper() == base or (dist is not None and failure.origin.dist == dist):
+            named = failure.origin.name.partition(" ")[0].upper()  # "cpu (other-dist)": a second `cpu` entry point
+            if named == base or (dist is not None and failure.origin.dist == dist):
                 return failure
         return None
 
@@ -468,6 +590,13 @@ class _DeviceRegistry:
     def _unusable_because(self, spec: DeviceSpec) -> str | None:
         """Why ``spec``'s device cannot be used here, or ``None``: its precheck in this process, then its probe
         (a plugin's probe runs in a forked child first, until it is known not to crash the process)."""
+        origin = self._spec_origins.get(spec.name)
+        tried = origin is not None and origin.entry_point is not None and self._guarded()
+        if tried:
+            assert origin is not None
+            unsafe = self._try_device(spec, origin)
+            if unsafe is not None:
+                return unsafe
         stage = "precheck"
         try:
             if spec.precheck is not None:
@@ -477,8 +606,7 @@ class _DeviceRegistry:
             if spec.probe is None:
                 return None
             stage, what = "probe", f"the probe of device {spec.name}"
-            origin = self._spec_origins.get(spec.name)
-            if origin is not None and not origin.builtin:
+            if origin is not None and not origin.builtin and not tried:
                 crash = crash_checked(spec.probe, what, _probe_memo_key(spec, origin))
                 if crash is not None:
                     return crash
@@ -488,6 +616,41 @@ class _DeviceRegistry:
             return str(e)
         except Exception as e:
             return f"{stage} raised {type(e).__name__}: {e}"
+
+    def _try_device(self, spec: DeviceSpec, origin: PluginOrigin) -> str | None:
+        """Why the code of device ``spec`` may not run here, or ``None``: its precheck, probe and factory, tried in
+        a child process (as selection would call them) unless a child already ran them cleanly."""
+        memo = (origin.name, spec.name)
+        if memo in self._tried_specs:
+            return self._tried_specs[memo]
+        key = _tried_key("device", origin, spec.name)
+        if _remembered(key):
+            self._tried_specs[memo] = None
+            return None
+
+        def reason_given(fn: Any) -> Any:
+            return STOP if fn is not None and fn() is not None else None
+
+        def create() -> None:
+            self._resolve_factory(spec)(spec.name)
+
+        label = f"device {spec.name} ({origin.label})"
+        verdict = tried_in_child([(f"the precheck of {label}", lambda: reason_given(spec.precheck)),
+                                  (f"the probe of {label}", lambda: reason_given(spec.probe)),
+                                  (f"creating {label}", create)])
+        self._tried_specs[memo] = None if verdict is None else verdict.reason
+        if verdict is None:
+            _remember(key)
+        return self._tried_specs[memo]
+
+    def unsafe_plugins(self) -> list[str]:
+        """One line for each plugin call that crashed, ended, interrupted or hung the child process that tried it,
+        naming the distribution (what ``python -m ember.doctor`` lists as crashed)."""
+        with self._lock:
+            self._collect()
+            lines = [f"{f.origin.label}: {f.error}" for f in self._load_failures
+                     if isinstance(f.error, (PluginCrash, PluginTimeout))]
+            return lines + [reason for reason in self._tried_specs.values() if reason is not None]
 
     def _check(self, base: str) -> DeviceSpec:
         """Return the spec of a usable device ``base``, or raise the error that says why it is not usable."""
