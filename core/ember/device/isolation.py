@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,24 +195,32 @@ STOP = object()
 
 @dataclass(frozen=True)
 class ChildVerdict:
-    """The step of :func:`tried_in_child` that took its child down, and why (``hung``: it did not return)."""
+    """What a :func:`tried_in_child` run saw: the tags of the steps it started, in order, and for a run that did
+    not finish, why (``reason``) and whether its last step merely did not return (``hung``)."""
 
-    step: int
-    reason: str
-    hung: bool
+    started: tuple[str, ...]
+    reason: str | None = None
+    hung: bool = False
+
+    @property
+    def failed(self) -> str | None:
+        """The tag of the step that took the child down, or ``None`` when every step returned."""
+        return self.started[-1] if self.reason is not None and self.started else None
 
     def error(self) -> Exception:
-        """The exception that stands for this verdict: :class:`PluginTimeout` or :class:`PluginCrash`."""
+        """The exception that stands for the failure: :class:`PluginTimeout` or :class:`PluginCrash`."""
         return PluginTimeout(self.reason) if self.hung else PluginCrash(self.reason)
 
 
-def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | None = None) -> ChildVerdict | None:
-    """Run ``steps`` (``(what, fn)`` pairs) in order in a forked child; ``None`` when all of them returned or raised
-    an ordinary exception, else the first that crashed the child (a signal), ended it (``os._exit``), raised
-    ``SystemExit`` or ``KeyboardInterrupt``, or ran longer than ``timeout`` seconds (``EMBER_PLUGIN_TIMEOUT``;
-    each step gets the whole limit). A step that returns :data:`STOP` ends the run early (a reason that makes
-    the later steps moot). Results and ordinary exceptions stay in the child: the caller runs the calls itself
-    when they are safe. Requires ``os.fork`` (see :func:`guard_enabled`)."""
+def tried_in_child(steps: Callable[[], Iterable[tuple[str, str, Callable[[], Any]]]],
+                   timeout: float | None = None) -> ChildVerdict:
+    """Run the steps ``steps()`` yields (``(tag, what, fn)``; the generator runs in the child, so later steps may
+    depend on what earlier ones found) in a forked child. The verdict lists the tags started; it has a reason
+    when a step crashed the child (a signal), ended it (``os._exit``), raised ``SystemExit`` or
+    ``KeyboardInterrupt``, or ran longer than ``timeout`` seconds (``EMBER_PLUGIN_TIMEOUT``; each step gets the
+    whole limit). A step that returns :data:`STOP` ends the run early. Ordinary exceptions and results stay in
+    the child: the caller makes the calls itself once they are known to be safe. Requires ``os.fork`` (see
+    :func:`guard_enabled`)."""
     limit = plugin_timeout() if timeout is None else timeout
     read_end, write_end = os.pipe()
     sys.stdout.flush()
@@ -227,8 +235,9 @@ def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | 
             quiet = os.open(os.devnull, os.O_WRONLY)
             os.dup2(quiet, 1)
             os.dup2(quiet, 2)
-            for i, (_, fn) in enumerate(steps):
-                os.write(write_end, b"S %d\n" % i)
+            for tag, what, fn in steps():
+                line = f"S {tag}\t{what}".replace("\n", " ")  # one line per step, whatever the plugin's name
+                os.write(write_end, (line + "\n").encode(errors="replace"))
                 try:
                     if fn() is STOP:
                         break
@@ -236,13 +245,14 @@ def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | 
                     pass
                 except BaseException as e:  # noqa: BLE001  (SystemExit, KeyboardInterrupt: the plugin's doing)
                     text = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-                    os.write(write_end, f"X {i} {text}\n".encode(errors="replace"))
+                    os.write(write_end, f"X {text}\n".encode(errors="replace"))
                     os._exit(0)
             os.write(write_end, b"D\n")
         finally:
             os._exit(0)
     os.close(write_end)
-    current, raised, done, hung = -1, "", False, False
+    started: list[str] = []
+    what, raised, done, hung = "a plugin call", "", False, False
     try:
         buf = b""
         deadline = time.monotonic() + limit
@@ -259,9 +269,11 @@ def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | 
                 line, buf = buf.split(b"\n", 1)
                 kind, _, rest = line.decode(errors="replace").partition(" ")
                 if kind == "S":
-                    current, deadline = int(rest), time.monotonic() + limit
+                    tag, _, what = rest.partition("\t")
+                    started.append(tag)
+                    deadline = time.monotonic() + limit
                 elif kind == "X":
-                    raised = rest.partition(" ")[2]
+                    raised = rest
                 elif kind == "D":
                     done = True
     finally:
@@ -271,12 +283,10 @@ def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | 
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if done:
-        return None
-    step = max(current, 0)
-    what = steps[step][0]
+        return ChildVerdict(tuple(started))
     if hung or status is None:
-        return ChildVerdict(step, f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT), tried in a "
-                                  "child process", hung=True)
+        return ChildVerdict(tuple(started), f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT), tried "
+                                            "in a child process", hung=True)
     if raised:
         why = f"raised {raised} in the process that tried it (a plugin may not end or interrupt the program)"
     elif os.WIFSIGNALED(status):
@@ -285,8 +295,8 @@ def tried_in_child(steps: list[tuple[str, Callable[[], Any]]], timeout: float | 
         why = f"crashed the process that ran it ({name})"
     else:
         why = f"ended the process that ran it (exit status {os.WEXITSTATUS(status)}, before returning)"
-    return ChildVerdict(step, f"{what} {why}, so ember does not call it in this one; reinstall or update the "
-                              "plugin and its driver, or uninstall the plugin", hung=False)
+    return ChildVerdict(tuple(started), f"{what} {why}, so ember does not call it in this one; reinstall or update "
+                                        "the plugin and its driver, or uninstall the plugin")
 
 
 def _wait_child(pid: int, limit: float) -> int | None:

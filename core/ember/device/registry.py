@@ -38,7 +38,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,7 +48,6 @@ from ember.device import hookspecs
 from ember.device.entry_points import entry_points as installed_entry_points
 from ember.device.hookspecs import PLUGIN_API, hookimpl
 from ember.device.isolation import (  # noqa: F401
-    STOP,
     PluginCrash,
     PluginTimeout,
     _importing,
@@ -206,22 +205,48 @@ def _hook_of(plugin: Any) -> Any:
     return hook() if callable(hook) else None
 
 
-def _import_steps(eps: list[tuple[Any, PluginOrigin]]) -> list[tuple[str, Any]]:
-    """For :func:`tried_in_child`: each entry point's import, then its ``ember_devices()`` (two steps each)."""
-    loaded: dict[int, Any] = {}
+def _device_key(origin: PluginOrigin, name: str) -> tuple[str, str, str]:
+    return (origin.label, origin.entry_point or "", name)
 
-    def load(j: int) -> None:
-        loaded[j] = eps[j][0].load()
 
-    def hook(j: int) -> None:
-        if j in loaded:  # an import that raised has nothing to call
-            _hook_of(loaded[j])
+def _device_steps(spec: DeviceSpec, origin: PluginOrigin, tag: str, factory_of: Any) -> Iterator[Any]:
+    """For :func:`tried_in_child`: device ``spec``'s precheck, probe and factory, as selection calls them (a reason
+    or an exception ends the device's turn). Returns (through ``yield from``) whether the device was made."""
+    label = f"device {spec.name} ({origin.label})"
+    said: list[Any] = []
+    for stage, fn in (("precheck", spec.precheck), ("probe", spec.probe)):
+        if fn is not None:
+            said.clear()
+            yield f"{stage} {tag}", f"the {stage} of {label}", lambda fn=fn: said.append(fn())
+            if said != [None]:
+                return False
+    made: list[Any] = []
+    yield f"factory {tag}", f"creating {label}", lambda: made.append(factory_of(spec)(spec.name))
+    return bool(made)
 
-    steps: list[tuple[str, Any]] = []
-    for j, (_, origin) in enumerate(eps):
-        steps += [(f"the import of {origin.label}", lambda j=j: load(j)),
-                  (f"ember_devices() of {origin.label}", lambda j=j: hook(j))]
-    return steps
+
+def _plugin_steps(eps: list[tuple[Any, PluginOrigin]], skip: set[int], unsafe: set[str],
+                  factory_of: Any) -> Iterator[Any]:
+    """For :func:`tried_in_child`: import each entry point (but ``skip``) and call its ``ember_devices()``; then
+    try their devices as default selection would, highest priority first, until one is made (devices whose tag
+    is in ``unsafe`` are passed over). Tags: ``import J``, ``hook J``, ``<stage> J <device>``."""
+    found: list[tuple[DeviceSpec, int]] = []
+    for j, (ep, origin) in enumerate(eps):
+        if j in skip:
+            continue
+        loaded: list[Any] = []
+        yield f"import {j}", f"the import of {origin.label}", lambda ep=ep, out=loaded: out.append(ep.load())
+        if not loaded:
+            continue
+        specs: list[Any] = []
+        yield f"hook {j}", f"ember_devices() of {origin.label}", (
+            lambda out=specs, plugin=loaded[0]: out.extend(_hook_of(plugin) or ()))
+        found += [(spec, j) for spec in specs if isinstance(spec, DeviceSpec) and spec.compute
+                  and spec.plugin_api == PLUGIN_API]
+    for spec, j in sorted(found, key=lambda t: (-t[0].priority, t[0].name)):
+        tag = f"{j} {spec.name}"
+        if tag not in unsafe and (yield from _device_steps(spec, eps[j][1], tag, factory_of)):
+            return
 
 
 def canonicalize(name: str) -> str:
@@ -293,9 +318,9 @@ class _DeviceRegistry:
         self.finalized = False
         self._default: str | None = None                  # set explicitly through the DEFAULT setter
         # what trying plugin code in a child found: id(entry point) -> (entry point, its verdict), and
-        # (plugin name, device name) -> the reason the device's code is unsafe here (None: safe)
+        # (distribution label, entry point, device name) -> the reason the device's code is unsafe here (None: safe)
         self._tried_eps: dict[int, tuple[Any, tuple[str, Exception] | None]] = {}
-        self._tried_specs: dict[tuple[str, str], str | None] = {}
+        self._tried_specs: dict[tuple[str, str, str], str | None] = {}
         #: try plugin code in a child first even with ``DEV`` set (the doctor reports on every plugin)
         self.try_plugins_in_child = False
         self._auto_default: tuple[str, str] | None = None  # (DEV value it was computed for, result)
@@ -332,29 +357,46 @@ class _DeviceRegistry:
         return (self.try_plugins_in_child or not getenv("DEV", "")) and guard_enabled()
 
     def _try_entry_points(self, eps: list[Any]) -> None:
-        """Import each entry point and call its ``ember_devices()`` in a child process first, all in one child (one
-        more after each that took a child down), unless a child already did so cleanly with this environment."""
-        todo: list[tuple[Any, PluginOrigin, str]] = []
+        """Before anything of theirs runs here, try in one child process each entry point's import and
+        ``ember_devices()``, then their devices as default selection would (precheck, probe, factory; highest
+        priority first, until one is made). A call that takes the child down is settled (the plugin is broken, or
+        the device unusable) and a new child goes on with the rest. Entry points a child already imported
+        cleanly with this environment are not tried again; clean runs are remembered on disk."""
+        todo: list[tuple[Any, PluginOrigin]] = []
         for ep in eps:
             if id(ep) in self._tried_eps:
                 continue
             origin = _origin_of(ep)
-            key = _tried_key("import", origin)
-            if _remembered(key):
+            if _remembered(_tried_key("import", origin)):
                 self._tried_eps[id(ep)] = (ep, None)
             else:
-                todo.append((ep, origin, key))
-        while todo:
-            verdict = tried_in_child(_import_steps([(ep, origin) for ep, origin, _ in todo]))
-            clean = len(todo) if verdict is None else verdict.step // 2
-            for ep, _, key in todo[:clean]:
-                self._tried_eps[id(ep)] = (ep, None)
-                _remember(key)
-            if verdict is None:
+                todo.append((ep, origin))
+        if not todo:
+            return
+        broken: dict[int, tuple[str, Exception]] = {}
+        unsafe: set[str] = set()
+        while True:
+            verdict = tried_in_child(lambda: _plugin_steps(todo, set(broken), unsafe, self._resolve_factory))
+            for tag in verdict.started[:-1] if verdict.failed else verdict.started:
+                kind, _, rest = tag.partition(" ")
+                j, _, name = rest.partition(" ")
+                if kind not in ("import", "hook"):
+                    key = _device_key(todo[int(j)][1], name)
+                    if self._tried_specs.setdefault(key, None) is None:
+                        _remember(_tried_key("device", todo[int(j)][1], name))
+            if verdict.failed is None:
                 break
-            stage = "import" if verdict.step % 2 == 0 else "ember_devices"
-            self._tried_eps[id(todo[clean][0])] = (todo[clean][0], (stage, verdict.error()))
-            todo = todo[clean + 1:]
+            kind, _, rest = verdict.failed.partition(" ")
+            j, _, name = rest.partition(" ")
+            if kind in ("import", "hook"):
+                broken[int(j)] = ("import" if kind == "import" else "ember_devices", verdict.error())
+            else:
+                self._tried_specs[_device_key(todo[int(j)][1], name)] = verdict.reason
+                unsafe.add(rest)
+        for j, (ep, origin) in enumerate(todo):
+            self._tried_eps[id(ep)] = (ep, broken.get(j))
+            if j not in broken:
+                _remember(_tried_key("import", origin))
 
     def _invalidate(self) -> None:
         self._specs = None
@@ -619,29 +661,21 @@ class _DeviceRegistry:
 
     def _try_device(self, spec: DeviceSpec, origin: PluginOrigin) -> str | None:
         """Why the code of device ``spec`` may not run here, or ``None``: its precheck, probe and factory, tried in
-        a child process (as selection would call them) unless a child already ran them cleanly."""
-        memo = (origin.name, spec.name)
-        if memo in self._tried_specs:
-            return self._tried_specs[memo]
-        key = _tried_key("device", origin, spec.name)
-        if _remembered(key):
-            self._tried_specs[memo] = None
+        a child process (as selection would call them) unless a child already ran them cleanly. Most devices are
+        tried by the child of :meth:`_try_entry_points`, before their plugin runs here; this child is forked
+        after it did (a device selection did not reach then, or one asked for by name)."""
+        key = _device_key(origin, spec.name)
+        if key in self._tried_specs:
+            return self._tried_specs[key]
+        memo = _tried_key("device", origin, spec.name)
+        if _remembered(memo):
+            self._tried_specs[key] = None
             return None
-
-        def reason_given(fn: Any) -> Any:
-            return STOP if fn is not None and fn() is not None else None
-
-        def create() -> None:
-            self._resolve_factory(spec)(spec.name)
-
-        label = f"device {spec.name} ({origin.label})"
-        verdict = tried_in_child([(f"the precheck of {label}", lambda: reason_given(spec.precheck)),
-                                  (f"the probe of {label}", lambda: reason_given(spec.probe)),
-                                  (f"creating {label}", create)])
-        self._tried_specs[memo] = None if verdict is None else verdict.reason
-        if verdict is None:
-            _remember(key)
-        return self._tried_specs[memo]
+        verdict = tried_in_child(lambda: _device_steps(spec, origin, "0 " + spec.name, self._resolve_factory))
+        self._tried_specs[key] = verdict.reason
+        if verdict.reason is None:
+            _remember(memo)
+        return verdict.reason
 
     def unsafe_plugins(self) -> list[str]:
         """One line for each plugin call that crashed, ended, interrupted or hung the child process that tried it,
