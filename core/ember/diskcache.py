@@ -8,10 +8,13 @@ miss, so the caller rebuilds and rewrites it. A caller that finds an intact entr
 binary its runtime will not load) calls :func:`invalidate`.
 
 Entries are written to a temporary file (mode 0600) in the same folder and renamed into place, so a
-reader never sees half an entry. Folders are created with mode 0700 whatever the umask, and a folder
-that other users can write to is not used (its entries could have been planted). IO errors (read-only
-or full disk) warn once per folder and direction, then that direction is skipped for the rest of the
-process. ``CACHELEVEL=0`` turns the cache off.
+reader never sees half an entry. Only the current user's own things are trusted, whatever their mode
+and even for root: a folder (the cache root or a table) owned by another user is not used, and an entry
+owned by another user, or writable by others, is refused (deleted when we can). Folders are created
+with mode 0700 whatever the umask; one of ours that others could write to is closed (its entries are
+then checked one by one as they are read). IO errors (a read-only folder or disk, a full disk) warn
+once per cache and direction, then that folder and direction are skipped for the rest of the process,
+so kernels are compiled in memory. ``CACHELEVEL=0`` turns the cache off.
 
 Size: ``EMBER_CACHE_MB`` (default 1024) bounds the whole cache. A read refreshes an entry's time,
 and when writes take the cache over the limit the least recently used entries are deleted until it
@@ -19,6 +22,7 @@ is at 90% of it. ``python -m ember.cache`` shows and clears the cache.
 """
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pathlib
@@ -41,6 +45,8 @@ _unreadable_dirs: set[str] = set()
 _unwritable_dirs: set[str] = set()
 # Folders checked (and made private) this process; bytes written since the last size check.
 _checked_dirs: set[str] = set()
+# (cache root, action) pairs already warned about
+_warned: set[tuple[str, str]] = set()
 _written_since_check = 0
 
 
@@ -65,6 +71,44 @@ def _key_digest(path: pathlib.Path) -> bytes | None:
     return digest if len(digest) == _DIGEST_LEN else None
 
 
+class _Untrusted(Exception):
+    """Something in the cache that may not be used: not ours, open to other users' writes, or not a file."""
+
+
+def _euid() -> int | None:
+    """The user the cache must belong to (``None`` where the platform has no owners)."""
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def _read_own_file(path: pathlib.Path) -> bytes:
+    """The bytes of ``path``, refused (raising :class:`_Untrusted`) unless it is a plain file of ours that only
+    we can write. Checked on the opened file, so a swap between the check and the read changes nothing."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block
+    try:
+        fd = os.open(path, flags)
+    except IsADirectoryError:
+        raise _Untrusted("a folder where an entry belongs") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise _Untrusted("a symbolic link where an entry belongs") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise _Untrusted("a folder where an entry belongs")
+        if not stat.S_ISREG(st.st_mode):
+            raise _Untrusted("not a plain file")
+        uid = _euid()
+        if uid is not None and st.st_uid != uid:
+            raise _Untrusted(f"owned by uid {st.st_uid}, not by this user (uid {uid})")
+        if uid is not None and stat.S_IMODE(st.st_mode) & 0o022:
+            raise _Untrusted(f"other users may write to it (mode {stat.S_IMODE(st.st_mode):o})")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def read(path: pathlib.Path) -> bytes | None:
     """The payload stored at ``path`` if it is present, intact and written for this key, else ``None``
     (a bad entry is deleted)."""
@@ -72,13 +116,13 @@ def read(path: pathlib.Path) -> bytes | None:
     if folder in _unreadable_dirs or not _private_dir(path.parent, create=False):
         return None
     try:
-        data = path.read_bytes()
+        data = _read_own_file(path)
     except FileNotFoundError:
         return None
+    except _Untrusted as e:
+        _discard(path, str(e))
+        return None
     except OSError as e:
-        if isinstance(e, IsADirectoryError):
-            _discard(path, "a folder where an entry belongs")
-            return None
         _disk_failed(path.parent, e, _unreadable_dirs, "read")
         return None
     payload = data[_HEAD:]
@@ -161,11 +205,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 # --- folders ---------------------------------------------------------------------------------------
 def _private_dir(folder: pathlib.Path, create: bool) -> bool:
-    """Whether ``folder`` (and the cache root above it) is ours alone: created 0700 when ``create``, tightened
-    when it is ours but open to others, refused (with a warning) when someone else can write to it."""
+    """Whether ``folder`` (and the cache root above it) may be used: each must be a folder owned by the current
+    user, whatever its mode and even for root (another user's folder is refused with one warning). One of ours
+    that others could write to is closed first; one we cannot close (a read-only disk) is refused. Created with
+    mode 0700 when ``create``."""
     key = str(folder)
     if key in _checked_dirs:
         return True
+    if key in _unreadable_dirs and key in _unwritable_dirs:
+        return False
     root = cache_dir()
     chain = [folder] if folder == root else [root, folder]
     for d in chain:
@@ -175,22 +223,49 @@ def _private_dir(folder: pathlib.Path, create: bool) -> bool:
             except FileExistsError:
                 pass
         try:
-            st = d.stat()
-        except OSError:  # missing (a read before any write), or a file where the folder belongs
+            why = _untrusted_dir(d)
+        except OSError as e:  # missing (a read before any write), or a file where the folder belongs
+            if create and not isinstance(e, FileNotFoundError):
+                raise
             return False
-        if not stat.S_ISDIR(st.st_mode):
+        if why is not None:
+            _refuse_dir(d, folder, why)
             return False
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            if hasattr(os, "getuid") and st.st_uid != os.getuid():
-                _disk_failed(d, PermissionError(f"owned by uid {st.st_uid} and open to others"), _unreadable_dirs,
-                             "trust")
-                _unwritable_dirs.add(str(d))
-                _unreadable_dirs.add(key)
-                _unwritable_dirs.add(key)
-                return False
-            os.chmod(d, 0o700)  # ours, made under a permissive umask by an older version: close it
     _checked_dirs.add(key)
     return True
+
+
+def _untrusted_dir(d: pathlib.Path) -> str | None:
+    """Why folder ``d`` may not be used, or ``None``; closes a folder of ours that others could write to."""
+    uid = _euid()
+    link = d.lstat()
+    if stat.S_ISLNK(link.st_mode) and uid is not None and link.st_uid not in (uid, 0):
+        return f"a symbolic link made by uid {link.st_uid}"
+    st = d.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    if uid is None:
+        return None
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        # ours but open to others (made under a permissive umask by an older version): close it, keeping our own
+        # bits, so a folder the user made read-only stays read-only
+        try:
+            os.chmod(d, mode & 0o700)
+        except OSError as e:
+            if mode & 0o022:
+                return f"other users may write to it (mode {mode:o}) and it cannot be closed ({e})"
+    return None
+
+
+def _refuse_dir(d: pathlib.Path, folder: pathlib.Path, why: str) -> None:
+    """Stop using ``d`` and ``folder`` below it in both directions for the rest of the process, with a warning."""
+    _disk_failed(d, PermissionError(why), _unreadable_dirs, "trust")
+    for k in {str(d), str(folder)}:
+        _unreadable_dirs.add(k)
+        _unwritable_dirs.add(k)
 
 
 def _discard(path: pathlib.Path, why: str) -> None:
@@ -206,12 +281,17 @@ def _discard(path: pathlib.Path, why: str) -> None:
 
 
 def _disk_failed(folder: pathlib.Path, error: OSError, broken: set[str], action: str) -> None:
-    """Warn once per folder and direction, then stop trying that direction."""
+    """Stop trying that direction in ``folder``; warn once per cache root and action (a read-only cache fails in
+    every table: one warning says it)."""
     key = str(folder)
-    if key not in broken:
-        broken.add(key)
-        warnings.warn(f"disk cache: cannot {action} {folder} ({error}); continuing without it",
-                      RuntimeWarning, stacklevel=4)
+    if key in broken:
+        return
+    broken.add(key)
+    said = (str(cache_dir()), action)
+    if said not in _warned:
+        _warned.add(said)
+        warnings.warn(f"disk cache: cannot {action} {folder} ({error}); continuing without it (kernels are "
+                      "compiled in memory)", RuntimeWarning, stacklevel=4)
 
 
 # --- size: usage, eviction, clearing ---------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """``python -m ember.doctor``: report the installation, every device plugin, and smoke-test each usable device.
 
-Exits with status 0 when the default device passes its smoke test, 1 otherwise.
+Exits with status 0 when the default device passes its smoke test, 1 otherwise, and 1 when the report is
+incomplete (the checking process ended, even with status 0, before its last line).
 
 The probes and smoke tests run in a child process (``--in-process`` is that child), so a plugin that
 hangs or crashes the interpreter cannot take the doctor with it: the report shows what was found up to
-that point and why it stopped. Each plugin import, hook and probe is limited to
+that point and why it stopped. Inside that child every plugin's import, hook, precheck, probe and factory
+is first tried in a child of its own (whatever ``DEV`` says), so a plugin that crashes, exits or hangs is
+named under "crashed plugins" and the report goes on. Each plugin import, hook and probe is limited to
 ``EMBER_PLUGIN_TIMEOUT`` seconds inside the child; the whole child to ``EMBER_DOCTOR_TIMEOUT`` (default:
 three of those per installed plugin, plus a minute for the smoke tests).
 """
@@ -89,7 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         print(f"\nFAILED: a device check crashed the checking process ({name}); the last line was: {last[0]!r}")
         return 1
+    if not last[0].startswith(_VERDICTS):
+        print(f"\nFAILED: the report is incomplete: the checking process ended (status {code}) before its last "
+              f"line; the last line was: {last[0]!r}")
+        return 1
     return code
+
+
+#: How the report's last line starts: any other last line means it was cut off.
+_VERDICTS = ("ok: the default device", "FAILED: the default device")
 
 
 def report() -> int:
@@ -99,6 +110,7 @@ def report() -> int:
     print(f"platform {platform.platform()} ({platform.machine()})")
     print(f"plugin API {PLUGIN_API}")
 
+    Device.try_plugins_in_child = True  # a crash is reported, even of a plugin DEV did not name
     specs = sorted(Device.specs().values(), key=lambda s: (-s.priority, s.name))
     print("\ndevices:")
     for spec in specs:
@@ -111,6 +123,12 @@ def report() -> int:
             error = f"{type(failure.error).__name__}: {failure.error}"
             print(f"  {failure.origin.name.upper():<8} {failure.origin.label:<28} priority {'?':>4}  "
                   f"broken ({failure.stage}): {error}")
+
+    crashed = Device.unsafe_plugins()
+    if crashed:
+        print("\ncrashed plugins (tried in a child process; never called in this one):")
+        for line in crashed:
+            print(f"  {line}")
 
     headers = Device.report_header()
     if any(headers.values()):

@@ -254,8 +254,12 @@ def test_doctor_survives_hanging_and_crashing_probes(tmp_path: pathlib.Path):
     assert took < 60, took
     assert "HANGX" in proc.stdout and "did not return within 1 s" in proc.stdout, proc.stdout + proc.stderr
     crashed, took = _run({**env, "HANGX_CRASH": "1"}, "from ember.doctor import main; raise SystemExit(main([]))")
-    assert crashed.returncode == 1 and took < 60
-    assert "crashed the checking process (SIGSEGV)" in crashed.stdout, crashed.stdout + crashed.stderr
+    assert took < 60
+    # the crash is named and the report goes on to its end
+    listed = crashed.stdout.split("crashed plugins", 1)[-1]
+    assert "the probe of device CRASHX (ember-hangx==0.1) crashed the process that ran it (SIGSEGV)" in listed, \
+        crashed.stdout + crashed.stderr
+    assert crashed.stdout.rstrip().endswith("the default device works") == (crashed.returncode == 0)
 
 
 def teardown_module() -> None:
@@ -286,7 +290,14 @@ def test_a_precheck_reason_is_final_and_forks_nothing(tmp_path: pathlib.Path, mo
     assert any("no /dev/gpu0" in str(w.message) for w in caught)
     assert probed == ["GOOD"], "only the device whose precheck passed was probed (in this process)"
     guarded = hasattr(os, "fork") and sys.platform != "darwin"
-    assert len(forks) == (1 if guarded else 0), "one crash check, for GOOD's probe only"
+    # the first time: one child imports the plugin and tries its devices as selection does (prechecks included)
+    assert len(forks) == (1 if guarded else 0), forks
+    forks.clear()
+    again = _DeviceRegistry(entry_points=[FakeEntryPoint("pre", lambda: plugin(*specs), "ember-pre")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert again.DEFAULT == "GOOD" and again.probe("NODRIVER") == "no /dev/gpu0"
+    assert forks == [], "a clean run is remembered: a warm start forks nothing"
 
 
 def test_device_spec_rejects_a_precheck_that_is_not_callable():

@@ -10,6 +10,10 @@ caller gets the reason instead of dying. A call that returned in a child is reme
 plugin, version and module file), so later processes on the machine run it directly. The check needs
 ``os.fork`` and is skipped on macOS (frameworks such as Metal's are not safe to use after a fork) and
 with ``EMBER_PROBE_GUARD=0``.
+
+:func:`tried_in_child` does the same for a sequence of calls (a plugin's import, its hook, a device's
+precheck, probe and factory): the child reports over a pipe which call it is in, so a segfault, an
+``os._exit``, a ``sys.exit``, a ``KeyboardInterrupt`` or a hang is pinned on one call, with its name.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ember.helpers import getenv
@@ -128,7 +134,9 @@ def _importing() -> bool:
     return any(getattr(getattr(m, "__spec__", None), "_initializing", False) for m in list(sys.modules.values()))
 
 
-def _guard_enabled() -> bool:
+def guard_enabled() -> bool:
+    """Whether plugin code may be tried in a forked child first: Linux and other systems with ``os.fork``, not
+    macOS (frameworks such as Metal's are unsafe after a fork), and not with ``EMBER_PROBE_GUARD=0``."""
     return hasattr(os, "fork") and sys.platform != "darwin" and os.environ.get("EMBER_PROBE_GUARD", "1") != "0"
 
 
@@ -140,7 +148,7 @@ def crash_checked(fn: Any, what: str, memo_key: str, timeout: float | None = Non
     (``EMBER_PLUGIN_TIMEOUT``), gives the reason. A clean exit is recorded on disk under ``memo_key``, so
     later calls return ``None`` at once. ``fn``'s result is not used: the caller then runs it for real.
     """
-    if not _guard_enabled():
+    if not guard_enabled():
         return None
     from ember import diskcache  # imported late: only a plugin probe needs it
 
@@ -177,6 +185,120 @@ def crash_checked(fn: Any, what: str, memo_key: str, timeout: float | None = Non
     if path is not None:
         diskcache.write(path, b"ok")
     return None
+
+
+class PluginCrash(RuntimeError):
+    """A plugin's code crashed, ended or interrupted the child process that tried it: it is not called here."""
+
+
+#: What a step of :func:`tried_in_child` returns to say that the steps after it need not run.
+STOP = object()
+
+
+@dataclass(frozen=True)
+class ChildVerdict:
+    """What a :func:`tried_in_child` run saw: the tags of the steps it started, in order, and for a run that did
+    not finish, why (``reason``) and whether its last step merely did not return (``hung``)."""
+
+    started: tuple[str, ...]
+    reason: str | None = None
+    hung: bool = False
+
+    @property
+    def failed(self) -> str | None:
+        """The tag of the step that took the child down, or ``None`` when every step returned."""
+        return self.started[-1] if self.reason is not None and self.started else None
+
+    def error(self) -> Exception:
+        """The exception that stands for the failure: :class:`PluginTimeout` or :class:`PluginCrash`."""
+        return PluginTimeout(self.reason) if self.hung else PluginCrash(self.reason)
+
+
+def tried_in_child(steps: Callable[[], Iterable[tuple[str, str, Callable[[], Any]]]],
+                   timeout: float | None = None) -> ChildVerdict:
+    """Run the steps ``steps()`` yields (``(tag, what, fn)``; the generator runs in the child, so later steps may
+    depend on what earlier ones found) in a forked child. The verdict lists the tags started; it has a reason
+    when a step crashed the child (a signal), ended it (``os._exit``), raised ``SystemExit`` or
+    ``KeyboardInterrupt``, or ran longer than ``timeout`` seconds (``EMBER_PLUGIN_TIMEOUT``; each step gets the
+    whole limit). A step that returns :data:`STOP` ends the run early. Ordinary exceptions and results stay in
+    the child: the caller makes the calls itself once they are known to be safe. Requires ``os.fork`` (see
+    :func:`guard_enabled`)."""
+    limit = plugin_timeout() if timeout is None else timeout
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: silent, reports only through the pipe, runs no exit handlers
+        try:
+            os.close(read_end)
+            import faulthandler
+
+            faulthandler.disable()  # a crash here is expected to be possible: no traceback dump
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            for tag, what, fn in steps():
+                line = f"S {tag}\t{what}".replace("\n", " ")  # one line per step, whatever the plugin's name
+                os.write(write_end, (line + "\n").encode(errors="replace"))
+                try:
+                    if fn() is STOP:
+                        break
+                except Exception:  # noqa: BLE001  (the caller sees it when it makes the call itself)
+                    pass
+                except BaseException as e:  # noqa: BLE001  (SystemExit, KeyboardInterrupt: the plugin's doing)
+                    text = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+                    os.write(write_end, f"X {text}\n".encode(errors="replace"))
+                    os._exit(0)
+            os.write(write_end, b"D\n")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    started: list[str] = []
+    what, raised, done, hung = "a plugin call", "", False, False
+    try:
+        buf = b""
+        deadline = time.monotonic() + limit
+        while not done:
+            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                hung = True
+                break
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break  # the child ended
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                kind, _, rest = line.decode(errors="replace").partition(" ")
+                if kind == "S":
+                    tag, _, what = rest.partition("\t")
+                    started.append(tag)
+                    deadline = time.monotonic() + limit
+                elif kind == "X":
+                    raised = rest
+                elif kind == "D":
+                    done = True
+    finally:
+        os.close(read_end)
+    status = None if hung else _wait_child(pid, limit)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if done:
+        return ChildVerdict(tuple(started))
+    if hung or status is None:
+        return ChildVerdict(tuple(started), f"{what} did not return within {limit:g} s (EMBER_PLUGIN_TIMEOUT), tried "
+                                            "in a child process", hung=True)
+    if raised:
+        why = f"raised {raised} in the process that tried it (a plugin may not end or interrupt the program)"
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+        why = f"crashed the process that ran it ({name})"
+    else:
+        why = f"ended the process that ran it (exit status {os.WEXITSTATUS(status)}, before returning)"
+    return ChildVerdict(tuple(started), f"{what} {why}, so ember does not call it in this one; reinstall or update "
+                                        "the plugin and its driver, or uninstall the plugin")
 
 
 def _wait_child(pid: int, limit: float) -> int | None:

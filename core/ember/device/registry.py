@@ -15,6 +15,14 @@ hang in an unrelated plugin cannot stall it. Two distributions that declare the 
 an error naming both, until the user picks one with ``EMBER_PLUGIN_<NAME>=<distribution>``. When the
 default device is chosen by priority, a device whose factory fails is skipped with a warning.
 
+Crashes: with ``DEV`` unset, every call into an installed plugin is tried in a forked child first
+(:func:`~ember.device.isolation.tried_in_child`): the entry points' imports and ``ember_devices()`` hooks in
+one child, each device's precheck, probe and factory in another. A call that crashes, ends or interrupts
+the child, or hangs there, makes that plugin broken (or that device unusable) with the reason and the
+distribution's name, and is never made in this process; selection goes on with the next device. A clean
+run is remembered on disk per distribution, version, Python and environment (``plugin-ok`` table), so a
+warm start forks nothing. An explicit ``DEV=`` runs the plugin in this process, as asked.
+
 Typical use::
 
     from ember.device import Device
@@ -30,7 +38,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,9 +47,18 @@ import pluggy
 from ember.device import hookspecs
 from ember.device.entry_points import entry_points as installed_entry_points
 from ember.device.hookspecs import PLUGIN_API, hookimpl
-from ember.device.isolation import PluginTimeout, _importing, call_with_timeout, crash_checked, plugin_timeout  # noqa: F401
+from ember.device.isolation import (  # noqa: F401
+    PluginCrash,
+    PluginTimeout,
+    _importing,
+    call_with_timeout,
+    crash_checked,
+    guard_enabled,
+    plugin_timeout,
+    tried_in_child,
+)
 from ember.device.spec import DeviceSpec
-from ember.helpers import getenv
+from ember.helpers import getenv, sha256
 
 #: The entry-point group a device plugin registers under.
 ENTRY_POINT_GROUP = "ember.devices"
@@ -154,6 +171,89 @@ def _probe_memo_key(spec: DeviceSpec, origin: PluginOrigin) -> str:
     return f"{origin.label}|{origin.name}|{spec.name}|{file}|{mtime}|{qualname}"
 
 
+#: Environment variables a shell changes between commands without changing what a plugin sees of the machine.
+_VOLATILE_ENV = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST"})
+
+
+def _tried_key(kind: str, origin: PluginOrigin, *parts: str) -> str:
+    """The disk-cache key under which a clean run of a plugin's code in a child is remembered: the distribution,
+    its version and entry point, this Python and ember, and a hash of the environment (a plugin may read any
+    variable: a changed one is checked again)."""
+    env = sha256(repr(sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE_ENV)).encode())
+    return "|".join((kind, origin.label, origin.entry_point or "", *parts, sys.version, sys.executable,
+                     str(PLUGIN_API), __file__, env.hexdigest()))
+
+
+def _remembered(key: str) -> bool:
+    from ember import diskcache  # imported late: `import ember` does not need it
+
+    path = diskcache.entry_path("plugin-ok", key)
+    return path is not None and diskcache.read(path) == b"ok"
+
+
+def _remember(key: str) -> None:
+    from ember import diskcache
+
+    if (path := diskcache.entry_path("plugin-ok", key)) is not None:
+        diskcache.write(path, b"ok")
+
+
+def _origin_of(ep: Any) -> PluginOrigin:
+    dist, version = _dist_of(ep)
+    name = str(getattr(ep, "name", "?"))
+    return PluginOrigin(name, dist, version, entry_point=f"{name} = {getattr(ep, 'value', '?')}")
+
+
+def _hook_of(plugin: Any) -> Any:
+    """A plugin's ``ember_devices`` implementation, called as pluggy calls it (no arguments)."""
+    hook = getattr(plugin, "ember_devices", None)
+    return hook() if callable(hook) else None
+
+
+def _device_key(origin: PluginOrigin, name: str) -> tuple[str, str, str]:
+    return (origin.label, origin.entry_point or "", name)
+
+
+def _device_steps(spec: DeviceSpec, origin: PluginOrigin, tag: str, factory_of: Any) -> Iterator[Any]:
+    """For :func:`tried_in_child`: device ``spec``'s precheck, probe and factory, as selection calls them (a reason
+    or an exception ends the device's turn). Returns (through ``yield from``) whether the device was made."""
+    label = f"device {spec.name} ({origin.label})"
+    said: list[Any] = []
+    for stage, fn in (("precheck", spec.precheck), ("probe", spec.probe)):
+        if fn is not None:
+            said.clear()
+            yield f"{stage} {tag}", f"the {stage} of {label}", lambda fn=fn: said.append(fn())
+            if said != [None]:
+                return False
+    made: list[Any] = []
+    yield f"factory {tag}", f"creating {label}", lambda: made.append(factory_of(spec)(spec.name))
+    return bool(made)
+
+
+def _plugin_steps(eps: list[tuple[Any, PluginOrigin]], skip: set[int], unsafe: set[str],
+                  factory_of: Any) -> Iterator[Any]:
+    """For :func:`tried_in_child`: import each entry point (but ``skip``) and call its ``ember_devices()``; then
+    try their devices as default selection would, highest priority first, until one is made (devices whose tag
+    is in ``unsafe`` are passed over). Tags: ``import J``, ``hook J``, ``<stage> J <device>``."""
+    found: list[tuple[DeviceSpec, int]] = []
+    for j, (ep, origin) in enumerate(eps):
+        if j in skip:
+            continue
+        loaded: list[Any] = []
+        yield f"import {j}", f"the import of {origin.label}", lambda ep=ep, out=loaded: out.append(ep.load())
+        if not loaded:
+            continue
+        specs: list[Any] = []
+        yield f"hook {j}", f"ember_devices() of {origin.label}", (
+            lambda out=specs, plugin=loaded[0]: out.extend(_hook_of(plugin) or ()))
+        found += [(spec, j) for spec in specs if isinstance(spec, DeviceSpec) and spec.compute
+                  and spec.plugin_api == PLUGIN_API]
+    for spec, j in sorted(found, key=lambda t: (-t[0].priority, t[0].name)):
+        tag = f"{j} {spec.name}"
+        if tag not in unsafe and (yield from _device_steps(spec, eps[j][1], tag, factory_of)):
+            return
+
+
 def canonicalize(name: str) -> str:
     """Normalize a device name: ``"cpu"`` -> ``"CPU"``, ``"CPU:0"`` -> ``"CPU"``, ``"cuda:1"`` -> ``"CUDA:1"``.
 
@@ -239,6 +339,12 @@ class _DeviceRegistry:
         #: True once :meth:`finalize` ran (at exit): buffers dropped after that leave their memory alone
         self.finalized = False
         self._default: str | None = None                  # set explicitly through the DEFAULT setter
+        # what trying plugin code in a child found: id(entry point) -> (entry point, its verdict), and
+        # (distribution label, entry point, device name) -> the reason the device's code is unsafe here (None: safe)
+        self._tried_eps: dict[int, tuple[Any, tuple[str, Exception] | None]] = {}
+        self._tried_specs: dict[tuple[str, str, str], str | None] = {}
+        #: try plugin code in a child first even with ``DEV`` set (the doctor reports on every plugin)
+        self.try_plugins_in_child = False
         self._auto_default: tuple[str, str] | None = None  # (DEV value it was computed for, result)
 
     # ----- loading plugins -----
@@ -262,8 +368,57 @@ class _DeviceRegistry:
                 todo = [ep for ep in self._pending
                         if str(getattr(ep, "name", "")).upper() == want or (dist and _dist_of(ep)[0] == dist)]
                 self._pending = [ep for ep in self._pending if all(ep is not t for t in todo)]
+            if todo and self._guarded():
+                self._try_entry_points(todo)
             for ep in todo:
                 self._load_entry_point(ep)
+
+    def _guarded(self) -> bool:
+        """Whether plugin code is tried in a child before it runs here: ``DEV`` unset (an explicit choice runs the
+        plugin in this process, as asked) or :attr:`try_plugins_in_child` set, on a platform that can fork."""
+        return (self.try_plugins_in_child or not getenv("DEV", "")) and guard_enabled()
+
+    def _try_entry_points(self, eps: list[Any]) -> None:
+        """Before anything of theirs runs here, try in one child process each entry point's import and
+        ``ember_devices()``, then their devices as default selection would (precheck, probe, factory; highest
+        priority first, until one is made). A call that takes the child down is settled (the plugin is broken, or
+        the device unusable) and a new child goes on with the rest. Entry points a child already imported
+        cleanly with this environment are not tried again; clean runs are remembered on disk."""
+        todo: list[tuple[Any, PluginOrigin]] = []
+        for ep in eps:
+            if id(ep) in self._tried_eps:
+                continue
+            origin = _origin_of(ep)
+            if _remembered(_tried_key("import", origin)):
+                self._tried_eps[id(ep)] = (ep, None)
+            else:
+                todo.append((ep, origin))
+        if not todo:
+            return
+        broken: dict[int, tuple[str, Exception]] = {}
+        unsafe: set[str] = set()
+        while True:
+            verdict = tried_in_child(lambda: _plugin_steps(todo, set(broken), unsafe, self._resolve_factory))
+            for tag in verdict.started[:-1] if verdict.failed else verdict.started:
+                kind, _, rest = tag.partition(" ")
+                j, _, name = rest.partition(" ")
+                if kind not in ("import", "hook"):
+                    key = _device_key(todo[int(j)][1], name)
+                    if self._tried_specs.setdefault(key, None) is None:
+                        _remember(_tried_key("device", todo[int(j)][1], name))
+            if verdict.failed is None:
+                break
+            kind, _, rest = verdict.failed.partition(" ")
+            j, _, name = rest.partition(" ")
+            if kind in ("import", "hook"):
+                broken[int(j)] = ("import" if kind == "import" else "ember_devices", verdict.error())
+            else:
+                self._tried_specs[_device_key(todo[int(j)][1], name)] = verdict.reason
+                unsafe.add(rest)
+        for j, (ep, origin) in enumerate(todo):
+            self._tried_eps[id(ep)] = (ep, broken.get(j))
+            if j not in broken:
+                _remember(_tried_key("import", origin))
 
     def _invalidate(self) -> None:
         self._specs = None
@@ -275,13 +430,20 @@ class _DeviceRegistry:
         self._invalidate()
 
     def _load_entry_point(self, ep: Any) -> bool:
-        dist, version = _dist_of(ep)
-        name = str(getattr(ep, "name", "?"))
-        origin = PluginOrigin(name, dist, version, entry_point=f"{name} = {getattr(ep, 'value', '?')}")
+        origin = _origin_of(ep)
+        name = origin.name
         if name in self._origins:
             # the same distribution visible twice on sys.path (e.g. installed and editable): keep the first
             if self._origins[name].entry_point == origin.entry_point:
                 return False
+            if self._origins[name].dist != origin.dist:
+                # another distribution's entry point of the same name (a third-party `cpu`): registered beside the
+                # first, so the devices both declare are the conflict error, never a silent displacement
+                origin = PluginOrigin(f"{name} ({origin.dist})", origin.dist, origin.version, origin.entry_point)
+        unsafe = self._tried_eps.get(id(ep), (None, None))[1]
+        if unsafe is not None:  # it took down the child that tried it: never run here
+            self._record_load_failure(origin, *unsafe)
+            return False
         try:
             # with a time limit, except while some module is being imported: a thread importing it would wait
             # for this one (a plugin found while ember itself is importing)
@@ -465,7 +627,8 @@ class _DeviceRegistry:
         for failure in [*self._load_failures, *self._hook_failures]:
             if failure.stage == "conflict":
                 continue
-            if failure.origin.name.upper() == base or (dist is not None and failure.origin.dist == dist):
+            named = failure.origin.name.partition(" ")[0].upper()  # "cpu (other-dist)": a second `cpu` entry point
+            if named == base or (dist is not None and failure.origin.dist == dist):
                 return failure
         return None
 
@@ -491,6 +654,13 @@ class _DeviceRegistry:
     def _unusable_because(self, spec: DeviceSpec) -> str | None:
         """Why ``spec``'s device cannot be used here, or ``None``: its precheck in this process, then its probe
         (a plugin's probe runs in a forked child first, until it is known not to crash the process)."""
+        origin = self._spec_origins.get(spec.name)
+        tried = origin is not None and origin.entry_point is not None and self._guarded()
+        if tried:
+            assert origin is not None
+            unsafe = self._try_device(spec, origin)
+            if unsafe is not None:
+                return unsafe
         stage = "precheck"
         try:
             if spec.precheck is not None:
@@ -500,8 +670,7 @@ class _DeviceRegistry:
             if spec.probe is None:
                 return None
             stage, what = "probe", f"the probe of device {spec.name}"
-            origin = self._spec_origins.get(spec.name)
-            if origin is not None and not origin.builtin:
+            if origin is not None and not origin.builtin and not tried:
                 crash = crash_checked(spec.probe, what, _probe_memo_key(spec, origin))
                 if crash is not None:
                     return crash
@@ -511,6 +680,33 @@ class _DeviceRegistry:
             return str(e)
         except Exception as e:
             return f"{stage} raised {type(e).__name__}: {e}"
+
+    def _try_device(self, spec: DeviceSpec, origin: PluginOrigin) -> str | None:
+        """Why the code of device ``spec`` may not run here, or ``None``: its precheck, probe and factory, tried in
+        a child process (as selection would call them) unless a child already ran them cleanly. Most devices are
+        tried by the child of :meth:`_try_entry_points`, before their plugin runs here; this child is forked
+        after it did (a device selection did not reach then, or one asked for by name)."""
+        key = _device_key(origin, spec.name)
+        if key in self._tried_specs:
+            return self._tried_specs[key]
+        memo = _tried_key("device", origin, spec.name)
+        if _remembered(memo):
+            self._tried_specs[key] = None
+            return None
+        verdict = tried_in_child(lambda: _device_steps(spec, origin, "0 " + spec.name, self._resolve_factory))
+        self._tried_specs[key] = verdict.reason
+        if verdict.reason is None:
+            _remember(memo)
+        return verdict.reason
+
+    def unsafe_plugins(self) -> list[str]:
+        """One line for each plugin call that crashed, ended, interrupted or hung the child process that tried it,
+        naming the distribution (what ``python -m ember.doctor`` lists as crashed)."""
+        with self._lock:
+            self._collect()
+            lines = [f"{f.origin.label}: {f.error}" for f in self._load_failures
+                     if isinstance(f.error, (PluginCrash, PluginTimeout))]
+            return lines + [reason for reason in self._tried_specs.values() if reason is not None]
 
     def _check(self, base: str) -> DeviceSpec:
         """Return the spec of a usable device ``base``, or raise the error that says why it is not usable."""

@@ -36,8 +36,9 @@ class DeviceSpec:
             A plugin's probe may load driver libraries, so the first run on a machine happens in a
             forked child (a probe that crashes costs the child, not the program).
         precheck: like ``probe``, but plain Python that never loads native code (files, environment
-            variables): it runs first, in the process itself, and a reason it returns is final, so a
-            machine without the driver skips the forked probe (~10 ms each) in every fresh process.
+            variables): it runs first, and a reason it returns is final (the probe is not called). With
+            ``DEV`` unset it is tried in a child like the rest of the plugin until a clean run is
+            remembered; then it runs in the process itself.
         extra: the pip extra of the ``ember`` distribution that installs this plugin
             (``"cpu"`` for ``pip install "ember[cpu]"``), used in error messages.
         description: one line for listings such as ``python -m ember.doctor``.
