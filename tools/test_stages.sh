@@ -60,7 +60,8 @@ lane() {  # lane STAGE-ARGS... separated by ";;" : the stages of one lane, in or
     lane_logs+=("$log")
 }
 hcq_tests=$(ls tests/backend/test_jit.py 2>/dev/null)
-CONF=("${PYTEST[@]}" -p no:xdist --pyargs ember.testing)
+# the random graphs start at a new seed each run (printed in the header: --fuzz-seed=N replays a failure)
+CONF=("${PYTEST[@]}" -p no:xdist --pyargs ember.testing --fuzz-seed=random)
 lane "conformance suite, PYTHON" "${CONF[@]}" --device=PYTHON ";;" \
     "conformance suite, CPU" "${CONF[@]}" --device=CPU ";;" \
     "conformance suite (casts), CPU with clang" env CC=clang "${PYTEST[@]}" -p no:xdist \

@@ -5,6 +5,8 @@ former ``a - floor(a / b) * b`` lost every digit once ``a / b`` passed 2**24 (``
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,12 @@ def test_int_to_float_cast_keeps_zero_positive_with_each_c_compiler(cc: str, tmp
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[inf, inf, inf]"
+
+
+@pytest.mark.parametrize("k", [1, 1.0, 2, 0.5, -1])
+def test_float_divmod_by_small_constants(device: str, k: float):
+    """``x // k`` and ``x % k`` of floats by constants: ``// 1`` is floor, ``% 1`` the fraction (once folded as
+    if the floats were integers: ``[6.75, -2.25] // 1`` gave ``[7, -2]`` and ``% 1`` gave 0)."""
+    a = np.array([6.75, -2.25, 0.5, -0.5, -0.0, 3.0, np.inf, -np.inf, np.nan, 1e10 + 0.5], np.float32)
+    for op in (operator.mod, operator.floordiv):
+        _assert_same_bits(op(Tensor(a, device=device), k).numpy(), op(torch.tensor(a), k).numpy())

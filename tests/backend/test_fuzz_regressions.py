@@ -32,3 +32,26 @@ def test_fused_reductions_over_different_shapes(device: str = "") -> None:
     ref = _grads("PYTHON")
     for got, want in zip(ours, ref):
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_comparison_of_a_relu_with_nan(device: str = "") -> None:
+    # found by the rule property tests (tests/unit/test_symbolic_rules.py): the bounds of max(x, 0) were taken
+    # as [0, inf], so ``relu(x) > -1`` folded to True, also for a nan x
+    from ember import Device
+
+    for d in (device or Device.DEFAULT, "PYTHON"):
+        x = Tensor([np.nan, -2.0, 3.0], device=d)
+        assert (x.relu() > -1).numpy().tolist() == [False, True, True]
+        assert (x.maximum(0) >= -1).numpy().tolist() == [False, True, True]
+
+
+def test_unsigned_floor_division_of_a_sum_that_wraps(device: str = "") -> None:
+    # found by the rule property tests: ``(x * 4 + 1) // 4`` was rewritten to ``x + 1 // 4`` for uint32, which
+    # is wrong once ``x * 4`` wraps around (an unsigned sum that wrapped still looks non-negative)
+    from ember import Device
+
+    for d in (device or Device.DEFAULT, "PYTHON"):
+        x = Tensor([2 ** 30 + 5, 7], dtype=dtypes.uint32, device=d)
+        want = (np.array([2 ** 30 + 5, 7], np.uint32) * np.uint32(4) + np.uint32(1)) // np.uint32(4)
+        assert ((x * 4 + 1) // 4).numpy().tolist() == want.tolist()
+        assert ((x * 4 + 1) % 4).numpy().tolist() == [1, 1]

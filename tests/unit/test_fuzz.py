@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import re
 from collections.abc import Iterator
 
@@ -149,3 +150,94 @@ def test_numpy_oracle_covers_float_graphs() -> None:
         assert fuzz.compare(g, ours, ours, fuzz.evaluate_numpy(g)) == [], g.source()
     x = Tensor(np.float32(2.0)).cast(dtypes.float16)
     assert x.dtype == dtypes.float16
+
+
+def test_new_families_appear_and_large_ones_only_when_asked() -> None:
+    text = "\n".join(fuzz.generate(s).source() for s in range(200))
+    for needle in ("Tensor.full(", ".expand(", " // 1)", " % 0.5)", " // -1.5)", " % 3)"):
+        assert needle in text, f"no {needle!r} in 200 graphs"
+    assert any(line.count("(") >= 10 for line in text.splitlines()), "no chain in 200 graphs"
+    assert ", 4096, " not in text and ", 8192, " not in text and ", 16384, " not in text
+    large = [fuzz.generate(s, large=True) for s in range(30)]
+    big = [n for g in large for n in g.nodes if ").sum((1, 2))" in n.expr or ").max((1, 2))" in n.expr
+           or ").mean((1, 2))" in n.expr]
+    assert big and all(g.large for g in large)
+    # the expanded tensor has more than 2**24 elements; only the reduced one is kept
+    n, rows, cols = (int(x) for x in big[0].expr.split(".expand(")[1].split(")")[0].split(", "))
+    assert n * rows * cols > 2 ** 24 and math.prod(big[0].shape) <= 4096
+
+
+def test_numpy_twin_covers_each_output_it_can() -> None:
+    """An output with a numpy twin is checked against numpy even when another output of the graph has none:
+    the twin is the only check that does not share ember's rewrite rules."""
+    covered = 0
+    for s in range(120):
+        g = fuzz.generate(s)
+        twins = fuzz.evaluate_numpy(g)
+        if twins is None:
+            continue
+        covered += 1
+        for o, twin in zip(g.outputs, twins):
+            assert twin is None or twin.shape == g.nodes[o].shape
+    assert covered >= 30
+
+
+def test_float_divmod_twins_follow_floor_semantics() -> None:
+    """The numpy twins of ``//`` and ``%`` by constants are Python's (and torch's) floor division."""
+    x = np.array([6.75, -2.25, 0.5, -0.5])
+    assert np.floor_divide(x, 1).tolist() == [6.0, -3.0, 0.0, -1.0]
+    assert np.mod(x, 1).tolist() == [0.75, 0.75, 0.5, 0.5]
+    assert np.mod(x, -1.5).tolist() == [x_ % -1.5 for x_ in x.tolist()]
+
+
+def test_fuzz_seed_option_and_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.testing import plugin
+
+    class Config:
+        def __init__(self, seed: str | None, large: bool | None = None):
+            self.opts = {"--fuzz-seed": seed, "--fuzz-large": large}
+
+        def getoption(self, name: str, default: object = None) -> object:
+            return self.opts.get(name, default)
+
+    monkeypatch.delenv(plugin.SEED_ENV, raising=False)
+    monkeypatch.delenv(plugin.LARGE_ENV, raising=False)
+    assert plugin.fuzz_seed(Config(None)) == 0 and plugin.pytest_report_header(Config(None)) is None  # type: ignore[arg-type]
+    assert plugin.fuzz_seed(Config("1234")) == 1234  # type: ignore[arg-type]
+    cfg = Config("random")
+    first = plugin.fuzz_seed(cfg)  # type: ignore[arg-type]
+    assert plugin.fuzz_seed(cfg) == first  # type: ignore[arg-type]  # drawn once per session
+    assert f"--fuzz-seed={first}" in plugin.pytest_report_header(cfg)  # type: ignore[arg-type,operator]
+    monkeypatch.setenv(plugin.SEED_ENV, "77")
+    monkeypatch.setenv(plugin.LARGE_ENV, "1")
+    assert plugin.fuzz_seed(Config(None)) == 77 and plugin.fuzz_large(Config(None))  # type: ignore[arg-type]
+    with pytest.raises(pytest.UsageError, match="--fuzz-seed"):
+        plugin.fuzz_seed(Config("abc"))  # type: ignore[arg-type]
+
+
+_PLANTED_RULE_SCRIPT = """
+import ember.ir.symbolic as sym
+from ember.ir.pattern import PatternMatcher, UPat
+from ember.ir.uop import Ops, UOp
+# the fold that once hid in the rules: x % 1 -> 0 for floats (the device and the reference share it)
+wrong = (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), name="m"), lambda x, m: UOp.const(m.dtype, 0))
+sym.symbolic = PatternMatcher([wrong] + sym.symbolic.rules)
+from ember.testing import fuzz
+graphs = [fuzz.generate(s, size=3 + s % 6) for s in SEEDS]
+print(sum(not r.ok for r in fuzz.check_many(graphs, "PYTHON")))
+"""
+
+
+def test_a_wrong_rule_shared_by_both_devices_is_found_by_the_numpy_twins(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    seeds = [s for s in range(80) if " % 1)" in (g := fuzz.generate(s, size=3 + s % 6)).source()
+             and fuzz.evaluate_numpy(g) is not None][:4]
+    assert seeds
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path)}  # a fresh process and cache: no kernel built before
+    out = subprocess.run([sys.executable, "-c", _PLANTED_RULE_SCRIPT.replace("SEEDS", repr(seeds))], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) >= 1, f"the planted rule passed the fuzzer on seeds {seeds}"

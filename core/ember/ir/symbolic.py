@@ -19,6 +19,14 @@ def _is_int(u: UOp) -> bool:
     return u.dtype is not None and getattr(u.dtype, "kind", "") in "iu"
 
 
+def _no_wrap(x: UOp) -> bool:
+    """Whether ``x``'s bounds show that no sum or product inside it wrapped around: bounds are the dtype's whole
+    range once anything may have (an unsigned value that wrapped still looks non-negative, so ``vmin >= 0`` alone
+    does not say it)."""
+    lo, hi = x.value_dtype._lo_hi  # type: ignore[attr-defined]
+    return x.vmin > lo or x.vmax < hi
+
+
 def split_terms(u: UOp) -> list[UOp]:
     """Flatten nested ADDs into their terms."""
     if u.op is Ops.ADD:
@@ -160,7 +168,7 @@ def _rebuilt_sum(x: UOp) -> UOp | None:
 def _div_mod_sum(x: UOp, c: UOp, is_mod: bool) -> UOp | None:
     """Pull terms whose coefficient is a multiple of c out of ``x // c`` / ``x % c``."""
     d = c.arg
-    if not isinstance(d, int) or d <= 0 or x.vmin < 0:
+    if not isinstance(d, int) or d <= 0 or x.vmin < 0 or not _no_wrap(x):
         return None
     terms = split_terms(x)
     outside: list[UOp] = []
@@ -186,7 +194,7 @@ def _div_mod_sum(x: UOp, c: UOp, is_mod: bool) -> UOp | None:
     if not changed:
         return None
     rest = _sum(inside, x.dtype)
-    if rest.vmin < 0:
+    if rest.vmin < 0 or not _no_wrap(rest):
         return None
     if is_mod:
         return UOp(Ops.MOD, x.dtype, (rest, c))
@@ -214,7 +222,7 @@ def _const_fold(x: UOp) -> UOp | None:
 
 def _lt_sum(x: UOp, c: UOp) -> UOp | None:
     """``a*k + b < c`` with 0 <= b < k folds to ``a < ceil(c / k)`` style bounds checks."""
-    if not isinstance(c.arg, int):
+    if not isinstance(c.arg, int) or not _no_wrap(x):  # (x wrapped: x / g is not the scaled sum)
         return None
     terms = split_terms(x)
     if len(terms) < 2:
@@ -233,6 +241,8 @@ def _lt_sum(x: UOp, c: UOp) -> UOp | None:
 
 
 _I = "iu"
+#: ints and bools (bool arithmetic is done on 0/1): rules exact for integers but not for floats say so
+_IB = "iub"
 
 symbolic = PatternMatcher([
     (UPat(GroupOp.ALU, name="x"), _const_fold),
@@ -246,8 +256,10 @@ symbolic = PatternMatcher([
     (UPat(Ops.MUL, src=(UPat(Ops.CONST, arg=1), UPat.var("x")), kinds="f"), lambda x: x),
     (UPat(Ops.MUL, src=(UPat.var("x", kinds=_I), UPat(Ops.CONST, arg=0)), name="m"),
      lambda x, m: UOp.const(m.dtype, 0)),
-    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1))), lambda x: x),
-    (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), name="m"), lambda x, m: UOp.const(m.dtype, 0)),
+    # (floats: IDIV is trunc(x / 1) and MOD is fmod(x, 1), the fraction: 6.75 // 1 is not 6.75, 6.75 % 1 not 0)
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), kinds=_IB), lambda x: x),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat(Ops.CONST, arg=1)), kinds=_IB, name="m"),
+     lambda x, m: UOp.const(m.dtype, 0)),
     # nested sums and products of constants; sums only for signed ints (index arithmetic): unsigned values are
     # data (Threefry's words), where regrouping folds nothing and rebuilds the chain each time a term repeats
     (UPat(Ops.ADD, kinds="i", name="x"), _canonical_sum),
@@ -264,9 +276,10 @@ symbolic = PatternMatcher([
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c")), kinds=_I), lambda x, c: _div_mod_sum(x, c, True)),
     (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
      lambda x, a, b: UOp(Ops.IDIV, x.dtype, (x, UOp.const(x.dtype, a.arg * b.arg)))
-     if x.vmin >= 0 and a.arg > 0 and b.arg > 0 else None),
+     if x.vmin >= 0 and a.arg > 0 and b.arg > 0 and a.arg * b.arg <= dtypes.max(x.value_dtype) else None),
     (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
-     lambda x, a, b: UOp(Ops.MOD, x.dtype, (x, b)) if x.vmin >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
+     lambda x, a, b: UOp(Ops.MOD, x.dtype, (x, b))
+     if x.vmin >= 0 and a.arg > 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
     (UPat(Ops.IDIV, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b")), kinds=_I),
      lambda x, a, b: UOp(Ops.MOD, x.dtype, (UOp(Ops.IDIV, x.dtype, (x, b)), UOp.const(x.dtype, a.arg // b.arg)))
      if x.vmin >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),

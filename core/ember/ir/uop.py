@@ -108,24 +108,29 @@ class GroupOp:
 
 
 def exec_alu(op: Ops, dtype: DType, srcs: tuple[Any, ...]) -> Any:
-    """Evaluate one ALU op on Python scalars with the semantics of ``dtype`` (constant folding)."""
+    """Evaluate one ALU op on Python scalars with the semantics of ``dtype`` (constant folding): the PYTHON
+    device's (see ``ember.builtin_devices.python``), value for value, -0.0 and nan included; transcendental
+    functions may differ from numpy's in the last bit."""
+    kind = dtype.kind
+    if kind == "b" and op not in _BOOL_NATIVE:
+        # arithmetic on bools is done on 0/1 ints and converted back with != 0 (RECIP(False) is int 0: False)
+        return exec_alu(op, dtypes.int32, tuple(int(s) for s in srcs)) != 0
+    if kind != "f" and op in _INT_SPECIAL and op not in GroupOp.Comparison:
+        return truncate(dtype, _INT_SPECIAL[op](dtype, *srcs))
+    if kind == "f" and op is Ops.IDIV:
+        # trunc of the quotient rounded to the register's dtype (bfloat16 computes in float32), as the device does
+        q = truncate(dtypes.float32 if dtype == dtypes.bfloat16 else dtype, _fdiv(*srcs))
+        return truncate(dtype, _trunc(q))
     fn = _PY_ALU[op]
     try:
         out = fn(*srcs)
     except (ZeroDivisionError, OverflowError, ValueError):
-        if dtype.kind != "f":
+        if kind != "f":
             return 0
         a = srcs[0]
-        if op is Ops.FDIV:
-            b = srcs[1]
-            out = math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
-        elif op is Ops.RECIP:
+        if op is Ops.RECIP:
             out = math.copysign(math.inf, a)
-        elif op is Ops.LOG or op is Ops.LOG2:
-            out = -math.inf if a == 0 else math.nan
         elif op is Ops.EXP or op is Ops.EXP2:
-            out = math.inf
-        elif op is Ops.POW:
             out = math.inf
         else:
             out = math.nan
@@ -139,6 +144,47 @@ def _c_idiv(a: int, b: int) -> int:
 
 def _c_mod(a: int, b: int) -> int:
     return a - _c_idiv(a, b) * b
+
+
+def _shift(dtype: DType, a: int, b: int, left: bool) -> int:
+    """C shifts in ``dtype``'s width; an amount that is negative or not below the width gives 0 (-1 for a right
+    shift of a negative value)."""
+    if b < 0 or b >= dtype.itemsize * 8:
+        return -1 if (not left and a < 0) else 0
+    return a << b if left else a >> b
+
+
+#: ops whose integer semantics differ from Python's operators on ints: integer FDIV is IDIV (0 for a zero
+#: divisor), TRUNC is the value itself, shifts follow C in the dtype's width
+_INT_SPECIAL: dict[Ops, Callable[..., Any]] = {
+    Ops.FDIV: lambda dt, a, b: _c_idiv(a, b) if b != 0 else 0,
+    Ops.IDIV: lambda dt, a, b: _c_idiv(a, b) if b != 0 else 0,
+    Ops.MOD: lambda dt, a, b: _c_mod(a, b) if b != 0 else 0,
+    Ops.TRUNC: lambda dt, a: a,
+    Ops.SHL: lambda dt, a, b: _shift(dt, a, b, True),
+    Ops.SHR: lambda dt, a, b: _shift(dt, a, b, False),
+}
+
+#: ops a bool result computes on bools themselves (the rest compute on 0/1 ints)
+_BOOL_NATIVE = frozenset({Ops.NEG, Ops.AND, Ops.OR, Ops.XOR, Ops.WHERE, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+
+
+def _odd_int(x: float) -> bool:
+    return math.isfinite(x) and x == math.floor(x) and math.fmod(x, 2.0) != 0
+
+
+def _pow(a: float, b: float) -> float:
+    """C's ``pow``: nan for a negative base to a non-integer power, a signed infinity for a zero base to a
+    negative power and on overflow (negative only for a negative base and an odd integer power)."""
+    a = float(a)
+    try:
+        return math.pow(a, b)
+    except OverflowError:
+        return -math.inf if a < 0 and _odd_int(b) else math.inf
+    except ValueError:
+        if a == 0:
+            return math.copysign(math.inf, a) if _odd_int(b) else math.inf
+        return math.nan
 
 
 def _safe_sqrt(x: float) -> float:
@@ -165,20 +211,24 @@ def _fdiv(a: float, b: float) -> float:
     return a / b
 
 
+def _trunc(x: float) -> float:
+    return math.copysign(float(math.trunc(x)), x) if math.isfinite(x) else x
+
+
 _PY_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.NEG: lambda x: -x if not isinstance(x, bool) else not x,
     Ops.RECIP: lambda x: _fdiv(1.0, x), Ops.SQRT: _safe_sqrt,
-    Ops.EXP: lambda x: math.exp(x) if x < 710 else math.inf,
-    Ops.LOG: lambda x: _safe_log(x, math.log), Ops.EXP2: lambda x: 2.0 ** x if x < 1025 else math.inf,
+    Ops.EXP: lambda x: math.exp(x) if not x >= 710 else math.inf,
+    Ops.LOG: lambda x: _safe_log(x, math.log), Ops.EXP2: lambda x: 2.0 ** x if not x >= 1025 else math.inf,
     Ops.LOG2: lambda x: _safe_log(x, math.log2), Ops.SIN: _safe_sin,
-    Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
+    Ops.TRUNC: _trunc,
     Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
     Ops.FDIV: _fdiv, Ops.IDIV: _c_idiv,
     Ops.MOD: lambda a, b: _c_mod(a, b) if isinstance(a + b, int) else math.fmod(a, b),  # floats: C fmod
     Ops.MAX: lambda a, b: a if (a > b or a != a) else b,
     Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b, Ops.CMPEQ: lambda a, b: a == b,
     Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
-    Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.POW: lambda a, b: float(a) ** b,
+    Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.POW: _pow,
     Ops.WHERE: lambda c, a, b: a if c else b,
 }
 
@@ -417,11 +467,11 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         return 0, u.arg[1] - 1
     if u.op is Ops.DEFINE_VAR:
         return u.arg[1], u.arg[2]
-    if not u.src or u.op not in GroupOp.ALU:
-        return lo_hi
+    if not u.src or u.op not in GroupOp.ALU or (isinstance(dt, DType) and dt.kind == "f"):
+        return lo_hi  # (float arithmetic rounds and makes nan: no bounds are claimed for it)
     out = _alu_bounds(u, lo_hi)
-    if isinstance(dt, DType) and dt.kind in "iu" and (out[0] < lo_hi[0] or out[1] > lo_hi[1]):
-        return lo_hi  # the result may wrap around: only the dtype's range is known
+    if isinstance(dt, DType) and dt.kind in "iub" and (out[0] < lo_hi[0] or out[1] > lo_hi[1]):
+        return lo_hi  # the result may wrap around (or a bool sum pass 1): only the dtype's range is known
     return out
 
 
@@ -450,7 +500,7 @@ def _alu_bounds(u: UOp, lo_hi: tuple[Any, Any]) -> tuple[Any, Any]:
             return s0.vmin // c, s0.vmax // c
         return lo_hi
     if u.op in GroupOp.Comparison:
-        if u.op is Ops.CMPLT:
+        if u.op is Ops.CMPLT and getattr(s0.dtype, "kind", "f") != "f":  # (a float may be nan: no order is sure)
             if s0.vmax < u.src[1].vmin:
                 return True, True
             if s0.vmin >= u.src[1].vmax:

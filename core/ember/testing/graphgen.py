@@ -2,8 +2,14 @@
 
 A :class:`FuzzGraph` is a short straight-line program over tensors: inputs of random shapes and
 dtypes, then elementwise ops (transcendental included), broadcasting binaries, comparisons and
-``where``, casts, reductions, scans, movement ops and matmuls. Each node is a line of Python
-(``v4 = v1.maximum(v3)``) with, where numpy can mirror it, a numpy twin.
+``where``, casts, reductions, scans, movement ops and matmuls; constant and broadcast (stride-0) tensors,
+``//`` and ``%`` by small constants (floats included), and long chains of elementwise ops in one line. Each
+node is a line of Python (``v4 = v1.maximum(v3)``) with, where numpy can mirror it, a numpy twin: the twin
+is what catches a wrong rewrite rule, which the device under test and the PYTHON reference share.
+
+``large=True`` adds reductions over more than 2**24 elements (made by ``expand``, so nothing that size is
+allocated) and chains of hundreds of ops. It is off by default: those graphs need float accumulators that
+stay exact past 2**24 and deep graphs without recursion, which are not there yet.
 
 Graphs are generated from a seed alone (plus the dtype pool), so ``generate(seed)`` is a complete
 reproducer. Generation builds the graph lazily on the PYTHON device to read each node's shape and
@@ -60,6 +66,32 @@ _ANY_UNARY: dict[str, tuple[str, str | None]] = {
     "neg": ("-{0}", "-{0}"), "abs": ("{0}.abs()", "np.abs({0})"), "mul_const": ("{0} * 3", "{0} * 3"),
     "add_const": ("{0} + 2", "{0} + 2"), "scale": ("{0} * 0.75", "{0} * 0.75"),
 }
+# ``//`` and ``%`` by small constants (floor semantics, as Python and torch): folding them as integer ops is
+# the mistake these catch (``6.75 // 1`` is 6, ``-2.25 % 1`` is 0.75)
+_FLOAT_DIVMOD: dict[str, tuple[str, str | None]] = {
+    f"{name}_{k}": (f"({{0}} {sym} {k})", f"np.{fn}({{0}}, {k})")
+    for k in ("1", "2", "0.5", "0.25", "3", "-1", "-1.5")
+    for name, sym, fn in (("floordiv", "//", "floor_divide"), ("mod", "%", "mod"))}
+_INT_DIVMOD: dict[str, tuple[str, str | None]] = {
+    f"{name}_{k}": (f"({{0}} {sym} {k})", None) for k in ("1", "2", "3", "7") for name, sym in (("floordiv", "//"),
+                                                                                               ("mod", "%"))}
+# the links of a chain: ember's and numpy's form of one op on ``{x}``, per kind of value
+_CHAIN_LINKS: dict[str, list[tuple[str, str | None]]] = {
+    "f": [("({x} + 0.75)", "({x} + 0.75)"), ("({x} * 0.5)", "({x} * 0.5)"), ("({x} - 1.25)", "({x} - 1.25)"),
+          ("({x} * -2)", "({x} * -2)"), ("{x}.maximum(-3)", "np.maximum({x}, -3)"), ("(-{x})", "(-{x})"),
+          ("{x}.minimum(5)", "np.minimum({x}, 5)"), ("({x} // 1)", "np.floor_divide({x}, 1)"),
+          ("({x} % 2)", "np.mod({x}, 2)"), ("{x}.abs()", "np.abs({x})")],
+    "iu": [("({x} + 3)", None), ("({x} * 3)", None), ("({x} - 5)", None), ("({x} // 2)", None), ("({x} % 7)", None),
+           ("({x} ^ 5)", None), ("{x}.maximum(1)", None)],
+}
+#: chain lengths: usual, and with ``large``
+CHAIN_LENGTHS = (8, 48)
+LONG_CHAIN_LENGTHS = (200, 800)
+#: links per line of a chain
+CHAIN_LINE = 48
+#: reductions over expanded tensors with ``large``: at least this many elements each
+LARGE_ELEMENTS = 2 ** 24 + 1
+
 # binary ops with broadcasting; templates that only make sense for some kinds say so
 _BINARY: dict[str, tuple[str, str | None, str]] = {
     "add": ("{0} + {1}", "{0} + {1}", "fi"), "sub": ("{0} - {1}", "{0} - {1}", "fi"),
@@ -99,6 +131,7 @@ class FuzzGraph:
     outputs: tuple[int, ...]
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     specials: bool = False
+    large: bool = False
 
     def inputs(self) -> list[int]:
         """Indices of the input nodes."""
@@ -144,9 +177,9 @@ def input_array(graph: FuzzGraph, index: int) -> np.ndarray:
 class _Builder:
     """Grows one graph, keeping a lazy PYTHON tensor per node to learn shapes and dtypes from ember."""
 
-    def __init__(self, seed: int, pool: Sequence[str], grad: bool):
+    def __init__(self, seed: int, pool: Sequence[str], grad: bool, large: bool = False):
         self.rng = random.Random(seed)
-        self.pool, self.grad = tuple(pool), grad
+        self.pool, self.grad, self.large = tuple(pool), grad, large
         self.float_pool = tuple(d for d in self.pool if to_dtype(d).kind == "f") or ("float32",)
         self.nodes: list[Node] = []
         self.lazy: list[Tensor] = []
@@ -206,8 +239,9 @@ class _Builder:
         return self.add_input(new, self.rng.choice(kind_pool or [self.nodes[a].dtype]))
 
     def step(self) -> None:
-        family = self.rng.choices(["unary", "binary", "where", "cast", "reduce", "scan", "movement", "matmul"],
-                                  [5, 5, 1, 0 if self.grad else 2, 2, 1, 4, 1])[0]
+        family = self.rng.choices(["unary", "binary", "where", "cast", "reduce", "scan", "movement", "matmul",
+                                   "divmod_const", "constant", "chain", "large"],
+                                  [5, 5, 1, 0 if self.grad else 2, 2, 1, 4, 1, 2, 1, 1, 1 if self.large else 0])[0]
         getattr(self, f"gen_{family}")()
 
     def gen_unary(self) -> None:
@@ -217,6 +251,66 @@ class _Builder:
         table = _FLOAT_UNARY if self.nodes[a].dtype in self.float_pool else _ANY_UNARY
         expr, np_expr = table[self.rng.choice(sorted(table))]
         self.try_add(expr, [a], np_expr)
+
+    def gen_divmod_const(self) -> None:
+        """``x // k`` or ``x % k`` for a small constant ``k``."""
+        a = self.pick("f" if self.rng.random() < 0.7 else "fiu")
+        if a is None:
+            return
+        table = _FLOAT_DIVMOD if to_dtype(self.nodes[a].dtype).kind == "f" else _INT_DIVMOD
+        expr, np_expr = table[self.rng.choice(sorted(table))]
+        self.try_add(expr, [a], np_expr)
+
+    def gen_constant(self) -> None:
+        """A constant tensor (``Tensor.full``) or one value broadcast to a shape (a stride-0 view of a buffer),
+        shaped like an existing node; constants are what folding rules rewrite."""
+        a = self.pick()
+        if a is None:
+            return
+        shape = self.nodes[a].shape
+        dt = self.random_dtype()
+        kind = to_dtype(dt).kind
+        values: dict[str, list[float | int | bool]] = {
+            "f": [6.75, -2.25, 0.5, -0.0, 1.0, 3.0, -1.5, 0.0], "b": [True, False], "i": [0, 1, -1, 7, 2, -3],
+            "u": [0, 1, 7, 2, 200]}
+        value = self.rng.choice(values[kind])
+        if self.rng.random() < 0.5:
+            expr = f"Tensor.full({shape!r}, {value!r}, dtype=dtypes.{dt}, device={{0}}.device)"
+        else:  # one value in a buffer, expanded
+            expr = (f"Tensor([{value!r}], dtype=dtypes.{dt}, device={{0}}.device)"
+                    f".reshape({(1,) * len(shape)!r}).expand({shape!r})")
+        self.try_add(expr, [a], f"np.full({shape!r}, {value!r})", diff=[])
+
+    def gen_chain(self) -> None:
+        """A chain of elementwise ops on one value, written as one line (``((v2 + 0.75) * 0.5) ...``)."""
+        a = self.pick("f" if self.rng.random() < 0.7 else "fiu")
+        if a is None:
+            return
+        links = _CHAIN_LINKS["f" if to_dtype(self.nodes[a].dtype).kind == "f" else "iu"]
+        lo, hi = LONG_CHAIN_LENGTHS if self.large and self.rng.random() < 0.3 else CHAIN_LENGTHS
+        left = self.rng.randint(lo, hi)
+        while left > 0 and a is not None:  # lines of at most CHAIN_LINE links (Python nests 200 parentheses)
+            expr, np_expr = "{0}", "{0}"  # type: str, str | None
+            for _ in range(min(left, CHAIN_LINE)):
+                link, np_link = self.rng.choice(links)
+                expr = link.format(x=expr)
+                np_expr = np_link.format(x=np_expr) if np_link is not None and np_expr is not None else None
+            left -= CHAIN_LINE
+            a = self.try_add(expr, [a], np_expr)
+
+    def gen_large(self) -> None:
+        """A reduction over a node broadcast to more than :data:`LARGE_ELEMENTS` elements (stride 0: nothing of
+        that size is allocated), its numpy twin computed exactly in float64."""
+        a = self.pick("f" if self.rng.random() < 0.8 else "fi")
+        if a is None:
+            return
+        n = max(1, math.prod(self.nodes[a].shape))
+        rows = self.rng.choice([4096, 8192, 1 << 14])
+        cols = -(-LARGE_ELEMENTS // (n * rows)) + self.rng.randrange(3)
+        op = self.rng.choice(["sum", "sum", "mean", "max"])
+        np_op = {"sum": f"* {rows * cols}", "mean": "* 1", "max": "* 1"}[op]
+        self.try_add(f"{{0}}.reshape({n}, 1, 1).expand({n}, {rows}, {cols}).{op}((1, 2))", [a],
+                     f"(np.reshape({{0}}, ({n},)) {np_op})")
 
     def gen_binary(self) -> None:
         name = self.rng.choice(sorted(_BINARY))
@@ -350,13 +444,16 @@ def _random_factorization(n: int, r: random.Random) -> tuple[int, ...]:
     return tuple(dims) if dims else (1,)
 
 
-def generate(seed: int, pool: Sequence[str] = DEFAULT_DTYPES, grad: bool = False, size: int | None = None) -> FuzzGraph:
+def generate(seed: int, pool: Sequence[str] = DEFAULT_DTYPES, grad: bool = False, size: int | None = None,
+             large: bool = False) -> FuzzGraph:
     """The graph for ``seed``: 1-3 inputs and ``size`` (default 3-12) ops drawn from every family.
 
     ``pool`` lists the dtype names inputs and casts may use (keep it to what both devices
-    support); ``grad`` restricts the graph to float tensors so every output is differentiable.
+    support); ``grad`` restricts the graph to float tensors so every output is differentiable;
+    ``large`` adds reductions over more than 2**24 elements and chains of hundreds of ops (see the module's
+    docstring: off until those are exact).
     """
-    b = _Builder(seed, pool, grad)
+    b = _Builder(seed, pool, grad, large)
     r = b.rng
     for _ in range(r.randint(1, 3)):
         b.add_input(b.random_shape(), b.random_dtype())
@@ -369,7 +466,7 @@ def generate(seed: int, pool: Sequence[str] = DEFAULT_DTYPES, grad: bool = False
     if grad:
         sinks = [i for i in sinks if b.nodes[i].dtype in b.float_pool and diff_inputs(b.nodes, i)]
     outputs = tuple(sinks[-3:]) or (len(b.nodes) - 1,)
-    return FuzzGraph(seed, tuple(b.nodes), outputs, tuple(pool), specials=not grad and r.random() < 0.1)
+    return FuzzGraph(seed, tuple(b.nodes), outputs, tuple(pool), specials=not grad and r.random() < 0.1, large=large)
 
 
 def diff_inputs(nodes: Sequence[Node], i: int) -> set[int]:

@@ -1,8 +1,10 @@
 """Random op graphs (:mod:`ember.testing.fuzz`) on the device under test against the PYTHON device and numpy.
 
-Seeds are fixed, so a failure here fails the same way on every run; the message holds a shrunk
-graph as a script to paste. ``--fuzz-graphs N`` changes how many graphs run (forward; a third as
-many gradient graphs); ``bench/fuzz.py`` runs thousands.
+Seeds start at 0 unless ``--fuzz-seed N`` (or ``EMBER_FUZZ_SEED``) says otherwise; ``--fuzz-seed random``
+draws a new start each run (CI does), printed in the header and in every failure with the option that
+replays it. The message holds a shrunk graph as a script to paste. ``--fuzz-graphs N`` changes how many
+graphs run (forward; a third as many gradient graphs); ``--fuzz-large`` adds the large graphs
+(:mod:`ember.testing.graphgen`); ``bench/fuzz.py`` runs thousands.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from ember import Device
 from ember.testing import fuzz
+from ember.testing.plugin import fuzz_large, fuzz_seed
 
 #: graphs realized together: one schedule and one batched compile per chunk
 CHUNK = 40
@@ -24,18 +27,22 @@ def _pool(device: str) -> tuple[str, ...]:
     return tuple(d for d in fuzz.DEFAULT_DTYPES if to_dtype(d) in ours and to_dtype(d) in ref)
 
 
-def _run(device: str, seeds: range, grad: bool) -> None:
+def _run(device: str, seeds: range, grad: bool, config: pytest.Config) -> None:
     pool = _pool(device)
+    base, large = fuzz_seed(config), fuzz_large(config)
     # gradient graphs make several kernels per op: keep them shorter
-    graphs = [fuzz.generate(s, pool=pool, grad=grad, size=3 + s % (4 if grad else 6)) for s in seeds]
+    graphs = [fuzz.generate(base + s, pool=pool, grad=grad, size=3 + s % (4 if grad else 6), large=large)
+              for s in seeds]
     failures = [r for r in fuzz.check_many(graphs, device, grad=grad) if not r.ok]
     if failures:
         first = failures[0]
         small = fuzz.shrink(first.graph, device, grad)
         report = fuzz.check(small, device, grad).report() if small is not first.graph else first.report()
         seeds_failed = ", ".join(str(r.graph.seed) for r in failures)
-        pytest.fail(f"{len(failures)} of {len(graphs)} random graphs differ on {device} (seeds {seeds_failed}); "
-                    f"the first, shrunk:\n{report}", pytrace=False)
+        replay = f"--fuzz-seed={base}{' --fuzz-large' if large else ''}"
+        pytest.fail(f"{len(failures)} of {len(graphs)} random graphs differ on {device} (seeds {seeds_failed}; "
+                    f"this run's first seed {base}: replay with {replay}); the first, shrunk:\n{report}",
+                    pytrace=False)
 
 
 def _chunks(request_count: int) -> list[range]:
@@ -54,11 +61,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("seeds", chunks, ids=[f"{r.start}-{r.stop - 1}" for r in chunks])
 
 
-def test_random_graphs_forward(device: str, seeds: range) -> None:
+def test_random_graphs_forward(device: str, seeds: range, request: pytest.FixtureRequest) -> None:
     """Outputs of random graphs match the PYTHON device (and numpy where every op has a numpy twin)."""
-    _run(device, seeds, grad=False)
+    _run(device, seeds, grad=False, config=request.config)
 
 
-def test_random_graphs_gradients(device: str, seeds: range) -> None:
+def test_random_graphs_gradients(device: str, seeds: range, request: pytest.FixtureRequest) -> None:
     """Gradients of a weighted sum of random graphs' outputs match the PYTHON device."""
-    _run(device, seeds, grad=True)
+    _run(device, seeds, grad=True, config=request.config)
