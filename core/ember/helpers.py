@@ -5,13 +5,15 @@ Nothing here imports from the rest of ember, so every layer may use it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import gc
 import math
 import os
 import pathlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 if TYPE_CHECKING:
     import numpy
@@ -66,11 +68,13 @@ def is_int_like(x: object) -> TypeIs[int]:
 def getenv(key: str, default: Any = 0) -> Any:
     """Read an environment knob, converting it to the type of ``default``.
 
-    Values set through :class:`Context` take precedence over the process environment. An empty value
-    counts as unset; one that does not convert is a ValueError naming the variable and its value.
+    Values set through :class:`Context` (in the running thread or task) take precedence over the process
+    environment. An empty value counts as unset; one that does not convert is a ValueError naming the
+    variable and its value.
     """
-    if key in ContextVar.by_key:
-        return ContextVar.by_key[key].value
+    knob = ContextVar.by_key.get(key)
+    if knob is not None and (value := knob._var.get()) is not _UNSET:
+        return value
     raw = os.environ.get(key)
     if raw is None:
         return default
@@ -85,38 +89,71 @@ def getenv(key: str, default: Any = 0) -> Any:
         raise ValueError(f"environment variable {key}={raw!r} must be {kind}") from None
 
 
+#: the value of a knob that :class:`Context` created and that the running thread has not set
+_UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "<unset>"})()
+
+
 class ContextVar:
-    """A process-wide knob such as ``DEBUG``, overridable with ``with Context(DEBUG=2):``."""
+    """A knob such as ``DEBUG``, overridable with ``with Context(DEBUG=2):``.
+
+    The value read from the environment when the knob is made is the process-wide default. A value set with
+    :class:`Context` or by assigning ``.value`` holds in the running thread (and asyncio task) only, as a
+    :class:`contextvars.ContextVar`: a new thread starts from the defaults, an asyncio task from a copy of
+    the values where it was created. ember's own worker threads (kernel builds, plugin calls) run with the
+    values of the thread that handed them the work.
+    """
 
     by_key: dict[str, ContextVar] = {}
 
-    def __init__(self, key: str, default: int):
-        self.key, self.value = key, getenv(key, default)
+    def __init__(self, key: str, default: Any):
+        self.key = key
+        self.default = getenv(key, default)
+        self._var: contextvars.ContextVar[Any] = contextvars.ContextVar(f"ember.{key}", default=self.default)
         ContextVar.by_key[key] = self
 
+    @classmethod
+    def _unset(cls, key: str) -> ContextVar:
+        """A knob for a key that ember does not declare (``Context(TIERED=1)`` for a :func:`getenv` read):
+        where no Context set it, :func:`getenv` reads the environment and the reader's default as before."""
+        knob = cls.__new__(cls)
+        knob.key, knob.default = key, _UNSET
+        knob._var = contextvars.ContextVar(f"ember.{key}", default=_UNSET)
+        cls.by_key[key] = knob
+        return knob
+
+    @property
+    def value(self) -> Any:
+        """The value in the running thread or task."""
+        return self._var.get()
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        self._var.set(value)
+
+    # the comparisons read the contextvars directly: ``if DEBUG >= 2`` sits on hot paths
     def __bool__(self) -> bool:
-        return bool(self.value)
+        return bool(self._var.get())
 
     def __ge__(self, other: int) -> bool:
-        return self.value >= other
+        return self._var.get() >= other
 
     def __gt__(self, other: int) -> bool:
-        return self.value > other
+        return self._var.get() > other
 
     def __lt__(self, other: int) -> bool:
-        return self.value < other
+        return self._var.get() < other
 
     def __le__(self, other: int) -> bool:
-        return self.value <= other
+        return self._var.get() <= other
 
     def __eq__(self, other: object) -> bool:
-        return self.value == other
+        return self._var.get() == other
 
     def __hash__(self) -> int:
         return hash(self.key)
 
     def __int__(self) -> int:
-        return int(self.value)
+        return int(self._var.get())
 
     def __repr__(self) -> str:
         return f"ContextVar({self.key}={self.value})"
@@ -130,23 +167,37 @@ PARALLEL = ContextVar("PARALLEL", 1)
 
 
 class Context(contextlib.ContextDecorator):
-    """Temporarily override knobs: ``with Context(DEBUG=2): ...``."""
+    """Temporarily override knobs in the running thread (or asyncio task): ``with Context(DEBUG=2): ...``.
 
-    def __init__(self, **kwargs: int):
+    Other threads keep their own values (see :class:`ContextVar`). As a decorator each call enters afresh, so
+    one decorated function may run in several threads at once."""
+
+    def __init__(self, **kwargs: Any):
         self.kwargs = kwargs
-        self.saved: dict[str, Any] = {}
+        self._saved: list[list[tuple[ContextVar, Any]]] = []  # one frame per entry: ``with c: with c:`` nests
+
+    def _recreate_cm(self) -> Context:
+        return type(self)(**self.kwargs)
 
     def __enter__(self) -> Context:
+        frame: list[tuple[ContextVar, Any]] = []
         for k, v in self.kwargs.items():
-            # not `get(k) or ...`: a knob whose value is 0 is falsy, and a new ContextVar would replace it
-            var = ContextVar.by_key[k] if k in ContextVar.by_key else ContextVar(k, v)
-            self.saved[k] = var.value
-            var.value = v
+            knob = ContextVar.by_key[k] if k in ContextVar.by_key else ContextVar._unset(k)
+            frame.append((knob, knob._var.get()))
+            knob._var.set(v)
+        self._saved.append(frame)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for k, v in self.saved.items():
-            ContextVar.by_key[k].value = v
+        # set back rather than ContextVar.reset: a generator may leave the block in another task than it entered
+        for knob, v in reversed(self._saved.pop()):
+            knob._var.set(v)
+
+
+def carry_context(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, to be called in another thread with the knobs and modes of the thread calling this now (a new
+    thread starts from the defaults). Each call of this makes one copy, which one call at a time may run in."""
+    return functools.partial(contextvars.copy_context().run, fn)
 
 
 class GlobalCounters:

@@ -6,6 +6,7 @@ graph into kernels and the engine runs them on the tensor's device.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -62,9 +63,41 @@ else:
     from ember.helpers import lazy_numpy as np
 
 
+#: grad mode and training mode, per thread and asyncio task (torch keeps its grad mode per thread): a new
+#: thread starts with gradients recorded and training off, whatever the thread that started it has set
+_NO_GRAD: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.no_grad", default=False)
+_TRAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.training", default=False)
+
+
+class _TensorType(type):
+    """Tensor's metaclass: ``Tensor.training`` and ``Tensor.no_grad`` read and set the running thread's modes.
+
+    tinygrad programs set them as class attributes (``Tensor.training = True``); as properties of the metaclass
+    that spelling keeps working, for the thread (or task) that runs it only."""
+
+    @property
+    def training(cls) -> bool:
+        """Whether dropout and batch norm run in training mode in this thread (default False)."""
+        return _TRAINING.get()
+
+    @training.setter
+    def training(cls, mode: bool) -> None:
+        _TRAINING.set(bool(mode))
+
+    @property
+    def no_grad(cls) -> bool:
+        """Whether ops skip recording gradients in this thread (default False)."""
+        return _NO_GRAD.get()
+
+    @no_grad.setter
+    def no_grad(cls, off: bool) -> None:
+        _NO_GRAD.set(bool(off))
+
+
 class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
              ActivationMixin, CastMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, ConvMixin, PoolMixin,
-             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin, SelectionMixin):
+             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin, SelectionMixin,
+             metaclass=_TensorType):
     """An n-dimensional array on a device, with lazy evaluation.
 
     ``Tensor(data, device=None, dtype=None, requires_grad=None)`` accepts Python scalars,
@@ -77,8 +110,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
     __hash__ = object.__hash__  # __eq__ builds a tensor, so hash by identity
-    training: bool = False
-    no_grad: bool = False
+    # read through an instance (``t.training``) too; set them on the class (``Tensor.training = True``)
+    training = property(lambda self: _TRAINING.get(), doc="Whether this thread is in training mode.")
+    no_grad = property(lambda self: _NO_GRAD.get(), doc="Whether this thread records no gradients.")
     _seed: int = 0
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
@@ -224,7 +258,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A numpy copy of the values (bfloat16 comes back as float32).
 
         Reading is when pending index checks run (:mod:`ember.frontend.checks`): a bad index raises here."""
-        flush_checks()
+        flush_checks(self)
         if _symbolic_shape(self.shape):
             return self._numpy_symbolic()
         if self.numel() == 0:
@@ -263,7 +297,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
         if _symbolic_shape(self.shape):
             return self.numpy().reshape(()).item()
-        flush_checks()  # as numpy() does: a pending bad index raises here
+        flush_checks(self)  # as numpy() does: a pending bad index raises here
         return scalar_from_bytes(self.dtype, self._buffer().as_bytes())
 
     def data(self) -> memoryview:
@@ -332,7 +366,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if x.shape != self.shape:
                 raise RuntimeError(f"assign: the value's shape {x.shape} does not match the tensor's shape "
                                    f"{self.shape}")
-        if not Tensor.no_grad and self.requires_grad and self._ctx is None:
+        if not _NO_GRAD.get() and self.requires_grad and self._ctx is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         x = x.to(self.device).cast(self.dtype)
         if x.lazydata is self.lazydata:
@@ -377,23 +411,32 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         return self
 
     class train(contextlib.ContextDecorator):
-        """``with Tensor.train():`` (or as a decorator) sets ``Tensor.training`` for dropout and norms."""
+        """``with Tensor.train():`` (or as a decorator) sets ``Tensor.training`` for dropout and norms, in the
+        running thread (or asyncio task) only."""
 
         def __init__(self, mode: bool = True):
             self.mode = mode
+            self._prev: list[bool] = []
+
+        def _recreate_cm(self) -> Tensor.train:
+            # a decorated function entering afresh on each call may run in several threads at once
+            return Tensor.train(self.mode)
 
         def __enter__(self) -> None:
-            self.prev = Tensor.training
-            Tensor.training = self.mode
+            self._prev.append(_TRAINING.get())
+            _TRAINING.set(bool(self.mode))
 
         def __exit__(self, *exc: object) -> None:
-            Tensor.training = self.prev
+            _TRAINING.set(self._prev.pop())
 
     class test(train):
         """``with Tensor.test():`` evaluation mode (``Tensor.training = False``)."""
 
         def __init__(self) -> None:
             super().__init__(False)
+
+        def _recreate_cm(self) -> Tensor.test:
+            return Tensor.test()
 
     # --- autograd ------------------------------------------------------------------------
     def backward(self, gradient: Tensor | None = None, retain_graph: bool = False) -> Tensor:
@@ -529,7 +572,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         self's ``requires_grad`` follows tinygrad: True if a parent's is, else None if a parent's is
         None, else False (all parents excluded, so self is too).
         """
-        if Tensor.no_grad:
+        if _NO_GRAD.get():
             return self
         flags = [p.requires_grad for p in parents]
         if any(f is not False for f in flags):
@@ -899,14 +942,25 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     # --- indexing helpers kept small here; the full API grows in later modules ----------
 
 class no_grad(contextlib.ContextDecorator):
-    """``with no_grad():`` (or as a decorator): build graphs without recording gradients."""
+    """``with no_grad():`` (or as a decorator): build graphs without recording gradients.
+
+    Grad mode belongs to the running thread (and asyncio task), as in torch: other threads keep recording, and
+    a thread started inside the block records gradients."""
+
+    def __init__(self) -> None:
+        self._prev: list[bool] = []
+
+    def _recreate_cm(self) -> no_grad:
+        # a decorated function entering afresh on each call may run in several threads at once
+        return no_grad()
 
     def __enter__(self) -> None:
-        self.prev = Tensor.no_grad
-        Tensor.no_grad = True
+        self._prev.append(_NO_GRAD.get())
+        _NO_GRAD.set(True)
 
     def __exit__(self, *exc: object) -> None:
-        Tensor.no_grad = self.prev
+        # set back rather than ContextVar.reset: a generator may leave the block in another task than it entered
+        _NO_GRAD.set(self._prev.pop())
 
 def _device(device: str | None) -> str:
     """The canonical device name, failing now (naming the device and what is installed) if it is unknown."""

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import NamedTuple
 
 from ember.device.compiler import CompileError, Compiler
+from ember.helpers import carry_context
 
 #: names the packed format; in every binary's header and in the compile-cache key
 FORMAT = "ember-kernel-binary-1"
@@ -133,7 +134,9 @@ class BatchCompiler(Compiler):
             built = [self._build_group(groups[0])]
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(groups), self.parallel_builds)) as pool:
-                built = list(pool.map(self._build_group, groups))
+                # the builds see this thread's knobs (CACHELEVEL, DEBUG set with Context)
+                futures = [pool.submit(carry_context(self._build_group), group) for group in groups]
+                built = [f.result() for f in futures]
         found = {src: binary for group, binaries in zip(groups, built) for src, binary in zip(group, binaries)}
         return [found[src] for src in srcs]
 
@@ -218,7 +221,7 @@ class BatchCompiler(Compiler):
 
     def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, group: list[str]) -> _Build:
         cost = self.build_overhead + sum(map(self.build_cost, group))
-        return _Build(group, pool.submit(self._build_group, group), cost)
+        return _Build(group, pool.submit(carry_context(self._build_group), group), cost)
 
     def _groups(self, srcs: Sequence[str], busy: Sequence[float] = ()) -> list[list[int]]:
         """The programs :meth:`compile_batch` builds, as indices into ``srcs``, in the order to hand them out.

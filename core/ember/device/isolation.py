@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ember.helpers import getenv
+from ember.helpers import carry_context, getenv
 
 
 class PluginTimeout(TimeoutError):
@@ -70,7 +70,7 @@ class _Job:
     """One plugin call and its outcome."""
 
     def __init__(self, fn: Any):
-        self.fn = fn
+        self.fn = carry_context(fn)  # the plugin call sees the caller's knobs (DEBUG set with Context)
         self.value: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ember.device.compiler import Compiler
-from ember.helpers import DEBUG, getenv
+from ember.helpers import DEBUG, carry_context, getenv
 
 if TYPE_CHECKING:
     from ember.engine.realize import CompiledRunner
@@ -140,7 +140,9 @@ def upgrade_later(compiler: Compiler, runners: Sequence[CompiledRunner]) -> None
     # (bounded: TIERED_EXIT_WAIT), so a process that ends early still leaves the optimized binaries cached (the
     # twin must start no thread pool of its own then: see CPUCompiler.background)
     srcs = list(waiting)
-    pending.append((_submit(_background(compiler).compile_cached_many, srcs), id(compiler), waiting))
+    # the build sees the knobs of the thread that asked for it (CACHELEVEL, DEBUG set with Context)
+    pending.append((_submit(carry_context(_background(compiler).compile_cached_many), srcs), id(compiler),
+                    waiting))
     for src in srcs:
         _waiting[(id(compiler), src)] = waiting[src]
 

@@ -11,6 +11,12 @@ and the first that failed raises.
 So a bad index never gives a silent wrong answer: the error comes at the latest with the first value the
 program looks at, and a program that reads nothing runs at full speed.
 
+Pending checks belong to the thread (and asyncio task) whose op registered them: a read runs that thread's
+checks, so a bad index in one thread raises there, not in an unrelated read of another. A read also runs the
+pending checks of other threads whose checked tensor its value was computed from (a lazy tensor handed to
+another thread to read). Not covered: a tensor one thread realized (``realize()``, which runs no checks) and
+another reads, while the first has not read anything since; the first thread's next read raises.
+
 The cost is one small reduction kernel per checked op, run with the next read (measured in
 ``bench/bench_index_checks.py``). A checked tensor that is already in a buffer by then (labels a training
 step computed from) and small (``HOST_CHECK_MAX``) is instead copied to the host and summarized there:
@@ -27,8 +33,11 @@ Errors raise :class:`IndexOutOfRange`, which is both an ``IndexError`` and a ``R
 """
 from __future__ import annotations
 
+import contextvars
 import math
-from dataclasses import dataclass
+import threading
+import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ember.dtype import STRUCT_CODES, DType, dtypes, to_np_dtype
@@ -64,16 +73,25 @@ class InvalidDistribution(RuntimeError):
     """The weights given to ``multinomial`` held a negative, nan or inf value, or a row of zeros."""
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: kept in a WeakSet
 class _Check:
     checked: UOp                                 # the checked tensor's node when the op was built
     summarize: Callable[[Tensor], Tensor]        # the checked tensor -> a few values, computed on the device
     on_host: Callable[[Any], list]               # its flat values (a list or an array) -> the same, on the host
     verdict: Callable[[list], str | None]        # the summary's values -> an error message, or None when fine
     error: type[Exception]
+    outcome: list[str | None] = field(default_factory=list)  # [message or None] once run (run once, raised by all)
 
 
-_pending: list[_Check] = []
+#: the running thread's (or task's) unread checks: a tuple, replaced on each change, because an asyncio task
+#: starts from a copy of its creator's values and must not add to the creator's list
+_pending: contextvars.ContextVar[tuple[_Check, ...]] = contextvars.ContextVar("ember.index_checks", default=())
+#: the unread checks of every thread, for a read of a value built from another thread's checked tensor (a
+#: check leaves when its thread flushes or discards it, or with the thread's context)
+_unread: weakref.WeakSet[_Check] = weakref.WeakSet()
+_unread_lock = threading.Lock()
+#: set while the running thread computes checks (reading their summaries must not start another flush)
+_running: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.index_checks_running", default=False)
 
 
 def index_in_range(index: Tensor, size: int, dim: int, *, negative_ok: bool = False,
@@ -152,29 +170,74 @@ def valid_distribution(weights: Tensor, what: str = "multinomial") -> None:
 
 
 def _add(check: _Check) -> None:
-    _pending.append(check)
-    if len(_pending) >= MAX_PENDING:
+    mine = _pending.get() + (check,)
+    _pending.set(mine)
+    with _unread_lock:
+        _unread.add(check)
+    if len(mine) >= MAX_PENDING:
         flush()
 
 
 def pending() -> int:
-    """How many checks wait for the next read."""
-    return len(_pending)
+    """How many checks wait for the running thread's next read."""
+    return len(_pending.get())
 
 
 def discard() -> None:
-    """Drop the pending checks unread (tests, and a program that recovers from an error)."""
-    _pending.clear()
+    """Drop the running thread's pending checks unread (tests, and a program that recovers from an error)."""
+    mine = _pending.get()
+    _pending.set(())
+    _forget(mine)
 
 
-def flush() -> None:
-    """Run every pending check now (one schedule) and raise the first failure."""
-    if not _pending:
+def _forget(checks: tuple[_Check, ...]) -> None:
+    if checks:
+        with _unread_lock:
+            for c in checks:
+                _unread.discard(c)
+
+
+def flush(read: Tensor | None = None) -> None:
+    """Run the running thread's pending checks now (one schedule) and raise the first failure; with ``read``
+    (the tensor about to be read), also other threads' pending checks of tensors ``read`` is computed from."""
+    mine = _pending.get()
+    theirs = _feeding(read, mine) if read is not None and len(_unread) and not _running.get() else []
+    if not mine and not theirs:
         return
+    _pending.set(())
+    _forget(mine)  # another thread's checks stay: that thread raises their failures too, at its next read
+    checks = [*mine, *theirs]
+    _run([c for c in checks if not c.outcome])
+    for c in checks:
+        if c.outcome[0] is not None:
+            raise c.error(c.outcome[0])
+
+
+def _feeding(read: Tensor, mine: tuple[_Check, ...]) -> list[_Check]:
+    """The other threads' pending checks whose checked node ``read``'s graph holds."""
+    from ember.ir.uop import toposort
+
+    with _unread_lock:
+        own = set(map(id, mine))
+        theirs = [c for c in list(_unread) if id(c) not in own]
+    if not theirs:
+        return []
+    nodes = set(toposort([read.lazydata]))
+    return [c for c in theirs if c.checked in nodes]
+
+
+def _run(checks: list[_Check]) -> None:
+    """Compute each check's outcome: on the host where it can, else by their summaries in one schedule."""
+    token = _running.set(True)
+    try:
+        _run_unguarded(checks)
+    finally:
+        _running.reset(token)
+
+
+def _run_unguarded(checks: list[_Check]) -> None:
     from ember.tensor import Tensor  # imported here: the tensor module imports this one
 
-    checks = list(_pending)
-    _pending.clear()
     values = [_on_host(c) for c in checks]
     # the summaries are built only now, for the checks the host cannot do (from the node seen at the op: the
     # tensor object may have been reassigned since)
@@ -183,8 +246,8 @@ def flush() -> None:
         Tensor.realize_all(*summaries.values())
     for i, c in enumerate(checks):
         msg = c.verdict(summaries[i].numpy().tolist() if i in summaries else values[i])
-        if msg is not None:
-            raise c.error(msg)
+        if not c.outcome:  # (another thread may have run it meanwhile: the same values, the same outcome)
+            c.outcome.append(msg)
 
 
 def _on_host(check: _Check) -> list | None:
