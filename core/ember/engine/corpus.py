@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pathlib
 import pickle
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,8 +40,15 @@ def record(ast: UOp) -> None:
     _seen.add(ast)
     folder.mkdir(parents=True, exist_ok=True)
     # one pickle per record, appended: a process killed mid-run leaves every earlier record readable
-    with open(folder / f"{os.getpid()}.pkl", "ab") as f:
-        pickle.dump(ast, f)
+    # pickling nests a frame per level of the AST; a kernel's depth is bounded (the scheduler's fusion rule 8),
+    # so a program that runs with a low recursion limit (or deep in its own recursion) gets the room it needs
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        with open(folder / f"{os.getpid()}.pkl", "ab") as f:
+            pickle.dump(ast, f)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def load_corpus(folder: str | os.PathLike[str]) -> list[UOp]:
