@@ -24,16 +24,12 @@ BIG = 2 ** 31 + 5
 
 
 def _cpu() -> Renderer:
-    from ember_cpu.renderer import CPURenderer
-
-    return CPURenderer()
+    return pytest.importorskip("ember_cpu.renderer").CPURenderer()
 
 
-def _grid() -> Renderer:
+def _grid(**kwargs: object) -> Renderer:
     """A launch-grid target (3 global dimensions, merged when a kernel has more)."""
-    from ember_opencl.renderer import CLRenderer
-
-    return CLRenderer()
+    return pytest.importorskip("ember_opencl.renderer").CLRenderer(**kwargs)
 
 
 def last_ast(t: Tensor) -> UOp:
@@ -212,3 +208,12 @@ def test_bound_counts_padded_loops():
     assert index_reach(ast) <= INDEX32_MAX
     plan = apply_opts(ast, _cpu(), [Opt("PADTO", 0, 2 ** 30)])
     assert index_reach(ast, plan) > INDEX32_MAX
+
+
+def test_a_launch_past_the_targets_limit_is_refused():
+    """A grid target's hardware ids hold its launch limit: a longer launch dimension is an error, not a wrap."""
+    ast = last_ast(Tensor.ones(2 ** 20 + 1, device="PYTHON").contiguous())
+    with pytest.raises(ValueError, match=r"kernel E_1048577: launch size \(1048577, 1, 1\) is more than CLRenderer "
+                                         r"launches per dimension \(\(1048576, 1048576, 1048576\)\)"):
+        get_program(ast, _grid(global_max=(2 ** 20,) * 3), opts=[])
+    assert get_program(ast, _grid(global_max=(2 ** 20 + 1,) * 3), opts=[]).global_size == (2 ** 20 + 1, 1, 1)

@@ -324,3 +324,13 @@ def test_index_type_is_64_bits_only_where_32_could_wrap():
     small = get_program(kernel_ast(_far_tail(1000)), CPURenderer()).src
     assert "for (int gidx0 = 0; gidx0 < 3; gidx0++)" in small and "long long alu" not in small
     assert np.array_equal(_far_tail(5 * 10 ** 8).numpy(), [4, 5, 6])
+
+
+def test_register_tiled_matmul_with_64_bit_indices():
+    """A matmul of the last 64 rows of a view of 2**32 elements: vector tiles over long long indices."""
+    a, b = randf(64, 64), randf(64, 32)
+    x, w = realized(a, b)
+    rows = x.reshape(1, 64, 64).expand(2 ** 20, 64, 64).reshape(2 ** 26, 64)[-64:]
+    src = get_program(kernel_ast(rows @ w), CPURenderer()).src
+    assert "vector_size" in src and "for (long long ridx1 = 0ll; ridx1 < 64ll; ridx1++)" in src
+    np.testing.assert_allclose((rows @ w).numpy(), a @ b, rtol=1e-5, atol=1e-5)
