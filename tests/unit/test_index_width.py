@@ -1,5 +1,5 @@
 """Index width: a kernel whose index math can pass 2**31 - 1 indexes with 64-bit integers, every other kernel with
-32-bit ones. Only lowering here (no kernel runs): the run tests are tests/backend/test_index_width.py.
+32-bit ones. Only lowering here (no kernel runs): the run tests are tests/backend/test_huge_views.py.
 
 The choice comes from :func:`ember.codegen.lowerer.index_reach`, a bound computed from the kernel AST. The
 property test below checks it: wherever 32 bits were chosen, lowering with 32 gives the uops lowering with 64

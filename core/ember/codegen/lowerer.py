@@ -414,6 +414,10 @@ def _view_reach(st: ShapeTracker, extents: tuple[int, ...] | None) -> int:
     return reach
 
 
+#: the AST nodes whose sizes bound a kernel's index math
+_REACH_OPS = frozenset({Ops.DEFINE_GLOBAL, Ops.VIEW, Ops.STORE, Ops.REDUCE_AXIS})
+
+
 def index_reach(ast: UOp, plan: KernelPlan | None = None, shapes: dict[UOp, tuple[int, ...]] | None = None) -> int:
     """An upper bound on the magnitude of every index value lowering ``ast`` (with ``plan``) computes: loop
     counters and bounds, buffer offsets, view arithmetic, gates. Past :data:`INDEX32_MAX` the kernel indexes
@@ -425,18 +429,21 @@ def index_reach(ast: UOp, plan: KernelPlan | None = None, shapes: dict[UOp, tupl
     # the global loops, merged into one on a target with few launch dimensions
     reach = prod(max(n, 1) for n in loops)
     for u in ast.toposort():
-        if u.op is Ops.DEFINE_GLOBAL:
+        op = u.op
+        if op not in _REACH_OPS:
+            continue
+        if op is Ops.DEFINE_GLOBAL:
             reach = max(reach, u.arg[1])
-        elif u.op in (Ops.VIEW, Ops.STORE):
+        elif op is not Ops.REDUCE_AXIS:
             st: ShapeTracker = u.arg
             # a view with the output's rank is indexed by the output loops (a padded one runs past its shape)
             extents = None
             if padded and len(st.shape) == len(out_shape):
                 extents = tuple(max(_magnitude(d), padded.get(i, 0)) for i, d in enumerate(st.shape))
             reach = max(reach, _view_reach(st, extents))
-            if u.op is Ops.VIEW and len(src := ast_shape(u.src[0], shapes)) > 1:
+            if op is Ops.VIEW and len(src := ast_shape(u.src[0], shapes)) > 1:
                 reach = max(reach, prod(_magnitude(d) for d in src[1:]))  # unflattening into the source's shape
-        elif u.op is Ops.REDUCE_AXIS:
+        else:
             reach = max([reach] + [_magnitude(d) for d in ast_shape(u.src[0], shapes)])
     return reach
 
