@@ -49,7 +49,17 @@ from ember.frontend.resample import ResampleMixin
 from ember.frontend.selection import SelectionMixin
 from ember.frontend.sorting import SortingMixin
 from ember.frontend.transcendental import TranscendentalMixin
-from ember.frontend.util import ArgumentError, Scalar, Shape, broadcast_shape, dim_arg, make_const, shape_arg, size_arg
+from ember.frontend.util import (
+    ArgumentError,
+    Scalar,
+    Shape,
+    broadcast_shape,
+    check_numel,
+    dim_arg,
+    make_const,
+    shape_arg,
+    size_arg,
+)
 from ember.helpers import is_int_like, is_np_array, is_np_scalar, prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
@@ -502,7 +512,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A shape argument's sizes: ints, or symbolic ints where a size is a bound Variable."""
         if _symbolic_arg(shape):  # sizes that are bound Variables (or expressions of them) stay symbolic
             flat = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-            return tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)  # type: ignore[misc]
+            out = tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)  # type: ignore[misc]
+            check_numel(out)
+            return out
         return shape_arg(shape)
 
     @staticmethod
@@ -560,6 +572,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         x = self.lazydata
         base, st = (x.src[0], x.arg) if x.op is Ops.VIEW else (x, ShapeTracker.from_shape(shape_of(x)))
         new = fn(st)
+        check_numel(new.shape)
         if new.contiguous and new.shape == shape_of(base):
             out = Tensor(base)
         else:

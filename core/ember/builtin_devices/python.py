@@ -410,7 +410,8 @@ class PythonProgram:
             elif op is Ops.SPECIAL:
                 if open_ranges and not all(g for _, _, g in open_ranges):
                     raise fail(i, "SPECIAL inside a sequential loop")
-                self._code.append((_K_GRID, i, (), None, (self._grid_axes, int(arg[1]), None)))
+                self._code.append((_K_GRID, i, (), None, (self._grid_axes, (int(arg[1]), _reg_np(value_dt(i, dt))),
+                                                          None)))
                 self._grid_axes += 1
             elif op is Ops.RANGE:
                 kind = arg[1] if isinstance(arg, tuple) and len(arg) > 1 else "loop"
@@ -559,8 +560,8 @@ class PythonProgram:
                 if srcs:
                     lo, hi = (_scalar_bound(regs[s], self.kernel_name) for s in srcs)
                     rng = np.arange(lo, max(lo, hi), dtype=extra)
-                else:  # SPECIAL: 0 .. extent
-                    rng = np.arange(extra, dtype=np.int32)
+                else:  # SPECIAL: 0 .. extent, in its own type
+                    rng = np.arange(extra[0], dtype=extra[1])
                 if rng.size == 0:
                     if skip_to is None:
                         return

@@ -185,5 +185,9 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     sizes = [u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)
              for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
+    if renderer.global_max is not None and any(g > most for g, most in zip(g3, renderer.global_max)):
+        # (a launch dimension past the target's limit would wrap in its hardware ids)
+        raise ValueError(f"kernel {name}: launch size {g3} is more than {type(renderer).__name__} launches per "
+                         f"dimension ({tuple(renderer.global_max)})")
     return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
                        tuple(opts))

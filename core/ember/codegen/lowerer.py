@@ -386,6 +386,68 @@ def _global_indices(ctx: LoweringContext, out_shape: tuple[int | UOp, ...], max_
     return tuple(idxs.get(i, UOp.const(ctx.idx_dtype, 0)) for i in range(len(out_shape)))
 
 
+#: the largest index a kernel may compute in 32 bits; one whose index math may reach further indexes with 64
+INDEX32_MAX = 2 ** 31 - 2
+
+
+def _magnitude(x: int | UOp) -> int:
+    """The largest ``|x|`` over its variables' ranges (a size, stride or offset of a view)."""
+    if isinstance(x, int):
+        return abs(x)
+    lo, hi = x.vmin, x.vmax
+    return max(abs(lo), abs(hi)) if isinstance(lo, int) and isinstance(hi, int) else 2 ** 63
+
+
+@functools.lru_cache(maxsize=4096)
+def _view_reach(st: ShapeTracker, extents: tuple[int, ...] | None) -> int:
+    """The largest magnitude an index expression of ``st`` can take: each view's flat index (offset plus
+    stride times index, summed in any order), its loop bounds and mask limits, and the divisors that unflatten
+    it into the view below. ``extents`` overrides the last view's shape as the loops' sizes (a padded loop runs
+    past the shape)."""
+    reach = 0
+    for k, v in enumerate(reversed(st.views)):
+        dims = extents if k == 0 and extents is not None else tuple(_magnitude(d) for d in v.shape)
+        flat = _magnitude(v.offset) + sum(_magnitude(s) * max(n - 1, 0) for s, n in zip(v.strides, dims))
+        reach = max(reach, flat, *dims)
+        if k > 0:  # this view's indices are unflattened from the flat index of the view above it
+            reach = max(reach, prod(dims[1:]))
+    return reach
+
+
+#: the AST nodes whose sizes bound a kernel's index math
+_REACH_OPS = frozenset({Ops.DEFINE_GLOBAL, Ops.VIEW, Ops.STORE, Ops.REDUCE_AXIS})
+
+
+def index_reach(ast: UOp, plan: KernelPlan | None = None, shapes: dict[UOp, tuple[int, ...]] | None = None) -> int:
+    """An upper bound on the magnitude of every index value lowering ``ast`` (with ``plan``) computes: loop
+    counters and bounds, buffer offsets, view arithmetic, gates. Past :data:`INDEX32_MAX` the kernel indexes
+    with 64-bit integers. ``shapes``: :func:`ast_shape`'s memo, filled on the way."""
+    shapes = {} if shapes is None else shapes
+    out_shape = ast.src[0].arg.shape
+    padded = plan.padded if plan is not None else {}
+    loops = tuple(max(_magnitude(d), padded.get(i, 0)) for i, d in enumerate(out_shape))
+    # the global loops, merged into one on a target with few launch dimensions
+    reach = prod(max(n, 1) for n in loops)
+    for u in ast.toposort():
+        op = u.op
+        if op not in _REACH_OPS:
+            continue
+        if op is Ops.DEFINE_GLOBAL:
+            reach = max(reach, u.arg[1])
+        elif op is not Ops.REDUCE_AXIS:
+            st: ShapeTracker = u.arg
+            # a view with the output's rank is indexed by the output loops (a padded one runs past its shape)
+            extents = None
+            if padded and len(st.shape) == len(out_shape):
+                extents = tuple(max(_magnitude(d), padded.get(i, 0)) for i, d in enumerate(st.shape))
+            reach = max(reach, _view_reach(st, extents))
+            if op is Ops.VIEW and len(src := ast_shape(u.src[0], shapes)) > 1:
+                reach = max(reach, prod(_magnitude(d) for d in src[1:]))  # unflattening into the source's shape
+        else:
+            reach = max([reach] + [_magnitude(d) for d in ast_shape(u.src[0], shapes)])
+    return reach
+
+
 def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | None = None,
               renderer: Renderer | None = None) -> UOp:
     """Turn a kernel AST (SINK of STOREs) into a SINK of index-level STOREs over RANGE loops.
@@ -398,16 +460,10 @@ def lower_ast(ast: UOp, max_global_dims: int | None = None, plan: KernelPlan | N
     grouped reduce dim is shared by a group's work-items through local memory (see :func:`_group_combine`).
     """
     assert ast.op is Ops.SINK, f"kernel AST must be a SINK, got {ast.op}"
-    biggest = max([s.arg[1] for s in ast.toposort() if s.op is Ops.DEFINE_GLOBAL] + [1])
     out_shape = ast.src[0].arg.shape
-    work = 1
-    for d in out_shape:
-        work *= max(sint_max(d), 1)
-    if plan is not None:
-        for ax, n in plan.padded.items():
-            work = work // max(out_shape[ax], 1) * n
-    idx_dtype = dtypes.int64 if max(biggest, work) >= 2 ** 31 - 1 else dtypes.int32
-    ctx = LoweringContext(idx_dtype, plan=plan)
+    shapes: dict[UOp, tuple[int, ...]] = {}
+    idx_dtype = dtypes.int64 if index_reach(ast, plan, shapes) > INDEX32_MAX else dtypes.int32
+    ctx = LoweringContext(idx_dtype, shapes=shapes, plan=plan)
     upcast = plan.upcast if plan is not None else {}
     padded = plan.padded if plan is not None else {}
     sizes, limits = _symbolic_grid(out_shape, tuple(padded.get(i, d) for i, d in enumerate(out_shape)),

@@ -42,13 +42,34 @@ def dim_arg(d: object, what: str = "dim") -> int:
 
 
 def shape_arg(shape: Sequence[object], what: str = "shape") -> Shape:
-    """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as the shape (2, 3); a negative size is an ArgumentError."""
+    """``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as the shape (2, 3); a negative size, or more elements than
+    :data:`MAX_NUMEL`, is an ArgumentError."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     out = tuple(size_arg(s, f"{what} entry") for s in shape)
     if any(s < 0 for s in out):
         raise ArgumentError(f"Trying to create tensor with negative dimension {min(out)}: {out}")
+    check_numel(out)
     return out
+
+
+#: the most elements a tensor may have: kernels index its elements with signed 64-bit integers
+MAX_NUMEL = 2 ** 63 - 1
+
+
+def check_numel(shape: tuple[int | UOp, ...]) -> None:
+    """Refuse ``shape`` (an ArgumentError naming it) if its element count, at its variables' maxima, is more than
+    :data:`MAX_NUMEL`: no kernel could index it."""
+    n = 1
+    for d in shape:
+        if isinstance(d, UOp):
+            from ember.ir.symbolic import sint_max
+
+            d = sint_max(d)
+        n *= d
+    if n > MAX_NUMEL:
+        raise ArgumentError(f"shape {_shape_text(shape)} has {n} elements, more than the {MAX_NUMEL} (2**63 - 1) a "
+                            "tensor can have")
 
 
 def broadcast_shape(*shapes: Shape) -> Shape:

@@ -372,8 +372,8 @@ _WRAPPING_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG})
 
 
 def _address_uops(uops: list[UOp]) -> set[UOp]:
-    """The uops that compute buffer indices and loop bounds (they never overflow: buffers are smaller than
-    2**31 elements), so they stay plain signed C arithmetic."""
+    """The uops that compute buffer indices and loop bounds (they never overflow: lowering indexes with 64-bit
+    integers wherever 32 bits could), so they stay plain signed C arithmetic."""
     out: set[UOp] = set()
     stack = [u.src[1] for u in uops if u.op in (Ops.LOAD, Ops.STORE) and len(u.src) > 1]
     stack += [s for u in uops if u.op is Ops.RANGE for s in u.src]

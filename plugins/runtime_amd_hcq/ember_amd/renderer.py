@@ -299,7 +299,8 @@ class AMDRenderer(CStyleRenderer):
             return super().render_range_open(u, var, start, end, parallel)
         t = self.render_dtype(u.value_dtype)
         d = self._dims[u]
-        index = f"({t})EMBER_GLOBAL_ID({d})" if start == "0" else f"({start} + ({t})EMBER_GLOBAL_ID({d}))"
+        at_zero = u.src[0].op is Ops.CONST and u.src[0].arg == 0  # (a 64-bit zero is spelled 0L)
+        index = f"({t})EMBER_GLOBAL_ID({d})" if at_zero else f"({start} + ({t})EMBER_GLOBAL_ID({d}))"
         return [f"const {t} {var} = {index};", f"if ({var} < {end}) {{"]
 
     def render_range_close(self, u: UOp) -> list[str]:

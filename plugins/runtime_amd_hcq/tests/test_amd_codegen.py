@@ -459,3 +459,19 @@ def test_unknown_targets_say_what_to_install():
     assert problem is None or ("gfx950" in problem and "apt install clang-19" in problem)
     with pytest.raises(toolchain.ToolchainError, match="invalid AMD GPU target"):
         toolchain.find_toolchain("sm_80")
+
+
+def test_index_type_is_64_bits_only_where_32_could_wrap():
+    """A kernel reading the far end of a view of 3.5e9 elements indexes with ``long``, a small one with ``int``;
+    both build for the GPU."""
+    x7 = Tensor(np.arange(7, dtype=np.float32), device=DEVICE).realize()
+
+    def tail(rows: int) -> str:
+        return _program(x7.reshape(1, 7).expand(rows, 7).reshape(rows * 7)[-3:].contiguous(), name="tail").src
+
+    big, small = tail(5 * 10 ** 8), tail(1000)
+    assert "const long gidx0 = (long)EMBER_GLOBAL_ID(0);" in big and "int alu" not in big
+    assert "const int gidx0 = (int)EMBER_GLOBAL_ID(0);" in small and "long alu" not in small
+    require_clang("gfx1100")
+    for src in (big, small):
+        assert elf.read_code_object(AMDCompiler("gfx1100").compile(src))

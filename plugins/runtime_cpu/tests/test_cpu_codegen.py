@@ -309,3 +309,28 @@ def test_lowering_cache_fingerprint_covers_the_tile_order_module(monkeypatch):
         return read(self) + (b"# edited" if self == changed else b"")
     monkeypatch.setattr(pathlib.Path, "read_bytes", edited)
     assert cachekey.codegen_fingerprint.__wrapped__(CPURenderer) != before
+
+
+def _far_tail(rows: int) -> Tensor:
+    """The last 3 of ``rows`` repeats of 0..6: a view of a 7-element buffer, its offset ``7 * rows - 3``."""
+    x = Tensor(np.arange(7, dtype=np.float32), device="CPU").realize()
+    return x.reshape(1, 7).expand(rows, 7).reshape(rows * 7)[-3:].contiguous()
+
+
+def test_index_type_is_64_bits_only_where_32_could_wrap():
+    big = get_program(kernel_ast(_far_tail(5 * 10 ** 8)), CPURenderer()).src
+    assert "for (long long gidx0 = 0ll; gidx0 < 3ll; gidx0++)" in big
+    assert re.search(r"long long alu\d+ = \(gidx0 \+ \d+ll\);", big) and not re.search(r"\bint (alu|gidx)", big)
+    small = get_program(kernel_ast(_far_tail(1000)), CPURenderer()).src
+    assert "for (int gidx0 = 0; gidx0 < 3; gidx0++)" in small and "long long alu" not in small
+    assert np.array_equal(_far_tail(5 * 10 ** 8).numpy(), [4, 5, 6])
+
+
+def test_register_tiled_matmul_with_64_bit_indices():
+    """A matmul of the last 64 rows of a view of 2**32 elements: vector tiles over long long indices."""
+    a, b = randf(64, 64), randf(64, 32)
+    x, w = realized(a, b)
+    rows = x.reshape(1, 64, 64).expand(2 ** 20, 64, 64).reshape(2 ** 26, 64)[-64:]
+    src = get_program(kernel_ast(rows @ w), CPURenderer()).src
+    assert "vector_size" in src and "for (long long ridx1 = 0ll; ridx1 < 64ll; ridx1++)" in src
+    np.testing.assert_allclose((rows @ w).numpy(), a @ b, rtol=1e-5, atol=1e-5)

@@ -334,3 +334,19 @@ def test_nvrtc_output_never_writes_into_shared_bytes():
     assert out.log == "" and out.ptx.startswith(b"//")
     space = bytes([32])  # the shared object, built at run time so the compiler's constant is not the one checked
     assert space == b"\x20" and space[0] == 32
+
+
+def _far_tail(rows: int) -> Tensor:
+    """The last 3 of ``rows`` repeats of 0..6: a view of a 7-element buffer, its offset ``7 * rows - 3``."""
+    x7 = Tensor(np.arange(7, dtype=np.float32), device="PYTHON").realize()
+    return x7.reshape(1, 7).expand(rows, 7).reshape(rows * 7)[-3:].contiguous()
+
+
+def test_index_type_is_64_bits_only_where_32_could_wrap():
+    big = kernel_src(_far_tail(5 * 10 ** 8))
+    assert "const long long gidx0 = (long long)gidx0_l;" in big
+    assert re.search(r"long long alu\d+ = \(gidx0 \+ \d+ll\);", big) and not re.search(r"\bint (alu|gidx)", big)
+    small = kernel_src(_far_tail(1000))
+    assert "for (int gidx0 = (int)(" in small and "long long alu" not in small
+    for src in (big, small):
+        assert nvrtc_compile(src, "compute_80").ptx

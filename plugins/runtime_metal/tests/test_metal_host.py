@@ -183,3 +183,23 @@ def test_tensor_core_helper_computes_the_tile(host_clang: str, tc) -> None:
                              local=(32, 1, 1))
     want = a.astype(np.float64) @ b.astype(np.float64) + c  # small integers: exact in every dtype
     np.testing.assert_array_equal(d.astype(np.float64), want)
+
+
+def test_index_type_is_64_bits_only_where_32_could_wrap(host_clang: str) -> None:
+    """A kernel reading the far end of a view of 3.5e9 elements indexes with ``long`` (and gets the right values
+    on the host), a small one with ``int``."""
+    from ember import Tensor
+    from ember.codegen import get_program
+
+    def tail(rows: int):
+        x = Tensor(np.arange(7, dtype=np.float32), device="PYTHON").realize()
+        t = x.reshape(1, 7).expand(rows, 7).reshape(rows * 7)[-3:].contiguous()
+        return get_program([si.ast for si in t.schedule() if si.ast.op is not Ops.COPY][-1], MetalRenderer(), "tail")
+
+    big, small = tail(5 * 10 ** 8), tail(1000)
+    assert "const long gidx0 = (long)gid.x;" in big.src and "int alu" not in big.src
+    assert "const int gidx0 = (int)gid.x;" in small.src and "long alu" not in small.src
+    check_msl([big.src])
+    out = np.zeros(3, np.float32)
+    HostKernels({"tail": big.src}).run("tail", [out, np.arange(7, dtype=np.float32)], big.global_size)
+    np.testing.assert_array_equal(out, [4, 5, 6])

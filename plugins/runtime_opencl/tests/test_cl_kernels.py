@@ -396,3 +396,24 @@ def test_float16_and_bfloat16_arithmetic():
     values = np.array([1.5, -2.0, 0.25, 3.0], np.float32)
     tb = Tensor(values, device="CL", dtype="bfloat16")
     np.testing.assert_array_equal((tb + tb).numpy().astype(np.float32), values * 2)
+
+
+def test_index_type_is_64_bits_only_where_32_could_wrap():
+    """A kernel reading the far end of a view of 3.5e9 elements indexes with ``long``, a small one with ``int``;
+    the long one gets the right values (in 32 bits its offset wraps and the loads land before the buffer)."""
+    from ember_opencl.renderer import CLRenderer
+
+    from ember.codegen import get_program
+
+    def tail(rows: int) -> Tensor:
+        x = Tensor(np.arange(7, dtype=np.float32), device="CL")
+        return x.reshape(1, 7).expand(rows, 7).reshape(rows * 7)[-3:].contiguous()
+
+    def src(t: Tensor) -> str:
+        return get_program([si.ast for si in t.schedule() if si.ast.op is not Ops.COPY][-1], CLRenderer()).src
+
+    big = src(tail(5 * 10 ** 8))
+    assert "const long gidx0 = (long)get_global_id(0);" in big and "int alu" not in big
+    small = src(tail(1000))
+    assert "const int gidx0 = (int)get_global_id(0);" in small and "long alu" not in small
+    np.testing.assert_array_equal(tail(5 * 10 ** 8).numpy(), [4, 5, 6])
