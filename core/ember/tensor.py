@@ -512,9 +512,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """A shape argument's sizes: ints, or symbolic ints where a size is a bound Variable."""
         if _symbolic_arg(shape):  # sizes that are bound Variables (or expressions of them) stay symbolic
             flat = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-            out = tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)  # type: ignore[misc]
+            out = tuple(sint_of(s) if _is_symbolic_int(s) else shape_arg((s,))[0] for s in flat)
             check_numel(out)
-            return out
+            return out  # type: ignore[return-value]
         return shape_arg(shape)
 
     @staticmethod

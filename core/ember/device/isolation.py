@@ -268,8 +268,8 @@ def tried_in_child(steps: Callable[[], Iterable[tuple[str, str, Callable[[], Any
                 break  # the child ended
             buf += chunk
             while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                kind, _, rest = line.decode(errors="replace").partition(" ")
+                raw, buf = buf.split(b"\n", 1)
+                kind, _, rest = raw.decode(errors="replace").partition(" ")
                 if kind == "S":
                     tag, _, what = rest.partition("\t")
                     started.append(tag)

@@ -38,7 +38,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -214,7 +214,7 @@ def _device_key(origin: PluginOrigin, name: str) -> tuple[str, str, str]:
     return (origin.label, origin.entry_point or "", name)
 
 
-def _device_steps(spec: DeviceSpec, origin: PluginOrigin, tag: str, factory_of: Any) -> Iterator[Any]:
+def _device_steps(spec: DeviceSpec, origin: PluginOrigin, tag: str, factory_of: Any) -> Generator[Any, None, bool]:
     """For :func:`tried_in_child`: device ``spec``'s precheck, probe and factory, as selection calls them (a reason
     or an exception ends the device's turn). Returns (through ``yield from``) whether the device was made."""
     label = f"device {spec.name} ({origin.label})"
@@ -409,15 +409,15 @@ class _DeviceRegistry:
             if verdict.failed is None:
                 break
             kind, _, rest = verdict.failed.partition(" ")
-            j, _, name = rest.partition(" ")
+            index, _, name = rest.partition(" ")
             if kind in ("import", "hook"):
-                broken[int(j)] = ("import" if kind == "import" else "ember_devices", verdict.error())
+                broken[int(index)] = ("import" if kind == "import" else "ember_devices", verdict.error())
             else:
-                self._tried_specs[_device_key(todo[int(j)][1], name)] = verdict.reason
+                self._tried_specs[_device_key(todo[int(index)][1], name)] = verdict.reason
                 unsafe.add(rest)
-        for j, (ep, origin) in enumerate(todo):
-            self._tried_eps[id(ep)] = (ep, broken.get(j))
-            if j not in broken:
+        for k, (ep, origin) in enumerate(todo):
+            self._tried_eps[id(ep)] = (ep, broken.get(k))
+            if k not in broken:
                 _remember(_tried_key("import", origin))
 
     def _invalidate(self) -> None:

@@ -265,8 +265,8 @@ class CreationMixin(TensorBase):
             half = -(-size // 2)
             ctr = cls._ramp(half, key.device)
             x0, x1 = _threefry2x32(_key_schedule(sub0, sub1), ctr, ctr + half)
-            chunks.append(x0.cat(x1)[:size])
-        return chunks[0].cat(*chunks[1:]) if chunks else c[0:0]
+            chunks.append(x0.cat(x1)[:size])  # type: ignore[misc]
+        return chunks[0].cat(*chunks[1:]) if chunks else c[0:0]  # type: ignore[misc]
 
     @staticmethod
     def _bits_to_unit(bits: Tensor, dtype: DType, bits2: Tensor | None = None) -> Tensor:

@@ -283,6 +283,9 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     vector_max_tiles = True
     #: no column max tile open (a render sets its own, see render_program)
     _open_tile: tuple[MaxTile, str] | None = None
+    _tile_load: tuple[str, str] | None = None
+    _closed_tile: str | None = None
+    _declared_tiles: list[str]
 
     def __init__(self, float16: str = "native"):
         """``float16``: "native" (``_Float16``) or "emulated" (16-bit storage, float arithmetic rounded to half)."""
@@ -411,10 +414,10 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         for u in uops:
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and (tile := MaxTile.find(uops, u)) is not None:
                 self._max_tiles[u] = tile
-        self._open_tile: tuple[MaxTile, str] | None = None
-        self._tile_load: tuple[str, str] | None = None
-        self._closed_tile: str | None = None
-        self._declared_tiles: list[str] = []
+        self._open_tile = None
+        self._tile_load = None
+        self._closed_tile = None
+        self._declared_tiles = []
         # outer-product register tiles: written with vector types (see VectorTile); their multiply-adds left out
         self._vector_tiles: dict[UOp, VectorTile] = self.find_vector_tiles(uops)
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
