@@ -1,7 +1,7 @@
 """Running plugin code with a time limit: a plugin's import, hook or probe that never returns is left behind.
 
 Python cannot stop a thread, so the call runs in a daemon thread and the caller stops waiting after
-``EMBER_PLUGIN_TIMEOUT`` seconds (default 10). The thread keeps whatever it holds; a daemon thread does
+``EMBER_PLUGIN_TIMEOUT`` seconds (default 30). The thread keeps whatever it holds; a daemon thread does
 not keep the process alive at exit.
 
 A probe can also kill its process outright (a driver library that segfaults while enumerating GPUs).
@@ -36,8 +36,9 @@ class PluginTimeout(TimeoutError):
 
 
 def plugin_timeout() -> float:
-    """Seconds a plugin's import, ``ember_devices()`` or probe may take (``EMBER_PLUGIN_TIMEOUT``, default 10)."""
-    return getenv("EMBER_PLUGIN_TIMEOUT", 10.0)
+    """Seconds a plugin's import, ``ember_devices()`` or probe may take (``EMBER_PLUGIN_TIMEOUT``, default 30: an
+    OpenCL platform's first listing loads LLVM, which took over 10 s on a loaded 2-core machine)."""
+    return getenv("EMBER_PLUGIN_TIMEOUT", 30.0)
 
 
 def call_with_timeout(fn: Any, what: str, timeout: float | None = None) -> Any:

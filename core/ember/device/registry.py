@@ -8,7 +8,7 @@ ember``; the first use of :data:`Device` loads every entry point, each in its ow
 somebody asks for a device that the broken plugin would have provided.
 
 Isolation: a plugin's import, its ``ember_devices()`` hook and each probe run with a time limit
-(``EMBER_PLUGIN_TIMEOUT`` seconds, default 10): one that does not return in time is recorded as
+(``EMBER_PLUGIN_TIMEOUT`` seconds, default 30): one that does not return in time is recorded as
 broken and left behind. Asking for one device (``DEV=CPU``, ``Device["CPU"]``) loads only the
 entry points that may provide it (same name, or its known distribution) while that is enough, so a
 hang in an unrelated plugin cannot stall it. Two distributions that declare the same device name are
