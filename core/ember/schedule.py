@@ -140,7 +140,7 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
     if moved is None:
         return None
     inner = UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes)))
-    partial = UOp(Ops.CONTIGUOUS, wide, (_split_reduce(inner, True, wide) or _cast(inner, wide),))
+    partial = UOp(Ops.CONTIGUOUS, wide, (_split_reduce(inner, True, wide) or inner.cast(wide),))
     # the partial results, (k, *out), seen with the block index in place of the reduced axis a: one more reduction
     pshape = (k, *out)
     back = ShapeTracker.from_shape(pshape).permute((*range(1, a + 1), 0, *range(a + 1, len(pshape))))
@@ -152,18 +152,15 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
         if rest_src is None:
             return None
         rest = UOp(Ops.REDUCE_AXIS, r.dtype, (rest_src,), (op, axes))
-        top = UOp(op, wide, (top, _split_reduce(rest, True, wide) or _cast(rest, wide)))
-    return top if acc is not None else _cast(top, r.dtype)
-
-
-def _cast(u: UOp, dtype: DType) -> UOp:
-    return u if u.dtype == dtype else UOp(Ops.CAST, dtype, (u,))
+        top = UOp(op, wide, (top, _split_reduce(rest, True, wide) or rest.cast(wide)))
+    return top if acc is not None else top.cast(r.dtype)
 
 
 def _tree_dtype(r: UOp) -> DType:
     """The dtype a tree of the float sum ``r`` keeps its partial results in: float64 where ``r`` is narrower and
-    its device has float64 (sums of up to 2**53 ones stay exact, a sum of random values is rounded about once),
-    else ``r.dtype``."""
+    its device has float64, else ``r.dtype``. Only the levels above the first add in it: the first, which reads
+    the input, still adds up to ACCUMULATE_MAX values in ``r.dtype`` (in float64 it made a float32 sum of 3e7
+    realized values take 18 ms instead of 9.5 on 2 cores)."""
     if r.dtype.itemsize >= dtypes.float64.itemsize:
         return r.dtype
     device = device_of(r)
