@@ -16,6 +16,7 @@ import pytest
 
 from ember import Tensor, dtypes
 from ember.codegen.lowerer import ast_shape
+from ember.frontend.util import ArgumentError
 from ember.helpers import prod
 from ember.ir.uop import Ops
 from ember.schedule import ACCUMULATE_MAX, SPLIT_REDUCE_MAX, SPLIT_REDUCE_RATIO
@@ -174,8 +175,9 @@ def test_reductions_of_constants_fold(device):
         (Tensor.ones(10 ** 4, 10 ** 4, device=device).sum(), np.float32(1e8)),
         (Tensor.full((10 ** 8,), 0.5, device=device).mean(), np.float32(0.5)),
         (Tensor.ones(2 ** 31 + 5, device=device).sum(), np.float32(2 ** 31 + 5)),
-        (Tensor.ones(2 ** 40, 2 ** 40, device=device).sum(), np.float32(2.0 ** 80)),
-        (Tensor.ones(2 ** 40, 2 ** 40, device=device).mean(), np.float32(1.0)),
+        (Tensor.ones(2 ** 31, 2 ** 31, device=device).sum(), np.float32(2.0 ** 62)),
+        (Tensor.ones(2 ** 31, 2 ** 31, device=device).mean(), np.float32(1.0)),
+        (Tensor.full((3, 2 ** 61 + 1), 0.5, device=device).sum(1), np.full(3, np.float32(2.0 ** 60))),
         # float32(0.1) times 1e8 in float64, rounded once to float32
         (Tensor.full((3, 10 ** 8), 0.1, device=device).sum(1), np.full(3, np.float32(float(np.float32(0.1)) * 1e8))),
         (Tensor.full((2 ** 33, 2), -2.5, device=device).max(0), np.full(2, -2.5, np.float32)),
@@ -192,10 +194,36 @@ def test_reductions_of_constants_fold(device):
         np.testing.assert_array_equal(got.astype(np.float64), np.asarray(want, dtype=np.float64))
 
 
-@pytest.mark.skipif(os.environ.get("EMBER_SLOW_TESTS") != "1", reason="set EMBER_SLOW_TESTS=1 to run (2**31 adds)")
-@pytest.mark.xfail(reason="indexes past 2**31 elements: needs 64-bit indexing in the lowerer and renderers",
-                   strict=False)
-def test_sum_of_a_broadcast_past_2_31_elements():
-    """A realized value broadcast to 2**31 + 5 elements: the tree keeps every sum exact, but its kernels index
-    past 2**31 (today 2147483008 instead of 2147483648)."""
-    assert Tensor([1.0], device="CPU").expand(2 ** 31 + 5).sum().item() == float(np.float32(2 ** 31 + 5))
+def test_constants_past_2_63_elements_are_refused_not_folded(device):
+    """A shape of more than 2**63 - 1 elements is refused where it is made, naming the shape, before any fold."""
+    with pytest.raises(ArgumentError, match=r"shape \(1099511627776, 1099511627776\) has \d+ elements"):
+        Tensor.ones(2 ** 40, 2 ** 40, device=device)
+
+
+# (value, length): every block of the tree's first level (a float32 chain of up to ACCUMULATE_MAX adds) sums to a
+# value that fits float32's 24 bits, so only the levels above could round; their float32 sums did (1.0 over
+# 2**31 + 5 gave 2147483008). Odd and prime lengths are cut into blocks plus a remainder at each level; the two
+# small ones end in partials of 24 significant bits, whose float32 sums rounded already at 1e5 elements.
+BROADCAST_SUMS = [
+    (1 + 2 ** -11, 256 * 4095 + 13),
+    (3 - 2 ** -7, 130819),
+    (1.0, 2 ** 24 + 1),
+    (0.5, 10 ** 9 + 7),
+    (3.0, 2 ** 31 + 11),
+    (1.0, 2 ** 31 + 5),
+]
+
+
+@pytest.mark.parametrize("value, n", BROADCAST_SUMS)
+def test_broadcast_sums_are_rounded_once(device, value, n):
+    """A realized value broadcast to ``n`` elements, summed: the float32 of the exact value * n (the tree's partial
+    results are kept in float64 where the device has it)."""
+    assert Tensor([value], device=device).expand(n).sum().item() == float(np.float32(value * n))
+
+
+def test_broadcast_sums_with_several_outputs_and_axes(device):
+    """Two values broadcast over two reduce axes of prime lengths (46349 * 46351 = 2**31 + 838851 elements per
+    output, cut on one axis, then the other): each output is its value times that count, rounded once."""
+    values = np.array([0.75, 3.0], np.float32)
+    out = Tensor(values, device=device).reshape(2, 1, 1).expand(2, 46349, 46351).sum((1, 2))
+    np.testing.assert_array_equal(out.numpy(), (values.astype(np.float64) * (46349 * 46351)).astype(np.float32))
