@@ -125,7 +125,7 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
         choice = _tree_block(shape, axes)
         wide = acc or _tree_dtype(r)
     elif not tree_only and prod(out) > 1 and prod(shape) >= SPLIT_REDUCE_RATIO * prod(out):
-        choice, wide = _cache_block(shape, axes), r.dtype
+        choice, wide = _cache_block(shape, axes), r.value_dtype
     else:
         return None
     if choice is None:
@@ -153,7 +153,7 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
             return None
         rest = UOp(Ops.REDUCE_AXIS, r.dtype, (rest_src,), (op, axes))
         top = UOp(op, wide, (top, _split_reduce(rest, True, wide) or rest.cast(wide)))
-    return top if acc is not None else top.cast(r.dtype)
+    return top if acc is not None else top.cast(r.value_dtype)
 
 
 def _tree_dtype(r: UOp) -> DType:
@@ -161,15 +161,15 @@ def _tree_dtype(r: UOp) -> DType:
     its device has float64, else ``r.dtype``. Only the levels above the first add in it: the first, which reads
     the input, still adds up to ACCUMULATE_MAX values in ``r.dtype`` (in float64 it made a float32 sum of 3e7
     realized values take 18 ms instead of 9.5 on 2 cores)."""
-    if r.dtype.itemsize >= dtypes.float64.itemsize:
-        return r.dtype
+    if r.value_dtype.itemsize >= dtypes.float64.itemsize:
+        return r.value_dtype
     device = device_of(r)
     if device not in _F64_DEVICES:
         dev = Device[device]
         # the device's answer where it has one (its renderer may wait on a compiler probe)
         supported = getattr(dev, "supported_dtypes", None) or dev.renderer.supported_dtypes
         _F64_DEVICES[device] = dtypes.float64 in supported
-    return dtypes.float64 if _F64_DEVICES[device] else r.dtype
+    return dtypes.float64 if _F64_DEVICES[device] else r.value_dtype
 
 
 _F64_DEVICES: dict[str, bool] = {}
@@ -227,7 +227,7 @@ def _fold_const_reduce(r: UOp) -> UOp | None:
     if src.op is not Ops.CONST or not all(isinstance(d, int) for d in shape + out) or prod(shape) == 0:
         return None
     count = prod(shape) // prod(out)
-    op, dt, v = r.arg[0], r.dtype, src.arg
+    op, dt, v = r.arg[0], r.value_dtype, src.arg
     if op is Ops.MAX:
         value = v
     elif dt.kind == "f":
