@@ -21,7 +21,8 @@ Fusion rules (each is tested):
    more than ACCUMULATE_MAX values into one result: a tree of partial sums, whose top adds at most
    SPLIT_REDUCE_MAX partials (a float32 accumulator stops growing at 2**24, and its rounding error grows with
    the length of its chain). A reduction of a constant folds to its value (value times count for a sum,
-   computed in float64 then rounded), with no kernel.
+   computed in float64 then rounded), with no kernel; so does a sum or max of a value that does not change along
+   the reduced axes (a broadcast of realized data): the value read once, times the count for a sum.
 8. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
    MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
    concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
@@ -102,9 +103,13 @@ def _split_reductions(roots: list[UOp]) -> list[UOp]:
         new_src = tuple(memo[s] for s in n.src)
         new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
         if new.op is Ops.REDUCE_AXIS:
-            new = _fold_const_reduce(new) or _split_reduce(new) or new
+            new = _fold_const_reduce(new) or _fold_broadcast_reduce(new) or _split_reduce(new) or new
+        elif new.op is Ops.VIEW and new.src[0].op is Ops.VIEW and new.src[0].src[0].op is not Ops.CONST:
+            new = UOp(Ops.VIEW, new.dtype, new.src[0].src, new.src[0].arg + new.arg)  # a max folded to a view
         memo[n] = new
-    return [memo[r] for r in roots]
+    # a computed root folded to a view of a buffer it reads (a max of a broadcast) still gets a buffer of its own
+    return [UOp(Ops.CONTIGUOUS, memo[r].dtype, (memo[r],))
+            if base_of(memo[r]).op is Ops.BUFFER and base_of(r).op is not Ops.BUFFER else memo[r] for r in roots]
 
 
 def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> UOp | None:
@@ -243,6 +248,55 @@ def _fold_const_reduce(r: UOp) -> UOp | None:
         return None
     const = UOp(Ops.CONST, dt, src.src, truncate(dt, value))
     return UOp(Ops.VIEW, dt, (const,), ShapeTracker.from_shape(()).reshape((1,) * len(out)).expand(out))
+
+
+def constant_along(value: UOp, axes: tuple[int, ...]) -> bool:
+    """Whether the tensor-graph node ``value`` is the same at every index along ``axes``: it is made, through
+    elementwise ops, only of views that broadcast along them (stride 0, and no mask that cuts them), of constants,
+    and of nodes 1 long on them. Matmul's product of two views broadcast along different axes is not."""
+    shape = shape_of(value)
+    if not all(isinstance(shape[a], int) for a in axes):
+        return False
+    live = [a for a in axes if shape[a] != 1]
+    for n in toposort([value], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH):
+        if n.op in GroupOp.Elementwise or n.op is Ops.DETACH or n.op is Ops.CONST:
+            continue
+        if shape_of(n) != shape:
+            return False
+        if n.op is not Ops.VIEW:
+            if live:
+                return False
+            continue
+        v = n.arg.views[-1]  # the outermost view: where it reads does not depend on an axis with stride 0
+        for a in live:
+            st, m = v.strides[a], None if v.mask is None else v.mask[a]
+            if not (isinstance(st, int) and st == 0) or (m is not None and tuple(m) != (0, shape[a])):
+                return False
+    return True
+
+
+def _fold_broadcast_reduce(r: UOp) -> UOp | None:
+    """The REDUCE_AXIS ``r`` of a value that does not change along its reduced axes (see :func:`constant_along`),
+    as that value read once (the source shrunk to 1 on those axes): times the count for a sum, a float one in
+    :func:`_tree_dtype` and cast back, so it rounds once (a float32 chain of 1048583 adds of 1 - 2**-13 was 64
+    off); the value itself for a max. An integer sum times the count wraps as the sum would. None for anything
+    else (products, a count of 1, an empty or symbolic shape)."""
+    op, axes = r.arg
+    shape, out, dt = shape_of(r.src[0]), shape_of(r), r.value_dtype
+    if not all(isinstance(d, int) for d in shape + out) or prod(shape) == 0:
+        return None
+    count = prod(shape[a] for a in axes)
+    if count == 1 or not (op is Ops.MAX or (op is Ops.ADD and dt.kind in "fiu")):
+        return None
+    if not constant_along(r.src[0], axes):
+        return None
+    one = _moved(r.src[0], lambda st: st.shrink(tuple((0, 1) if i in axes else (0, d) for i, d in enumerate(shape))))
+    if one is None or op is Ops.MAX:
+        return one
+    wide = _tree_dtype(r) if dt.kind == "f" else dt
+    times = UOp(Ops.CONST, wide, (UOp(Ops.DEVICE, None, (), device_of(r)),), truncate(wide, count))
+    times = UOp(Ops.VIEW, wide, (times,), ShapeTracker.from_shape(()).reshape((1,) * len(out)).expand(out))
+    return UOp(Ops.MUL, wide, (one.cast(wide), times)).cast(dt)
 
 
 def _moved(value: UOp, move: Any) -> UOp | None:

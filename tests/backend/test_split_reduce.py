@@ -227,3 +227,92 @@ def test_broadcast_sums_with_several_outputs_and_axes(device):
     values = np.array([0.75, 3.0], np.float32)
     out = Tensor(values, device=device).reshape(2, 1, 1).expand(2, 46349, 46351).sum((1, 2))
     np.testing.assert_array_equal(out.numpy(), (values.astype(np.float64) * (46349 * 46351)).astype(np.float32))
+
+
+def f32_times(value: float, n: int) -> float:
+    """The float32 ``value`` times ``n``, in float64, rounded once to float32."""
+    return float(np.float32(np.float64(np.float32(value)) * n))
+
+
+@pytest.mark.parametrize("value, shape", [(1 - 2 ** -13, (1048583,)), (1 + 2 ** -11, (65537, 32771)),
+                                          (0.1, (10 ** 8,)), (-3.25, (2 ** 31 + 7,))])
+def test_sums_of_broadcasts_fold_and_round_once(device, value, shape):
+    """A realized value broadcast over every reduced axis is read once and multiplied by the count in float64:
+    no reduction is left, and the sum is the exact product rounded once (a float32 chain of 1048583 adds of
+    1 - 2**-13 was 64 off; 65537 * 32771 adds of 1 + 2**-11 were 3.7e-4 off)."""
+    x = Tensor([value], device=device).reshape(*(1,) * len(shape)).expand(*shape)
+    out = x.sum()
+    assert not reductions(out)
+    assert out.item() == f32_times(value, prod(shape))
+    assert x.mean().item() == float(np.float32(value))
+
+
+def test_partial_broadcasts_fold_over_the_broadcast_axes_only(device):
+    """Reduced over the axis a value is broadcast along: each output is its own value times the count; the other
+    axes are kept, in order, keepdim or not."""
+    x = RNG.standard_normal(5).astype(np.float32)
+    t = Tensor(x, device=device)
+    n = 2 ** 24 + 3
+    want = (x.astype(np.float64) * n).astype(np.float32)
+    rows = t.reshape(5, 1).expand(5, n)
+    assert not reductions(rows.sum(1))
+    np.testing.assert_array_equal(rows.sum(1).numpy(), want)
+    np.testing.assert_array_equal(rows.sum(1, keepdim=True).numpy(), want[:, None])
+    cols = t.reshape(1, 5, 1).expand(n, 5, 3).sum((0, 2))
+    np.testing.assert_array_equal(cols.numpy(), (x.astype(np.float64) * n * 3).astype(np.float32))
+    np.testing.assert_array_equal(rows.max(1).numpy(), x)
+    np.testing.assert_array_equal((-rows).min(1).numpy(), -x)
+    assert not reductions(rows.max(1))
+    # the max is a view of its input: what follows it fuses, one kernel as with the reduction it replaces
+    assert len(kernels(rows.max(1) + 1)) == 1
+    np.testing.assert_array_equal((rows.max(1) + 1).numpy(), x + 1)
+    np.testing.assert_array_equal(rows.mean(1).numpy(), x)
+    np.testing.assert_array_equal(rows.mean(1, keepdim=True).numpy(), x[:, None])
+
+
+def test_elementwise_ops_over_broadcasts_fold(device):
+    """An elementwise function of broadcasts and constants is constant too: its sum is its value times the count."""
+    n = 1048583
+    out = (Tensor([1 - 2 ** -13], device=device).expand(n) * 2 + 1).sum()
+    assert not reductions(out)
+    assert out.item() == f32_times(np.float32(1 - 2 ** -13) * 2 + 1, n)
+    assert Tensor([3.0], device=device).expand(2 ** 24 + 3).mean().item() == 3.0
+    assert (Tensor([3.0], device=device).expand(2 ** 24 + 3) * 0.5 + 1).mean().item() == 2.5
+
+
+def test_integer_sums_and_means_of_broadcasts(device):
+    """An integer sum of a broadcast is value times count in its dtype, wrapping as the sum would; its mean is
+    the value as a float."""
+    x = Tensor([3, -7], dtype=dtypes.int32, device=device).reshape(2, 1).expand(2, 2 ** 33 + 1)
+    want = (np.array([3, -7], np.int64) * (2 ** 33 + 1) + 2 ** 31) % 2 ** 32 - 2 ** 31
+    np.testing.assert_array_equal(x.sum(1).numpy(), want.astype(np.int32))
+    out = x.mean(1)
+    assert out.dtype == dtypes.default_float
+    np.testing.assert_array_equal(out.numpy(), np.array([3.0, -7.0], np.float32))
+
+
+def test_reductions_that_vary_along_the_reduced_axes_do_not_fold(device):
+    """A matmul reduces the product of two views broadcast along different axes; a padded broadcast has zeros
+    along the reduced axis; a broadcast summed over its broadcast axis and another one varies along the other:
+    each keeps its reduction and equals numpy's."""
+    a, b = q(4, 3), q(3, 5)
+    mm = Tensor(a, device=device) @ Tensor(b, device=device)
+    assert reductions(mm)
+    np.testing.assert_array_equal(mm.numpy(), a @ b)
+    x = q(3)
+    padded = Tensor(x, device=device).reshape(3, 1).expand(3, 4).pad(((0, 0), (2, 1)))
+    assert reductions(padded.sum(1))
+    np.testing.assert_array_equal(padded.sum(1).numpy(), x * 4)
+    both = Tensor(x, device=device).reshape(3, 1).expand(3, 8)
+    assert reductions(both.sum())
+    assert both.sum().item() == float((x * 8).sum())
+    assert both.mean().item() == float(np.float32(x.sum() * 8) / np.float32(24))
+
+
+def test_gradient_through_a_folded_mean(device):
+    """The mean of a broadcast is its value read once; each source element still gets the gradient of all of
+    its copies."""
+    w = Tensor(np.array([1.5, -2.0, 0.25], np.float32), device=device, requires_grad=True)
+    (w.reshape(3, 1).expand(3, 7) * 2).mean(1).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), np.full(3, 2.0, np.float32))

@@ -147,6 +147,16 @@ class ReduceMixin(TensorBase):
         """
         axes = self._reduce_axes(axis)
         n = prod(self.shape[a] for a in axes)
+        if n and isinstance(n, int):
+            from ember.schedule import constant_along
+
+            # a value that does not change along the axes (a broadcast): its mean is the value, read once, not
+            # summed and divided (float32(3 * (2**24 + 3)) / float32(2**24 + 3) is 3 - 2**-22). Not where it
+            # changes along some: a short float32 chain over those would be less accurate than the sum's tree
+            if n > 1 and constant_along(self.lazydata, axes):
+                x = self.shrink(tuple((0, 1) if i in axes else None for i in range(self.ndim)))
+                x = x if x.dtype.kind == "f" else x.cast(dtypes.default_float)
+                return x if keepdim else x.reshape(self._reduced_shape(axes))
         s = self.sum(axes, keepdim)
         if s.dtype.kind != "f":
             s = s.cast(dtypes.default_float)
