@@ -366,7 +366,9 @@ def test_a_slot_free_near_the_end_takes_its_share_of_the_pile_not_all_of_it(cach
     c.compile_cached_stream(Sized(16, render()))
     groups = [re.findall(r"kernel (\w+)\(", t) for t in c.built]
     assert groups[0] == ["p0"] and sorted(sum(groups, [])) == sorted(f"p{i}" for i in range(16))
-    assert groups[1][0] == "p1" and 1 <= len(groups[1]) < 13  # a share of the pile, in order
+    # a share of the pile, in order (found by content: two builds at the end may finish in either order)
+    (share,) = [g for g in groups if "p1" in g]
+    assert share[0] == "p1" and 1 <= len(share) < 13, groups
 
 
 def test_a_stream_hands_the_interpreter_over_quickly_while_it_builds(cache):
