@@ -771,6 +771,12 @@ class _DeviceRegistry:
     def __getitem__(self, name: str) -> Any:
         """The device object for ``name`` (``"CPU"``, ``"cpu"``, ``"CPU:1"``), created on first use and cached."""
         name = canonicalize(name)
+        # a device made already is returned without the lock: the lock is held while plugin calls run on other
+        # threads (a probe under its time limit), and a collection in such a thread frees buffers, whose
+        # allocator is looked up here (with the lock, that probe waited for itself until its time ran out)
+        device = self._devices.get(name)
+        if device is not None:
+            return device
         with self._lock:
             if name in self._devices:
                 return self._devices[name]
