@@ -25,6 +25,15 @@ def _compiled(fn) -> int:
     return GlobalCounters.kernels_compiled - before
 
 
+def _skeleton_state() -> list[tuple]:
+    """What the runtime-constant tables hold (for failure messages): each skeleton's first values and the
+    positions found varying."""
+    from ember.engine import runtime_consts
+
+    return [(key[0], values, sorted(runtime_consts._varying.get(key, ()))) for key, values in
+            runtime_consts._first_values.items()]
+
+
 def _kernel_names(src: str) -> list[str]:
     return re.findall(r"\b[Er]_[0-9_]+\b", src)[:3]
 
@@ -77,7 +86,7 @@ def test_changing_float_compiles_once(device: str, dtype: str, builds: _Builds):
                                    rtol=1e-2 if dtype == "float16" else 1e-6)
     # the 2nd value builds the kernel with inputs, then none
     assert counts[0] >= 1 and sum(counts[2:]) == 0, (counts, [_kernel_names(src) for src in builds],
-                                                      builds.elsewhere)
+                                                      builds.elsewhere, _skeleton_state())
 
 
 def test_constants_that_do_not_change_stay_in_the_kernel(device: str):
@@ -149,7 +158,7 @@ def test_which_kernel_is_built_depends_on_values_only(device: str, builds: _Buil
     finally:
         if was_on:
             gc.enable()
-    assert sum(counts[2:]) == 0 and sum(counts) <= 2, (counts, builds.elsewhere)
+    assert sum(counts[2:]) == 0 and sum(counts) <= 2, (counts, builds.elsewhere, _skeleton_state())
     if history == "fresh":
         assert counts[:2] == [1, 1], counts  # the first values' kernel, then the one with inputs
 
