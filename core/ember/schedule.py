@@ -371,8 +371,9 @@ def _targets(roots: list[UOp]) -> list[UOp]:
 #: result stored. Each kernel is then one expression a C compiler builds in milliseconds, whatever the graph
 MAX_FUSED_DEPTH = 200
 #: the most buffers one kernel reads (fusion rule 8): a sum or concatenation of thousands of tensors becomes a
-#: few kernels of this many inputs each, not one function with thousands of parameters for the compiler
-MAX_KERNEL_INPUTS = 64
+#: few kernels of this many inputs each, not one function with thousands of parameters for the compiler (and
+#: within every target's binding limit: Metal binds 31 buffers)
+MAX_KERNEL_INPUTS = 24
 
 
 def _bound_kernels(nodes: list[UOp], targets: set[UOp]) -> None:

@@ -157,6 +157,11 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+class LaunchTooLarge(ValueError):
+    """A kernel needs more work-items in a launch dimension than its target's hardware ids count (``global_max``):
+    refused rather than launched with wrapping ids."""
+
+
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower (once), linearize and render one kernel AST for ``renderer`` with ``opts`` (default: chosen by
     :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
@@ -187,7 +192,7 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
     if renderer.global_max is not None and any(g > most for g, most in zip(g3, renderer.global_max)):
         # (a launch dimension past the target's limit would wrap in its hardware ids)
-        raise ValueError(f"kernel {name}: launch size {g3} is more than {type(renderer).__name__} launches per "
-                         f"dimension ({tuple(renderer.global_max)})")
+        raise LaunchTooLarge(f"kernel {name}: launch size {g3} is more than {type(renderer).__name__} launches per "
+                             f"dimension ({tuple(renderer.global_max)})")
     return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
                        tuple(opts))

@@ -19,7 +19,7 @@ from ember_metal.renderer import MetalRenderer
 from metal_host_run import HostKernels, run_on_python
 from metal_msl_check import check_msl
 
-from ember.codegen import get_program
+from ember.codegen import LaunchTooLarge, get_program
 from ember.dtype import f32_to_bf16, to_np_dtype
 from ember.renderer import Ops, PtrDType, dtypes
 from ember.testing import load_corpus
@@ -102,6 +102,8 @@ def lowered(corpus: tuple[str, bool]) -> Lowered:
             continue
         try:
             out.specs.append(get_program(ast, renderer))
+        except LaunchTooLarge:  # a kernel past Metal's 32-bit launch ids (recorded on the CPU): refused by design
+            continue
         except Exception as e:  # noqa: BLE001 - collect every kernel that cannot be lowered, then fail once
             out.failures.append(f"{type(e).__name__}: {e}")
     out.seconds = time.perf_counter() - start
