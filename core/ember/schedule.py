@@ -41,7 +41,7 @@ from typing import Any
 from ember.device.registry import Device
 from ember.dtype import DType, PtrDType, dtypes, truncate
 from ember.helpers import prod
-from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, realized, shape_of
+from ember.ir.lazy import base_of, buffer_view, buffers, constant_along, device_of, new_buffer, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import sint_max, sprod
 from ember.ir.uop import GroupOp, Ops, UOp, toposort
@@ -164,8 +164,8 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
 def _tree_dtype(r: UOp) -> DType:
     """The dtype a tree of the float sum ``r`` keeps its partial results in: float64 where ``r`` is narrower and
     its device has float64, else ``r.dtype``. Only the levels above the first add in it: the first, which reads
-    the input, still adds up to ACCUMULATE_MAX values in ``r.dtype`` (in float64 it made a float32 sum of 3e7
-    realized values take 18 ms instead of 9.5 on 2 cores)."""
+    the input, still adds up to ACCUMULATE_MAX values in ``r.dtype`` (float64 there would halve the speed of the
+    kernel that reads the data)."""
     if r.value_dtype.itemsize >= dtypes.float64.itemsize:
         return r.value_dtype
     device = device_of(r)
@@ -250,36 +250,11 @@ def _fold_const_reduce(r: UOp) -> UOp | None:
     return UOp(Ops.VIEW, dt, (const,), ShapeTracker.from_shape(()).reshape((1,) * len(out)).expand(out))
 
 
-def constant_along(value: UOp, axes: tuple[int, ...]) -> bool:
-    """Whether the tensor-graph node ``value`` is the same at every index along ``axes``: it is made, through
-    elementwise ops, only of views that broadcast along them (stride 0, and no mask that cuts them), of constants,
-    and of nodes 1 long on them. Matmul's product of two views broadcast along different axes is not."""
-    shape = shape_of(value)
-    if not all(isinstance(shape[a], int) for a in axes):
-        return False
-    live = [a for a in axes if shape[a] != 1]
-    for n in toposort([value], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH):
-        if n.op in GroupOp.Elementwise or n.op is Ops.DETACH or n.op is Ops.CONST:
-            continue
-        if shape_of(n) != shape:
-            return False
-        if n.op is not Ops.VIEW:
-            if live:
-                return False
-            continue
-        v = n.arg.views[-1]  # the outermost view: where it reads does not depend on an axis with stride 0
-        for a in live:
-            st, m = v.strides[a], None if v.mask is None else v.mask[a]
-            if not (isinstance(st, int) and st == 0) or (m is not None and tuple(m) != (0, shape[a])):
-                return False
-    return True
-
-
 def _fold_broadcast_reduce(r: UOp) -> UOp | None:
     """The REDUCE_AXIS ``r`` of a value that does not change along its reduced axes (see :func:`constant_along`),
     as that value read once (the source shrunk to 1 on those axes): times the count for a sum, a float one in
-    :func:`_tree_dtype` and cast back, so it rounds once (a float32 chain of 1048583 adds of 1 - 2**-13 was 64
-    off); the value itself for a max. An integer sum times the count wraps as the sum would. None for anything
+    :func:`_tree_dtype` and cast back, so it rounds once (a float32 chain of adds rounds at every add); the value
+    itself for a max. An integer sum times the count wraps as the sum would. None for anything
     else (products, a count of 1, an empty or symbolic shape)."""
     op, axes = r.arg
     shape, out, dt = shape_of(r.src[0]), shape_of(r), r.value_dtype

@@ -37,7 +37,7 @@ class PluginTimeout(TimeoutError):
 
 def plugin_timeout() -> float:
     """Seconds a plugin's import, ``ember_devices()`` or probe may take (``EMBER_PLUGIN_TIMEOUT``, default 30: an
-    OpenCL platform's first listing loads LLVM, which took over 10 s on a loaded 2-core machine)."""
+    OpenCL platform's first listing loads LLVM, slow on a loaded machine)."""
     return getenv("EMBER_PLUGIN_TIMEOUT", 30.0)
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 from ember.dtype import DType, dtypes, promote_types, to_dtype
 from ember.frontend.base import TensorBase
 from ember.helpers import prod
+from ember.ir.lazy import constant_along
 from ember.ir.symbolic import sint_str
 from ember.ir.uop import Ops
 
@@ -148,8 +149,6 @@ class ReduceMixin(TensorBase):
         axes = self._reduce_axes(axis)
         n = prod(self.shape[a] for a in axes)
         if n and isinstance(n, int):
-            from ember.schedule import constant_along
-
             # a value that does not change along the axes (a broadcast): its mean is the value, read once, not
             # summed and divided (float32(3 * (2**24 + 3)) / float32(2**24 + 3) is 3 - 2**-22). Not where it
             # changes along some: a short float32 chain over those would be less accurate than the sum's tree

@@ -12,7 +12,7 @@ from typing import Any
 
 from ember.dtype import DType
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.uop import Ops, UOp
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
 _buffer_ids = itertools.count()
 #: the Buffer object behind each live BUFFER node
@@ -78,3 +78,26 @@ def buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return UOp(Ops.VIEW, buf.dtype, (buf,), ShapeTracker.from_shape((buf.arg[2],)).reshape(tuple(shape)))
 
 
+def constant_along(value: UOp, axes: tuple[int, ...]) -> bool:
+    """Whether the tensor-graph node ``value`` is the same at every index along ``axes``: it is made, through
+    elementwise ops, only of views that broadcast along them (stride 0, and no mask that cuts them), of constants,
+    and of nodes 1 long on them. Matmul's product of two views broadcast along different axes is not."""
+    shape = shape_of(value)
+    if not all(isinstance(shape[a], int) for a in axes):
+        return False
+    live = [a for a in axes if shape[a] != 1]
+    for n in toposort([value], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH):
+        if n.op in GroupOp.Elementwise or n.op is Ops.DETACH or n.op is Ops.CONST:
+            continue
+        if shape_of(n) != shape:
+            return False
+        if n.op is not Ops.VIEW:
+            if live:
+                return False
+            continue
+        v = n.arg.views[-1]  # the outermost view: where it reads does not depend on an axis with stride 0
+        for a in live:
+            st, m = v.strides[a], None if v.mask is None else v.mask[a]
+            if not (isinstance(st, int) and st == 0) or (m is not None and tuple(m) != (0, shape[a])):
+                return False
+    return True

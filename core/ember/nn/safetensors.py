@@ -5,7 +5,6 @@ no holes); a malformed file raises :class:`ember.nn.weights.SafetensorsError` na
 """
 from __future__ import annotations
 
-import gc
 import json
 import operator
 import os
@@ -14,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ember.dtype import DType, dtypes, to_dtype
-from ember.helpers import prod
+from ember.helpers import gc_paused, prod
 from ember.nn.weights import (
     SafetensorsError,
     _disk_view,
@@ -175,19 +174,14 @@ def _safe_header(src: _Source, raw_header: bool = False) -> tuple[int, dict[str,
                                "follow it: the file is truncated or not a safetensors file")
     if n > _SAFE_MAX_HEADER:
         raise SafetensorsError(f"{where}: a {n}-byte header is larger than the {_SAFE_MAX_HEADER} bytes allowed")
-    gc_was_on = gc.isenabled()
     try:
         # the parse makes two objects per tensor, none of them in a cycle: the collector would walk the growing
-        # heap again and again (half the time of a million-tensor header)
-        gc.disable()
-        try:
+        # heap again and again
+        with gc_paused():
             text = str(src.view[8:8 + n], "utf-8")  # decoded from the mapping: no copy of the bytes first
             parsed = json.loads(text, object_pairs_hook=_Pairs)
             del text
             return _check_header(src, n, parsed, raw_header)
-        finally:
-            if gc_was_on:
-                gc.enable()
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SafetensorsError(f"{where}: the {n}-byte header is not valid JSON ({e}): not a safetensors "
                                "file, or a corrupt one") from e
