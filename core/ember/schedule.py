@@ -620,7 +620,10 @@ def mark_realized(becomes: dict[UOp, UOp]) -> None:
     from their old contents is forgotten (an identical graph built later computes afresh).
     """
     for node, view in becomes.items():
-        if node.op is not Ops.BUFFER and not (node.op is Ops.VIEW and node.src[0].op is Ops.BUFFER):
+        # a constant (a VIEW of a CONST: ``Tensor.zeros(n).realize()``) is not remembered: identical nodes are one
+        # object, so every later ``x + 0.0`` of that shape would read the buffer instead of folding the constant,
+        # and the wrong value once the buffer is assigned into
+        if node.op is not Ops.BUFFER and base_of(node).op not in (Ops.BUFFER, Ops.CONST):
             realized[node] = view
     written = {base_of(n.src[0]) for n in becomes if n.op is Ops.ASSIGN}
     if written:
@@ -628,7 +631,9 @@ def mark_realized(becomes: dict[UOp, UOp]) -> None:
 
 
 def forget_readers(written: set[UOp]) -> None:
-    """Drop every entry of ``realized`` whose computation reads one of the BUFFER nodes ``written``.
+    """Drop every entry of ``realized`` whose computation reads one of the BUFFER nodes ``written``, or whose
+    value lives in one of them (the tensor realized there was assigned into since: an identical graph built
+    later must compute its value afresh, not read what the assign left).
 
     ASSIGN nodes stay: each names one write that happened (nodes are unique), and stands for the
     buffer it wrote into.
@@ -638,7 +643,7 @@ def forget_readers(written: set[UOp]) -> None:
     for n in toposort(keys, stop=lambda u: u.op is Ops.BUFFER):
         reads[n] = n in written or any(reads[s] for s in n.src if s in reads)
     for k in keys:
-        if reads.get(k) and k.op is not Ops.ASSIGN:
+        if k.op is not Ops.ASSIGN and (reads.get(k) or ((v := realized.get(k)) is not None and base_of(v) in written)):
             realized.pop(k, None)
 
 
