@@ -76,3 +76,14 @@ def test_the_largest_shape_is_accepted():
     assert t.shape == (2 ** 63 - 1,)
     t = Tensor([1.0], device="PYTHON").reshape(1, 1).expand(2 ** 31, 2 ** 31).reshape(2 ** 62).pad(((0, 2 ** 62 - 1),))
     assert t.shape == (MAX_NUMEL,)
+
+
+@pytest.mark.parametrize("n", [2 ** 31 + 7, 2 ** 32 + 5])
+def test_positions_past_int32_and_uint32(device, n):
+    """The position ramp that gather, scatter, argmax and one-hot indexing compare indices against counts past
+    2**31 (int64, not a wrapped int32) and past 2**32 (not a wrapped uint32 ramp): a gather at index 2**31 + 6
+    of a 2**31 + 7 buffer read 0 on a GPU with the memory for it."""
+    pos = Tensor([0], device=device)._positions(n)
+    assert pos.dtype.itemsize == 8
+    np.testing.assert_array_equal(pos[-3:].numpy(), np.arange(n - 3, n))
+    np.testing.assert_array_equal(Tensor._ramp(n, device)[-2:].numpy(), np.arange(n - 2, n))

@@ -198,7 +198,7 @@ class CreationMixin(TensorBase):
 
     @classmethod
     def _ramp(cls, n: int, device: str) -> Tensor:
-        """uint32 ``[0, n)`` on ``device`` without an ``n``-sized upload.
+        """``[0, n)`` on ``device`` without an ``n``-sized upload: uint32, or uint64 past 2**32 entries.
 
         Up to 65536 entries it is a view of a cached power-of-two ramp. Longer ramps are computed in
         the consuming kernel as ``(i // b) * b + i % b`` from two broadcast views of a ramp of
@@ -209,6 +209,8 @@ class CreationMixin(TensorBase):
             rows = -(-n // b)
             hi = cls._ramp(rows, device).reshape(rows, 1).expand(rows, b)
             lo = cls._ramp(b, device).reshape(1, b).expand(rows, b)
+            if rows * b > 1 << 32:  # the entries past 2**32 do not fit uint32
+                hi, lo = hi.cast(dtypes.uint64), lo.cast(dtypes.uint64)
             return (hi * b + lo).reshape(rows * b)[:n]
         size = max(16, 1 << (n - 1).bit_length()) if n > 1 else 16
         key = (device, size)

@@ -57,8 +57,8 @@ class IndexingMixin(TensorBase):
         return type(self)(make_const(value, dtype or self.dtype, self.device))
 
     def _positions(self, n: int) -> Tensor:
-        """int32 ``[0, n)`` on self's device."""
-        return type(self)._ramp(n, self.device).cast(dtypes.int32)
+        """``[0, n)`` on self's device: int32, or int64 for more than 2**31 positions (int32 would wrap)."""
+        return type(self)._ramp(n, self.device).cast(dtypes.int32 if n <= 2 ** 31 else dtypes.int64)
 
     @staticmethod
     def _pick(onehot: Tensor, values: Tensor, axis: int) -> Tensor:

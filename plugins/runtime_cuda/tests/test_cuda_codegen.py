@@ -218,6 +218,9 @@ def test_precheck_reads_the_loader_cache_and_search_path(monkeypatch, tmp_path):
     monkeypatch.setattr(cuda_driver.ctypes, "CDLL", lambda name: pytest.fail("the precheck loaded a library"))
     monkeypatch.setattr(cuda_driver, "cuda_python_missing", lambda: None)
     monkeypatch.setattr(cuda_driver, "LOADER_DIRS", (str(tmp_path / "lib"),))
+    # the interpreter's own library folders are searched too (on a machine with the driver, /usr/lib has it)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base"))
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     cache = tmp_path / "ld.so.cache"
