@@ -247,3 +247,22 @@ def test_works_under_tinyjit(device):
         np.testing.assert_allclose(got, np.maximum(x @ _arr(4, 3, seed=1).T + _arr(4, seed=2), 0), rtol=1e-5,
                                    atol=1e-6)
     assert step.captured is not None
+
+
+def test_uncomparable_arguments_run_the_function_each_call(device):
+    @function
+    def f(a: Tensor, table: np.ndarray) -> Tensor:
+        return a * float(table.sum())
+
+    a = Tensor([1.0, 2.0], device=device)
+    np.testing.assert_allclose(f(a, np.array([1.0, 2.0])).numpy(), [3, 6])
+    np.testing.assert_allclose(f(a, np.array([4.0, 1.0])).numpy(), [5, 10])  # not baked into a trace
+    assert f.runs == 2
+    w = Tensor([1.0, 1.0], device=device).realize()
+    with pytest.raises(RuntimeError, match=r"1 implicit buffer\(s\)(.|\n)*w \(closure\)"):
+        function(lambda a, t: a + w)(a, np.zeros(1))
+
+
+def test_grad_fxn_is_refused():
+    with pytest.raises(NotImplementedError, match="grad_fxn"):
+        function(lambda a: a, grad_fxn=lambda *g: g)
