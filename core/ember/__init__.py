@@ -11,9 +11,10 @@ with gc_paused():  # the import's burst of allocations would set off collections
     from ember.device.registry import Device
     from ember.dtype import DType, dtypes
     from ember.engine.jit import JitError, TinyJit, Variable, jit  # noqa: F401  (tinygrad names)
+    from ember.function import function  # noqa: F401  (tinygrad's name; the module stays importable as ember.function)
     from ember.tensor import Tensor, no_grad
 
 __version__ = "0.1.0"
 
-__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "getenv", "nn", "no_grad",
-           "__version__"]
+__all__ = ["DEBUG", "Context", "DType", "Device", "GlobalCounters", "Tensor", "dtypes", "function", "getenv", "nn",
+           "no_grad", "__version__"]
