@@ -97,8 +97,9 @@ _BINARY: dict[str, tuple[str, str | None, str]] = {
     "add": ("{0} + {1}", "{0} + {1}", "fi"), "sub": ("{0} - {1}", "{0} - {1}", "fi"),
     "mul": ("{0} * {1}", "{0} * {1}", "fi"), "maximum": ("{0}.maximum({1})", "np.maximum({0}, {1})", "fib"),
     "minimum": ("{0}.minimum({1})", "np.minimum({0}, {1})", "fib"),
-    "div": ("{0} / ({1}.abs() + 0.5)", "{0} / (np.abs({1}) + 0.5)", "f"),
-    "fmod": ("{0} % ({1}.abs() + 0.5)", "np.mod({0}, np.abs({1}) + 0.5)", "f"),
+    # _r rounds to the node's dtype: ember computes the divisor in it before dividing
+    "div": ("{0} / ({1}.abs() + 0.5)", "{0} / _r(np.abs({1}) + 0.5)", "f"),
+    "fmod": ("{0} % ({1}.abs() + 0.5)", "np.mod({0}, _r(np.abs({1}) + 0.5))", "f"),
     "idiv": ("{0} // (({1} & 7) + 1)", None, "i"), "mod": ("{0} % (({1} & 7) + 1)", None, "i"),
     "and": ("{0} & {1}", None, "ib"), "or": ("{0} | {1}", None, "ib"), "xor": ("{0} ^ {1}", None, "ib"),
     "lt": ("{0} < {1}", None, "fib"), "eq": ("{0} == {1}", None, "fib"), "ne": ("{0} != {1}", None, "fib"),
