@@ -164,6 +164,10 @@ NOOPT = ContextVar("NOOPT", 0)
 BEAM = ContextVar("BEAM", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 PARALLEL = ContextVar("PARALLEL", 1)
+#: training mode (dropout drops, batch norm uses and updates batch statistics), per thread as every knob:
+#: ``with Context(TRAINING=1):`` or ``@Context(TRAINING=1)``; ``Tensor.training`` and ``Tensor.train()`` read
+#: and set this same value
+TRAINING = ContextVar("TRAINING", 0)
 
 
 class Context(contextlib.ContextDecorator):
