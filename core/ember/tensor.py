@@ -80,6 +80,19 @@ _NO_GRAD: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.no_grad",
 _TRAINING: contextvars.ContextVar[Any] = TRAINING._var
 
 
+def _keyword_arg(args: tuple[Any, ...], kw: dict[str, Any], name: str, op: str) -> tuple[Any, ...]:
+    """The sizes or axes of a movement op given either as positional arguments or as the one keyword ``name``
+    (tinygrad's ``reshape(shape=...)``, ``permute(order=...)``)."""
+    if not kw:
+        return args
+    unknown = [k for k in kw if k != name]
+    if unknown:
+        raise TypeError(f"{op}() got an unexpected keyword argument {unknown[0]!r}")
+    if args:
+        raise TypeError(f"{op}() got multiple values for argument {name!r}")
+    return (kw[name],)
+
+
 class _TensorType(type):
     """Tensor's metaclass: ``Tensor.training`` and ``Tensor.no_grad`` read and set the running thread's modes.
 
@@ -608,8 +621,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             self.requires_grad = False
         return self
 
-    def reshape(self, *shape: Any) -> Tensor:
-        """Same elements, new shape (one dimension may be -1)."""
+    def reshape(self, *shape: Any, **kw: Any) -> Tensor:
+        """Same elements, new shape (one dimension may be -1); ``reshape(shape=...)`` too, as in tinygrad."""
+        shape = _keyword_arg(shape, kw, "shape", "reshape")
         shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
         if (none_at := next((i for i, s in enumerate(shp) if s is None), None)) is not None \
                 and (len(shp) == 1 or none_at >= self.ndim):
@@ -659,11 +673,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         old = self.shape
         return self._view(lambda st: st.reshape(new), lambda g: g._reshape_unchecked(old))
 
-    def view(self, *shape: Any) -> Tensor:
-        return self.reshape(*shape)
+    def view(self, *shape: Any, **kw: Any) -> Tensor:
+        """reshape (``view(shape=...)`` too)."""
+        return self.reshape(*_keyword_arg(shape, kw, "shape", "view"))
 
-    def permute(self, *order: Any) -> Tensor:
-        """Reorder dimensions."""
+    def permute(self, *order: Any, **kw: Any) -> Tensor:
+        """Reorder dimensions (``permute(order=...)`` too)."""
+        order = _keyword_arg(order, kw, "order", "permute")
         o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
         o = tuple(self._axis(a) for a in o)
         if sorted(o) != list(range(self.ndim)):
@@ -671,8 +687,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         inv = tuple(sorted(range(len(o)), key=o.__getitem__))
         return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o), lambda g: g.permute(inv))
 
-    def expand(self, *shape: Any) -> Tensor:
-        """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size)."""
+    def expand(self, *shape: Any, **kw: Any) -> Tensor:
+        """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size; ``expand(shape=...)`` too)."""
+        shape = _keyword_arg(shape, kw, "shape", "expand")
         shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if len(shp) < self.ndim:
             raise ArgumentError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
@@ -780,8 +797,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         mask = ones._view(lambda st: st.pad(arg), lambda g: g)
         return mask.where(out, out.full_like(value))
 
-    def flip(self, *axis: Any) -> Tensor:
-        """Reverse the order of elements along ``axis``."""
+    def flip(self, *axis: Any, **kw: Any) -> Tensor:
+        """Reverse the order of elements along ``axis`` (``flip(axis=...)`` too)."""
+        axis = _keyword_arg(axis, kw, "axis", "flip")
         ax = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else tuple(axis)
         axes = tuple(self._axis(a) for a in ax)
         for a in axes:
