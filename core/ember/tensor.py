@@ -436,6 +436,24 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         self.requires_grad = requires_grad
         return self
 
+    @property
+    def is_param(self) -> bool:
+        """tinygrad's name for "an optimizer given this tensor trains it": ``requires_grad`` is not False."""
+        return self.requires_grad is not False
+
+    @is_param.setter
+    def is_param(self, is_param: bool) -> None:
+        if not is_param:
+            self.requires_grad = False
+        elif self.requires_grad is False:
+            self.requires_grad = None
+
+    def is_param_(self, is_param: bool = True) -> Tensor:
+        """tinygrad's marker: ``is_param_(False)`` makes a buffer (running statistics) that an optimizer realizes
+        but never trains, as ``requires_grad_(False)`` does; ``is_param_(True)`` undoes it. Returns self."""
+        self.is_param = is_param
+        return self
+
     class train(contextlib.ContextDecorator):
         """``with Tensor.train():`` (or as a decorator) sets ``Tensor.training`` for dropout and norms, in the
         running thread (or asyncio task) only."""
