@@ -164,6 +164,10 @@ NOOPT = ContextVar("NOOPT", 0)
 BEAM = ContextVar("BEAM", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 PARALLEL = ContextVar("PARALLEL", 1)
+#: training mode (dropout drops, batch norm uses and updates batch statistics), per thread as every knob:
+#: ``with Context(TRAINING=1):`` or ``@Context(TRAINING=1)``; ``Tensor.training`` and ``Tensor.train()`` read
+#: and set this same value
+TRAINING = ContextVar("TRAINING", 0)
 
 
 class Context(contextlib.ContextDecorator):
@@ -294,3 +298,119 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
+
+
+# --- tinygrad.helpers names that model and example files use ---------------------------------------------------
+def partition(items: Iterable[T], pred: Callable[[T], bool]) -> tuple[list[T], list[T]]:
+    """``(those for which pred is true, the others)``, each in the original order."""
+    yes: list[T] = []
+    no: list[T] = []
+    for x in items:
+        (yes if pred(x) else no).append(x)
+    return yes, no
+
+
+def get_child(obj: Any, key: str) -> Any:
+    """The object at a dotted path such as ``"layers.0.attn.wq"``: a number indexes, a name looks up a dict key
+    or else an attribute (how state-dict names map to a model's members)."""
+    for part in key.split("."):
+        if part.isnumeric():
+            obj = obj[int(part)]
+        elif isinstance(obj, dict):
+            obj = obj[part]
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+class Timing(contextlib.ContextDecorator):
+    """Print how long the block (or each call of a decorated function) took: ``{prefix}  12.34 ms``, followed by
+    ``on_exit(elapsed_ns)`` when given. The elapsed nanoseconds stay in ``.et``."""
+
+    def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None, enabled: bool = True):
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+        self.et = 0
+
+    def _recreate_cm(self) -> Timing:
+        return self  # .et of the last call stays readable on the decorator's object
+
+    def __enter__(self) -> Timing:
+        self.st = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.et = time.perf_counter_ns() - self.st
+        if self.enabled:
+            print(f"{self.prefix}{self.et * 1e-6:6.2f} ms" + (self.on_exit(self.et) if self.on_exit else ""))
+
+
+def trange(n: int, **kwargs: Any) -> Any:
+    """``range(n)`` with a progress bar (:func:`ember.progress.progress`; tqdm's keywords)."""
+    from ember.progress import progress  # imports nothing else of ember
+    return progress(range(n), total=n, **kwargs)
+
+
+def fetch(url: str, name: str | os.PathLike[str] | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool = True, headers: dict[str, str] | None = None, sha256: str | None = None,
+          extract: bool = False) -> pathlib.Path:
+    """Download ``url`` once into ``cache_dir()/downloads`` and return the local file's path.
+
+    A URL that is already a local path (starting with ``/`` or ``.``) is returned as it is. ``name`` names the
+    cached file (a path with a ``/`` is used as it is), else a hash of the URL does; ``gunzip`` stores the
+    decompressed bytes; ``sha256`` checks the download (and re-downloads a cached file that does not match);
+    ``extract`` unpacks a tar archive into a folder beside it and returns that folder. Without a network the
+    error names the URL and the file to put in place instead."""
+    import gzip
+    import shutil
+    import tarfile
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    if url.startswith(("/", ".")):
+        return pathlib.Path(url)
+    headers = dict(headers or {})
+    if name is not None and (isinstance(name, os.PathLike) or "/" in str(name)):
+        fp = pathlib.Path(name)
+    else:
+        # different request headers may get different bytes, so they are part of the cached file's name
+        joined = "\n".join(f"{k.strip()}:{v.strip()}" for k, v in sorted(headers.items()))
+        tag = "_" + _sha256_hex(joined.encode())[:16] if headers else ""
+        fp = cache_dir() / "downloads" / (subdir or "") / (f"{name or _sha256_hex(url.encode())[:32]}{tag}"
+                                                              f"{'.gunzip' if gunzip else ''}")
+    out_dir = fp.parent / f"{fp.name}.extract"
+    stale = sha256 is not None and fp.is_file() and _sha256_hex(fp.read_bytes()) != sha256
+    if not fp.is_file() or not allow_caching or stale:
+        fp.parent.mkdir(parents=True, exist_ok=True)
+        if extract:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        request = urllib.request.Request(url, headers={"User-Agent": "ember", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r, \
+                    tempfile.NamedTemporaryFile(dir=fp.parent, delete=False) as f:
+                data = r.read()
+                if gunzip:
+                    data = gzip.decompress(data)
+                f.write(data)
+        except (urllib.error.URLError, OSError) as e:
+            raise ConnectionError(f"fetch: could not download {url} ({getattr(e, 'reason', e)}); without a network, "
+                                  f"put the file at {fp}") from e
+        if sha256 is not None and (got := _sha256_hex(data)) != sha256:
+            os.unlink(f.name)
+            raise RuntimeError(f"fetch: {url} has sha256 {got}, expected {sha256}")
+        os.replace(f.name, fp)  # whole files only: a reader never sees a partial download
+    if not extract:
+        return fp
+    if not out_dir.is_dir():
+        tmp = tempfile.mkdtemp(dir=fp.parent)
+        try:
+            with tarfile.open(fp) as t:
+                t.extractall(tmp, filter="data")
+            os.replace(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _sha256_hex(data: bytes) -> str:
+    return sha256(data).hexdigest()

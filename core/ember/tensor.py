@@ -60,7 +60,7 @@ from ember.frontend.util import (
     shape_arg,
     size_arg,
 )
-from ember.helpers import is_int_like, is_np_array, is_np_scalar, prod
+from ember.helpers import TRAINING, is_int_like, is_np_array, is_np_scalar, prod
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
@@ -74,9 +74,23 @@ else:
 
 
 #: grad mode and training mode, per thread and asyncio task (torch keeps its grad mode per thread): a new
-#: thread starts with gradients recorded and training off, whatever the thread that started it has set
+#: thread starts with gradients recorded and training off, whatever the thread that started it has set.
+#: Training mode is the TRAINING knob's own variable, so ``Context(TRAINING=1)`` turns it on as in tinygrad.
 _NO_GRAD: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.no_grad", default=False)
-_TRAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("ember.training", default=False)
+_TRAINING: contextvars.ContextVar[Any] = TRAINING._var
+
+
+def _keyword_arg(args: tuple[Any, ...], kw: dict[str, Any], name: str, op: str) -> tuple[Any, ...]:
+    """The sizes or axes of a movement op given either as positional arguments or as the one keyword ``name``
+    (tinygrad's ``reshape(shape=...)``, ``permute(order=...)``)."""
+    if not kw:
+        return args
+    unknown = [k for k in kw if k != name]
+    if unknown:
+        raise TypeError(f"{op}() got an unexpected keyword argument {unknown[0]!r}")
+    if args:
+        raise TypeError(f"{op}() got multiple values for argument {name!r}")
+    return (kw[name],)
 
 
 class _TensorType(type):
@@ -88,11 +102,11 @@ class _TensorType(type):
     @property
     def training(cls) -> bool:
         """Whether dropout and batch norm run in training mode in this thread (default False)."""
-        return _TRAINING.get()
+        return bool(_TRAINING.get())
 
     @training.setter
     def training(cls, mode: bool) -> None:
-        _TRAINING.set(bool(mode))
+        _TRAINING.set(int(bool(mode)))
 
     @property
     def no_grad(cls) -> bool:
@@ -121,7 +135,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
     __hash__ = object.__hash__  # __eq__ builds a tensor, so hash by identity
     # read through an instance (``t.training``) too; set them on the class (``Tensor.training = True``)
-    training = property(lambda self: _TRAINING.get(), doc="Whether this thread is in training mode.")
+    training = property(lambda self: bool(_TRAINING.get()), doc="Whether this thread is in training mode.")
     no_grad = property(lambda self: _NO_GRAD.get(), doc="Whether this thread records no gradients.")
     _seed: int = 0
 
@@ -235,6 +249,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         mark_realized(becomes)
         for t in tensors:
             t.lazydata = becomes[t.lazydata] if t.lazydata in becomes else t.lazydata
+            if t.requires_grad is None:  # as in tinygrad, gradients of unmarked graphs stop at a realized tensor,
+                t._ctx = None  # so a loop realizing its weights each step keeps no chain of earlier steps
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and ``others``) now; returns self."""
@@ -420,13 +436,31 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         self.requires_grad = requires_grad
         return self
 
+    @property
+    def is_param(self) -> bool:
+        """tinygrad's name for "an optimizer given this tensor trains it": ``requires_grad`` is not False."""
+        return self.requires_grad is not False
+
+    @is_param.setter
+    def is_param(self, is_param: bool) -> None:
+        if not is_param:
+            self.requires_grad = False
+        elif self.requires_grad is False:
+            self.requires_grad = None
+
+    def is_param_(self, is_param: bool = True) -> Tensor:
+        """tinygrad's marker: ``is_param_(False)`` makes a buffer (running statistics) that an optimizer realizes
+        but never trains, as ``requires_grad_(False)`` does; ``is_param_(True)`` undoes it. Returns self."""
+        self.is_param = is_param
+        return self
+
     class train(contextlib.ContextDecorator):
         """``with Tensor.train():`` (or as a decorator) sets ``Tensor.training`` for dropout and norms, in the
         running thread (or asyncio task) only."""
 
         def __init__(self, mode: bool = True):
             self.mode = mode
-            self._prev: list[bool] = []
+            self._prev: list[Any] = []
 
         def _recreate_cm(self) -> Tensor.train:
             # a decorated function entering afresh on each call may run in several threads at once
@@ -434,7 +468,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
         def __enter__(self) -> None:
             self._prev.append(_TRAINING.get())
-            _TRAINING.set(bool(self.mode))
+            _TRAINING.set(int(bool(self.mode)))
 
         def __exit__(self, *exc: object) -> None:
             _TRAINING.set(self._prev.pop())
@@ -456,18 +490,28 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         ``None``), every leaf not marked False. An optimizer marks its parameters True, so a
         training step fills only theirs. As in torch, a second backward through a node that needed
         saved values raises unless the first passed ``retain_graph=True`` (:mod:`ember.frontend.retain`).
+
+        When nothing is marked (tinygrad's way) every float tensor of the graph gets its ``.grad``, not only
+        the leaves, and a graph may be gone through again, as in tinygrad: ``w = w - w.grad * lr`` then trains
+        the new ``w``. A ``.grad`` carries no gradient history (torch's ``backward`` without ``create_graph``;
+        :meth:`gradient` gives differentiable gradients).
         """
         gradient = self._seed_gradient(gradient)
-        leaves = backward_targets(toposort_tape(self))
+        order = toposort_tape(self)
+        leaves = backward_targets(order)
         if not leaves:
             raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-        retain.check_reusable(self)
+        undecided = leaves[0].requires_grad is None  # backward_targets gives the marked leaves when there are any
+        if undecided:
+            leaves = [t for t in order if t.dtype.kind == "f" and t.requires_grad is None]
+        else:
+            retain.check_reusable(self)
         got = run_backward(self, gradient, leaves)
         for leaf in leaves:
             if id(leaf) in got:
                 g = got[id(leaf)]
-                leaf.grad = g if leaf.grad is None else leaf.grad + g
-        if not retain_graph:
+                leaf.grad = (g if leaf.grad is None else leaf.grad + g).detach()
+        if not retain_graph and not undecided:
             retain.release(self)
         return self
 
@@ -595,8 +639,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             self.requires_grad = False
         return self
 
-    def reshape(self, *shape: Any) -> Tensor:
-        """Same elements, new shape (one dimension may be -1)."""
+    def reshape(self, *shape: Any, **kw: Any) -> Tensor:
+        """Same elements, new shape (one dimension may be -1); ``reshape(shape=...)`` too, as in tinygrad."""
+        shape = _keyword_arg(shape, kw, "shape", "reshape")
         shp = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
         if (none_at := next((i for i, s in enumerate(shp) if s is None), None)) is not None \
                 and (len(shp) == 1 or none_at >= self.ndim):
@@ -646,11 +691,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         old = self.shape
         return self._view(lambda st: st.reshape(new), lambda g: g._reshape_unchecked(old))
 
-    def view(self, *shape: Any) -> Tensor:
-        return self.reshape(*shape)
+    def view(self, *shape: Any, **kw: Any) -> Tensor:
+        """reshape (``view(shape=...)`` too)."""
+        return self.reshape(*_keyword_arg(shape, kw, "shape", "view"))
 
-    def permute(self, *order: Any) -> Tensor:
-        """Reorder dimensions."""
+    def permute(self, *order: Any, **kw: Any) -> Tensor:
+        """Reorder dimensions (``permute(order=...)`` too)."""
+        order = _keyword_arg(order, kw, "order", "permute")
         o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
         o = tuple(self._axis(a) for a in o)
         if sorted(o) != list(range(self.ndim)):
@@ -658,8 +705,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         inv = tuple(sorted(range(len(o)), key=o.__getitem__))
         return self if o == tuple(range(self.ndim)) else self._view(lambda st: st.permute(o), lambda g: g.permute(inv))
 
-    def expand(self, *shape: Any) -> Tensor:
-        """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size)."""
+    def expand(self, *shape: Any, **kw: Any) -> Tensor:
+        """Broadcast size-1 dimensions to ``shape`` (-1 keeps a size; ``expand(shape=...)`` too)."""
+        shape = _keyword_arg(shape, kw, "shape", "expand")
         shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if len(shp) < self.ndim:
             raise ArgumentError(f"expand: the number of sizes provided ({len(shp)}) must be >= the number of "
@@ -767,8 +815,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         mask = ones._view(lambda st: st.pad(arg), lambda g: g)
         return mask.where(out, out.full_like(value))
 
-    def flip(self, *axis: Any) -> Tensor:
-        """Reverse the order of elements along ``axis``."""
+    def flip(self, *axis: Any, **kw: Any) -> Tensor:
+        """Reverse the order of elements along ``axis`` (``flip(axis=...)`` too)."""
+        axis = _keyword_arg(axis, kw, "axis", "flip")
         ax = tuple(axis[0]) if len(axis) == 1 and isinstance(axis[0], (tuple, list)) else tuple(axis)
         axes = tuple(self._axis(a) for a in ax)
         for a in axes:

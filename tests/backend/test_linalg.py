@@ -87,13 +87,6 @@ def test_matmul_errors(shapes):
             in str(got.value)
 
 
-def test_matmul_bool_is_an_error():
-    with pytest.raises(NotImplementedError):
-        torch.ones(2, 3, dtype=torch.bool) @ torch.ones(3, 2, dtype=torch.bool)
-    with pytest.raises(NotImplementedError):
-        Tensor(np.ones((2, 3), bool)) @ Tensor(np.ones((3, 2), bool))
-
-
 def test_matmul_and_linear_are_one_kernel(device):
     x, w, b = Tensor(q(3, 4), device=device), Tensor(q(4, 5), device=device), Tensor(q(5), device=device)
     for t in (x @ w, x.linear(w, b), Tensor(q(2, 3, 4), device=device) @ w):

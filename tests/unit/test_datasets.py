@@ -91,13 +91,15 @@ def test_mnist_from_path(tmp_path: Path, gz: bool) -> None:
     arrays = _write_mnist(tmp_path, gz)
     x_train, y_train, x_test, y_test = datasets.mnist(path=tmp_path)
     assert x_train.shape == (6, 1, 28, 28) and x_train.dtype == dtypes.uint8
-    assert y_train.shape == (6,) and y_train.dtype == dtypes.int64 and x_test.shape == (3, 1, 28, 28)
+    # tinygrad 0.14 gives uint8 labels (the files' bytes)
+    assert y_train.shape == (6,) and y_train.dtype == dtypes.uint8 and x_test.shape == (3, 1, 28, 28)
     np.testing.assert_array_equal(x_train.numpy()[:, 0], arrays["train-images-idx3-ubyte"])
     np.testing.assert_array_equal(y_test.numpy(), arrays["t10k-labels-idx1-ubyte"])
 
 
 def test_mnist_from_env_dir_and_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMBER_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(datasets, "MNIST_URLS", {False: (tmp_path / "nowhere").as_uri() + "/"})  # no network
     with pytest.raises(FileNotFoundError) as err:
         datasets.mnist()
     msg = str(err.value)
@@ -105,6 +107,23 @@ def test_mnist_from_env_dir_and_missing_files(tmp_path: Path, monkeypatch: pytes
     assert "EMBER_DATA_DIR" in msg
     _write_mnist(tmp_path / "mnist", gz=True)
     assert datasets.mnist()[0].shape == (6, 1, 28, 28)
+
+
+def test_mnist_downloads_missing_files_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the mirror is a local folder reached through a file:// URL: no network
+    arrays = _write_mnist(tmp_path / "mirror", gz=True)
+    monkeypatch.setenv("EMBER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(datasets, "MNIST_URLS", {True: (tmp_path / "mirror").as_uri() + "/"})
+    x_train, y_train, x_test, y_test = datasets.mnist(fashion=True)
+    assert sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir()) == \
+        sorted(n + ".gz" for n in datasets.MNIST_FILES)
+    # tinygrad 0.14's mnist() gives uint8 images (N, 1, 28, 28) and uint8 labels (N,)
+    assert (x_train.shape, x_train.dtype, y_train.shape, y_train.dtype) == ((6, 1, 28, 28), dtypes.uint8, (6,),
+                                                                            dtypes.uint8)
+    np.testing.assert_array_equal(y_test.numpy(), arrays["t10k-labels-idx1-ubyte"])
+    for f in (tmp_path / "mirror").iterdir():  # a second call reads the downloaded copies
+        f.unlink()
+    np.testing.assert_array_equal(datasets.mnist(fashion=True)[0].numpy()[:, 0], arrays["train-images-idx3-ubyte"])
 
 
 def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:

@@ -39,8 +39,6 @@ class LinalgMixin(TensorBase):
         a, b = (x, self) if reverse else (self, x)
         if a.ndim == 0 or b.ndim == 0:
             raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
-        if a.dtype == dtypes.bool or b.dtype == dtypes.bool:
-            raise NotImplementedError(f"matmul is not implemented for bool tensors (shapes {a.shape} and {b.shape})")
         k_a, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
         if k_a != k_b:
             if a.ndim == 1 and b.ndim == 1:

@@ -10,12 +10,20 @@ from typing import TYPE_CHECKING
 from ember.dtype import dtypes
 from ember.frontend import checks
 from ember.frontend.base import TensorBase
-from ember.frontend.util import size_arg
+from ember.frontend.util import broadcast_shape, size_arg
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
 
 REDUCTIONS = ("none", "mean", "sum")
+
+
+def _check_target_broadcasts(x: Tensor, y: Tensor) -> None:
+    """A binary cross-entropy's target must broadcast with its input (tinygrad computes the loss elementwise)."""
+    try:
+        broadcast_shape(x.shape, y.shape)
+    except RuntimeError:
+        raise ValueError(f"the target's shape {y.shape} does not broadcast with the input's shape {x.shape}") from None
 
 
 class LossMixin(TensorBase):
@@ -39,21 +47,26 @@ class LossMixin(TensorBase):
         return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
 
     def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        """Binary cross-entropy of probabilities ``self`` against targets ``Y`` (logs clamped at -100, like torch)."""
+        """Binary cross-entropy of probabilities ``self`` against targets ``Y`` (logs clamped at -100, like torch).
+
+        ``Y`` broadcasts with ``self`` as in tinygrad (torch wants equal shapes)."""
         _check_reduction(reduction)
-        if Y.shape != self.shape:
-            raise ValueError(f"Using a target size ({Y.shape}) that is different to the input size ({self.shape}) is "
-                             f"not supported. Please ensure they have the same size.")
+        _check_target_broadcasts(self, Y)
+        if Y.dtype == dtypes.bool:  # a mask as target, as tinygrad takes it
+            Y = Y.cast(self.dtype if self.dtype.kind == "f" else dtypes.default_float)
         p = self._to_float()
         loss = -(Y * p.log().maximum(-100) + (1 - Y) * (1 - p).log().maximum(-100))
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean",
                                    pos_weight: Tensor | None = None) -> Tensor:
-        """Binary cross-entropy of logits ``self`` against targets ``Y`` (numerically stable), like torch."""
+        """Binary cross-entropy of logits ``self`` against targets ``Y`` (numerically stable), like torch.
+
+        ``Y`` broadcasts with ``self`` as in tinygrad (torch wants equal shapes)."""
         _check_reduction(reduction)
-        if Y.shape != self.shape:
-            raise ValueError(f"Target size ({Y.shape}) must be the same as input size ({self.shape})")
+        _check_target_broadcasts(self, Y)
+        if Y.dtype == dtypes.bool:  # a mask as target, as tinygrad takes it
+            Y = Y.cast(self.dtype if self.dtype.kind == "f" else dtypes.default_float)
         x = self._to_float()
         pos = Y if pos_weight is None else pos_weight * Y
         return _reduce_loss(-(pos * x.logsigmoid() + (1 - Y) * (-x).logsigmoid()), reduction)

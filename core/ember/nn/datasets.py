@@ -1,8 +1,9 @@
-"""Small datasets for examples and tests, read from local files (nothing is downloaded).
+"""Small datasets for examples and tests, read from local files.
 
 - :func:`digits` — the 8x8 handwritten digits (1,797 images) that ship inside scikit-learn's
   package data, read directly from the CSV file (scikit-learn itself is not imported).
-- :func:`mnist` — MNIST (or Fashion-MNIST) from the four standard ``idx-ubyte`` files, gzipped or not.
+- :func:`mnist` — MNIST (or Fashion-MNIST) from the four standard ``idx-ubyte`` files, gzipped or not;
+  downloaded once (:func:`ember.helpers.fetch`) when no ``path`` is given and the files are not there.
 - :func:`cifar` — CIFAR-10 from the "python version" batches (the folder or the ``.tar.gz``).
 
 Files are looked up under ``$EMBER_DATA_DIR`` (default ``~/.cache/ember/datasets``) unless a
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ember.dtype import dtypes
+from ember.helpers import fetch
 from ember.tensor import Tensor
 
 DATA_DIR_ENV = "EMBER_DATA_DIR"
@@ -87,6 +89,9 @@ def digits(device: str | None = None, test_size: int = 360, seed: int = 0,
 # --- MNIST ---------------------------------------------------------------------------------------
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                "t10k-labels-idx1-ubyte")
+#: where :func:`mnist` downloads the gzipped files from when they are not on disk (the public mirrors)
+MNIST_URLS = {False: "https://storage.googleapis.com/cvdf-datasets/mnist/",
+              True: "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"}
 
 _IDX_DTYPES: dict[int, np.dtype] = {0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"),
                                     0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
@@ -124,22 +129,31 @@ def _find_mnist_files(folder: pathlib.Path) -> list[pathlib.Path] | None:
     return found
 
 
-def mnist(path: str | os.PathLike[str] | None = None, device: str | None = None) -> Split:
-    """MNIST from local ``idx-ubyte`` files: ``(X_train, Y_train, X_test, Y_test)``.
+def mnist(path: str | os.PathLike[str] | None = None, device: str | None = None, fashion: bool = False,
+          download: bool = True) -> Split:
+    """MNIST from ``idx-ubyte`` files: ``(X_train, Y_train, X_test, Y_test)``.
 
-    Images are uint8 ``(N, 1, 28, 28)``, labels int64. ``path`` is the folder with the four files
-    (default ``$EMBER_DATA_DIR/mnist``); Fashion-MNIST in the same format loads the same way.
+    Images are uint8 ``(N, 1, 28, 28)``, labels uint8 ``(N,)`` (the files' bytes, as tinygrad gives them).
+    ``path`` is the folder with the four files (default ``$EMBER_DATA_DIR/mnist``, or ``fashion-mnist`` with
+    ``fashion=True``); without ``path``, missing files are downloaded there first unless ``download=False``.
     """
-    folders = [pathlib.Path(path).expanduser()] if path is not None else [data_dir() / "mnist", data_dir()]
-    for folder in folders:
-        files = _find_mnist_files(folder)
-        if files is not None:
-            break
-    else:
+    sub = "fashion-mnist" if fashion else "mnist"
+    folders = [pathlib.Path(path).expanduser()] if path is not None else \
+        [data_dir() / sub] + ([] if fashion else [data_dir()])
+    files = next((f for f in map(_find_mnist_files, folders) if f is not None), None)
+    reason = ""
+    if files is None and path is None and download:
+        try:
+            for name in MNIST_FILES:
+                fetch(MNIST_URLS[bool(fashion)] + name + ".gz", name=folders[0] / (name + ".gz"))
+            files = _find_mnist_files(folders[0])
+        except ConnectionError as e:
+            reason = f" ({e})"
+    if files is None:
         raise FileNotFoundError(
-            f"MNIST files not found. Put these four files (gzipped .gz or not) in {folders[0]}: "
+            f"MNIST files not found{reason}. Put these four files (gzipped .gz or not) in {folders[0]}: "
             f"{', '.join(MNIST_FILES)}; or pass path= to their folder, or set {DATA_DIR_ENV} to a folder whose "
-            f"mnist/ subfolder holds them.")
+            f"{sub}/ subfolder holds them.")
     x_train, y_train, x_test, y_test = (read_idx(f) for f in files)
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
         if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
@@ -149,7 +163,7 @@ def mnist(path: str | os.PathLike[str] | None = None, device: str | None = None)
         return Tensor(x.reshape(x.shape[0], 1, *x.shape[1:]).astype(np.uint8), device=device)
 
     def labels(y: np.ndarray) -> Tensor:
-        return Tensor(y.astype(np.int64), device=device, dtype=dtypes.int64)
+        return Tensor(y.astype(np.uint8), device=device, dtype=dtypes.uint8)
 
     return images(x_train), labels(y_train), images(x_test), labels(y_test)
 

@@ -69,12 +69,37 @@ class TensorCore:
         return f"WMMA_{m}_{n}_{k}_{self.dtype_in.name}_{self.dtype_out.name}"
 
 
+class DTypeSet(frozenset):
+    """A frozen set of dtypes that also answers a call with a set of them, as tinygrad programs ask a renderer:
+    ``dtypes.half in Device[Device.DEFAULT].renderer.supported_dtypes()``."""
+
+    def __call__(self) -> set[DType]:
+        return set(self)
+
+
+class _DTypeSetField:
+    """A renderer's ``supported_dtypes``: any set assigned to it (a plugin's, in its ``__init__``) is kept as a
+    :class:`DTypeSet`."""
+
+    def __init__(self, default: frozenset[DType]):
+        self.default = DTypeSet(default)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> DTypeSet:
+        return self.default if obj is None else obj.__dict__.get(self.slot, self.default)
+
+    def __set__(self, obj: Any, value: frozenset[DType] | set[DType]) -> None:
+        obj.__dict__[self.slot] = DTypeSet(value)
+
+
 class Renderer:
     """Capabilities of a target plus ``render(name, uops) -> source``."""
 
     device: str = ""
     #: dtypes this target can load, store and compute with
-    supported_dtypes: frozenset[DType] = frozenset(dtypes.fields().values())
+    supported_dtypes = _DTypeSetField(frozenset(dtypes.fields().values()))
     supports_float16: bool = True
     #: True when the target launches a grid of threads (GPU-style); False for loop-based targets
     has_local: bool = False
