@@ -1,18 +1,23 @@
 """Creation ops of the Tensor API (a mixin of :class:`ember.tensor.Tensor`): ranges, identity, random numbers.
 
 Random numbers come from a counter-based generator, Threefry-2x32 with 20 rounds, evaluated on the
-device with 32-bit unsigned integer ALU ops (wrapping ADD, XOR, shifts). Every element hashes its own
-counter ``(element index, call number)`` under the key ``(seed low word, seed high word)``, so a draw
-depends only on the seed, how many draws came before it since :meth:`CreationMixin.manual_seed`, and
-the element's position: the same seed gives bit-identical ``rand`` on every device.
+device with 32-bit unsigned integer ALU ops (wrapping ADD, XOR, shifts), in tinygrad's layout, so a
+seed gives tinygrad's numbers. Each device has its own stream: a base key made of a hash of the order in
+which the device first drew and the seed, and a counter of the 32-bit words drawn on it so far. A draw
+of ``num`` words hashes its counter under the base key into a draw key, and word ``j`` of the draw is
+one half of the Threefry block of ``(j mod h, j mod h + h)`` under the draw key, ``h = ceil(num / 2)``.
+:meth:`CreationMixin.manual_seed` restarts every device's stream. Floats take the top mantissa bits of
+their share of the words, exactly ``m / 2**mantissa``; randn, randint, uniform, randperm, multinomial and
+dropout are built on :meth:`CreationMixin.rand` in tinygrad's way.
 
-The seed and the call number travel in a small uploaded buffer rather than as constants in the
-kernel, so every draw of one shape reuses one compiled kernel. :meth:`CreationMixin.random_bits`
-exposes the same generator with an explicit key and counter, tinygrad's stateless interface.
+The draw key travels in a small uploaded buffer rather than as constants in the kernel, so every draw of
+one shape reuses one compiled kernel. :meth:`CreationMixin.random_bits` exposes the same generator with
+an explicit key and counter, tinygrad's stateless interface.
 """
 from __future__ import annotations
 
 import array
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -34,8 +39,11 @@ else:
     from ember.helpers import lazy_numpy as np
 
 _MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
 _THREEFRY_PARITY = 0x1BD11BDA
 _THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+# explicit mantissa bits of the float dtypes rand draws: how many random bits an element's fraction gets
+_MANTISSA = {dtypes.float16: 10, dtypes.bfloat16: 7, dtypes.float32: 23, dtypes.float64: 52}
 
 
 def _shape_of_args(shape: Sequence[Any]) -> tuple[int, ...]:
@@ -60,8 +68,9 @@ class CreationMixin(TensorBase):
 
     __slots__ = ()
 
-    #: how many random draws ran since the last :meth:`manual_seed` (the second counter word)
-    _rng_counter: int = 0
+    #: each device's random stream since the last :meth:`manual_seed`: [base key word 0, base key word 1,
+    #: words drawn]
+    _rng_devices: dict[str, list[int]] = {}
     #: uint32 ramps ``[0, 2**k)`` kept per (device, 2**k) for :meth:`_ramp`
     _ramps: dict[tuple[str, int], Any] = {}
 
@@ -192,9 +201,9 @@ class CreationMixin(TensorBase):
     # --- the random number generator --------------------------------------------------------------
     @classmethod
     def manual_seed(cls, seed: int = 0) -> None:
-        """Seed the random number generator and restart its draw counter."""
+        """Seed the random number generator: every device's stream restarts from the beginning."""
         cls._seed = int(seed)
-        cls._rng_counter = 0
+        cls._rng_devices = {}
 
     @classmethod
     def _ramp(cls, n: int, device: str) -> Tensor:
@@ -220,26 +229,77 @@ class CreationMixin(TensorBase):
         return ramp if n == size else ramp[:n]
 
     @classmethod
-    def _next_rng_words(cls) -> array.array:
-        """The key and counter words of the next draw (uint32 ``[k0, k1, k0 ^ k1 ^ parity, call]``); counts it."""
-        seed = int(cls._seed)
-        k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
-        call = cls._rng_counter & _MASK32
-        cls._rng_counter += 1
-        return array.array("I", [k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY, call])
+    def _next_draw_key(cls, device: str, num: int) -> array.array:
+        """The key schedule ``[k0, k1, k0 ^ k1 ^ parity]`` of the next draw of ``num`` words on ``device``.
+
+        A device joins the generator at its first draw: its base key is ``(low word of sha256 of its join
+        index, low word of the seed)``, and its counter (a 64-bit count of the words drawn on it) starts at 0.
+        A draw's key is the Threefry block of the counter under the base key; the counter then moves on by
+        ``num``. This one block per draw is hashed here on the host; the words themselves are computed on the
+        device.
+        """
+        devices = cls._rng_devices
+        if device not in devices:
+            digest = hashlib.sha256(len(devices).to_bytes(4, "big")).digest()
+            devices[device] = [int.from_bytes(digest[-4:], "big"), int(cls._seed) & _MASK32, 0]
+        state = devices[device]
+        ctr = state[2]
+        state[2] = (ctr + num) & _MASK64
+        k0, k1 = _threefry_host(state[0], state[1], ctr & _MASK32, ctr >> 32)
+        return array.array("I", [k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY])
 
     @classmethod
-    def _random_bits(cls, shape: tuple[int, ...], device: str) -> tuple[Tensor, Tensor]:
-        """Two independent uint32 tensors of ``shape`` from one Threefry-2x32 block per element."""
+    def _draw_key(cls, device: str, num: int, n: int) -> list[Tensor]:
+        """The next draw's three key words on ``device``, each broadcast to ``n`` elements.
+
+        They travel in a small uploaded buffer, not as kernel constants, so every draw of one shape reuses
+        one compiled kernel; a captured jit uploads fresh words (the draw after) before every replay.
+        """
+        if num > _MASK32:
+            raise NotImplementedError(f"a random draw of {num} 32-bit words is too large (at most {_MASK32})")
+        params = cls(cls._from_host(cls._next_draw_key(device, num), dtypes.uint32, (3,), device))
+        record_upload(params, lambda: cls._next_draw_key(device, num))
+        return [params[i:i + 1].expand(n) for i in range(3)]
+
+    @staticmethod
+    def _words_at(key: list[Tensor], idx: Tensor, half: int) -> Tensor:
+        """Word ``idx`` (uint32 indices) of a draw of ``2 * half`` words (or one fewer).
+
+        Block ``j`` hashes the counter ``(j, j + half)``; its first word is word ``j`` of the draw and its
+        second word is word ``j + half``.
+        """
+        upper = idx >= half
+        ctr = upper.where(idx - half, idx)
+        x0, x1 = _threefry2x32(key, ctr, ctr + half)
+        return upper.where(x1, x0)
+
+    @classmethod
+    def _random_units(cls, shape: tuple[int, ...], dtype: DType, device: str) -> Tensor:
+        """Uniform values in [0, 1) of float ``dtype``: each element's bits are its share of the draw's
+        words (two per element for 8-byte floats, half a word for 2-byte ones, low half first), and its
+        top mantissa-many bits are the fraction ``m / 2**mantissa``."""
+        if dtype not in _MANTISSA:
+            raise NotImplementedError(f"random values of dtype {dtype.name} are not supported")
         n = prod(shape)
-        params = cls(cls._from_host(cls._next_rng_words(), dtypes.uint32, (4,), device))
-        record_upload(params, cls._next_rng_words)  # a jit uploads fresh words here before every replay
+        num = -(-n * dtype.itemsize // 4)
+        key = cls._draw_key(device, num, n)
         if n == 0:
-            empty = cls.zeros(*shape, dtype=dtypes.uint32, device=device)
-            return empty, empty
-        words = [params[i:i + 1].expand(n) for i in range(4)]
-        x0, x1 = _threefry2x32(words[:3], cls._ramp(n, device), words[3])
-        return x0.reshape(shape), x1.reshape(shape)
+            return cls.zeros(*shape, dtype=dtype, device=device)
+        half, mant = -(-num // 2), _MANTISSA[dtype]
+        pos = cls._ramp(n, device)
+        if dtype.itemsize == 8:
+            lo = cls._words_at(key, pos * 2, half)
+            hi = cls._words_at(key, pos * 2 + 1, half)
+            unit = (hi.cast(dtypes.float64) * 2.0 ** -32 + _shift(lo, Ops.SHR, 64 - mant).cast(dtypes.float64)
+                    * 2.0 ** -mant)
+        elif dtype.itemsize == 2:
+            word = cls._words_at(key, _shift(pos, Ops.SHR, 1), half)
+            odd = pos._alu(Ops.AND, _amount(pos, 1)) != 0
+            low_half = _shift(word, Ops.SHR, 16 - mant)._alu(Ops.AND, _amount(word, (1 << mant) - 1))
+            unit = (odd.where(_shift(word, Ops.SHR, 32 - mant), low_half).cast(dtypes.float32) * 2.0 ** -mant)
+        else:
+            unit = _shift(cls._words_at(key, pos, half), Ops.SHR, 32 - mant).cast(dtypes.float32) * 2.0 ** -mant
+        return unit.cast(dtype).reshape(shape)
 
     @classmethod
     def random_bits(cls, key: Tensor, counter: Tensor, num: int) -> Tensor:
@@ -271,17 +331,6 @@ class CreationMixin(TensorBase):
         return chunks[0].cat(*chunks[1:]) if chunks else c[0:0]  # type: ignore[misc]
 
     @staticmethod
-    def _bits_to_unit(bits: Tensor, dtype: DType, bits2: Tensor | None = None) -> Tensor:
-        """Exact uniform values in [0, 1) of ``dtype`` from the top bits of uint32 words (never 1.0)."""
-        mantissa = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dtype, 24)
-        if dtype == dtypes.float64 and bits2 is not None:
-            hi = _shift(bits, Ops.SHR, 5).cast(dtypes.float64)
-            lo = _shift(bits2, Ops.SHR, 6).cast(dtypes.float64)
-            return (hi * float(2 ** 26) + lo) * float(2.0 ** -53)
-        unit = _shift(bits, Ops.SHR, 32 - mantissa).cast(dtypes.float32) * float(2.0 ** -mantissa)
-        return unit.cast(dtype)
-
-    @staticmethod
     def _random_dtype(dtype: DType | str | None, name: str) -> DType:
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if dt.kind != "f":
@@ -295,40 +344,43 @@ class CreationMixin(TensorBase):
     @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None, contiguous: bool = True,
              requires_grad: bool | None = None) -> Tensor:
-        """Uniform random values in [0, 1) (default float dtype)."""
+        """Uniform random values in [0, 1) (default float dtype); a draw of ``ceil(numel * itemsize / 4)`` words."""
         shp = _shape_of_args(shape)
         dt = cls._random_dtype(dtype, "rand")
-        dev = cls._device_name(device)
-        b0, b1 = cls._random_bits(shp, dev)
-        return cls._finish_random(cls._bits_to_unit(b0, dt, b1), contiguous, requires_grad)
+        out = cls._random_units(shp, dt, cls._device_name(device))
+        return cls._finish_random(out, contiguous, requires_grad)
 
     @classmethod
     def randn(cls, *shape: Any, dtype: DType | str | None = None, requires_grad: bool | None = None,
               device: str | None = None, contiguous: bool = True) -> Tensor:
-        """Standard normal random values (Box-Muller on two uniforms from one Threefry block)."""
+        """Standard normal random values: Box-Muller in float32 on a float32 draw of shape ``(2, *shape)``.
+
+        The first half of that draw gives the angle and the second the radius; with ``n`` elements, element
+        ``i`` reads words ``i`` and ``n + i``, the two words of Threefry block ``i``.
+        """
         shp = _shape_of_args(shape)
         dt = cls._random_dtype(dtype, "normal")
         dev = cls._device_name(device)
-        b0, b1 = cls._random_bits(shp, dev)
-        work = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
-        u0 = cls._bits_to_unit(b0, dtypes.float32).cast(work)
-        u1 = cls._bits_to_unit(b1, dtypes.float32).cast(work)
-        radius = ((1.0 - u0).log() * -2.0).sqrt()  # 1 - u0 is in (0, 1]: the log is finite
-        angle = u1 * (2.0 * math.pi)
-        if work == dtypes.float32:
-            # cos of an angle in [0, 2 pi) as sin(pi/2 - angle) in float64: one sine where Tensor.cos (exact for
-            # any argument) takes three (the randn kernel ran 2.5x longer); within the float32 result's rounding
-            # everywhere, the angle being a float32 value a double's error away from the zeros at most
-            cosine = ((math.pi / 2) - angle.cast(dtypes.float64)).sin().cast(work)
-        else:
-            cosine = angle.cos()
-        out = (radius * cosine).cast(dt)
+        n = prod(shp)
+        key = cls._draw_key(dev, 2 * n, n)
+        if n == 0:
+            return cls._finish_random(cls.zeros(*shp, dtype=dt, device=dev), contiguous, requires_grad)
+        pos = cls._ramp(n, dev)
+        x0, x1 = _threefry2x32(key, pos, pos + n)
+        u0, u1 = (_shift(x, Ops.SHR, 9).cast(dtypes.float32) * 2.0 ** -23 for x in (x0, x1))
+        angle = u0 * (2.0 * math.pi)
+        # cos of an angle in [0, 2 pi) as sin(pi/2 - angle) in float64: one sine where Tensor.cos (exact for any
+        # argument) takes three (the randn kernel ran 2.5x longer); within the float32 result's rounding
+        # everywhere, the angle being a float32 value a double's error away from the zeros at most
+        cosine = ((math.pi / 2) - angle.cast(dtypes.float64)).sin().cast(dtypes.float32)
+        radius = ((1.0 - u1).log() * -2.0).sqrt()  # 1 - u1 is in (0, 1]: the log is finite
+        out = (cosine * radius).cast(dt).reshape(shp)
         return cls._finish_random(out, contiguous, requires_grad)
 
     @classmethod
     def randint(cls, *args: Any, low: int = 0, high: int = 10, dtype: DType | str | None = None,
                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        """Uniform random integers in ``[low, high)``.
+        """Uniform random integers in ``[low, high)``: ``low + trunc((high - low) * rand())``, rand in float32.
 
         Both calling conventions work: tinygrad's ``randint(*shape, low=0, high=10)`` (int32 by
         default) and torch's ``randint([low,] high, size)`` with a tuple or list ``size`` (int64).
@@ -350,28 +402,19 @@ class CreationMixin(TensorBase):
         low, high = int(low), int(high)
         if high <= low:
             raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-        dev = cls._device_name(device)
-        b0, b1 = cls._random_bits(shp, dev)
-        span = high - low
-        if span <= 1 << 32:
-            # multiply-shift: floor(bits * span / 2^32) maps 32 random bits onto [0, span)
-            wide = b0.cast(dtypes.uint64) * span
-            offset = _shift(wide, Ops.SHR, 32).cast(dtypes.int64)
-        else:
-            wide = _shift(b0.cast(dtypes.uint64), Ops.SHL, 32)._alu(Ops.OR, b1.cast(dtypes.uint64))
-            offset = (wide._alu(Ops.MOD, cls.full(shp, span, dtype=dtypes.uint64, device=dev))).cast(dtypes.int64)
-        out = (offset + low).cast(dt)
+        unit = cls.rand(*shp, device=device, contiguous=False)
+        out = (unit * (high - low)).cast(dt) + low
         return cls(out.contiguous().lazydata, requires_grad=requires_grad)
 
     @classmethod
     def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
                 requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
-        """Uniform random values in ``[low, high)``."""
+        """Uniform random values in ``[low, high)``: ``(high - low) * rand()`` in the default float, cast to
+        ``dtype``, plus ``low``."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        work = dt if dt.kind == "f" else dtypes.default_float
         kwargs.pop("contiguous", None)
-        unit = cls.rand(*shape, dtype=work, contiguous=False, **kwargs)
-        out = (unit * (high - low) + low).cast(dt)
+        unit = cls.rand(*shape, contiguous=False, **kwargs)
+        out = (unit * (high - low)).cast(dt) + low
         return cls(out.contiguous().lazydata, requires_grad=requires_grad)
 
     @classmethod
@@ -384,33 +427,34 @@ class CreationMixin(TensorBase):
 
     @classmethod
     def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
-        """Uniform in [-1, 1) scaled by ``1 / sqrt(numel)``."""
+        """Uniform in [-1, 1), then scaled by ``1 / sqrt(numel)``."""
         n = prod(_shape_of_args(shape))
-        scale = n ** -0.5 if n else 1.0
-        return cls.uniform(*shape, low=-scale, high=scale, **kwargs)
+        requires_grad = kwargs.pop("requires_grad", None)
+        out = cls.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (n ** -0.5 if n else 1.0)
+        return cls(out.lazydata, requires_grad=requires_grad)
 
     @classmethod
     def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
         """Glorot/Xavier uniform: bound ``sqrt(6 / (fan_out + fan_in))`` with ``fan_in = prod(shape[1:])``."""
         shp = _shape_of_args(shape)
         fans = (shp[0] if shp else 1) + prod(shp[1:])
-        bound = math.sqrt(6.0 / fans) if fans else 1.0
+        bound = (6 / fans) ** 0.5 if fans else 1.0
         return cls.uniform(*shp, low=-bound, high=bound, **kwargs)
 
     @classmethod
     def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        """He uniform for a leaky relu of slope ``a``: bound ``sqrt(3) * gain / sqrt(fan_in)``."""
+        """He uniform for a leaky relu of slope ``a``: bound ``sqrt(6 / (1 + a**2) / fan_in)``."""
         shp = _shape_of_args(shape)
         fan_in = max(1, prod(shp[1:]))
-        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a * a)) / math.sqrt(fan_in)
+        bound = (6 / (1 + a ** 2) / fan_in) ** 0.5
         return cls.uniform(*shp, low=-bound, high=bound, **kwargs)
 
     @classmethod
     def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        """He normal for a leaky relu of slope ``a``: std ``gain / sqrt(fan_in)``."""
+        """He normal for a leaky relu of slope ``a``: std ``sqrt(2 / (1 + a**2) / fan_in)``."""
         shp = _shape_of_args(shape)
         fan_in = max(1, prod(shp[1:]))
-        std = math.sqrt(2.0 / (1 + a * a)) / math.sqrt(fan_in)
+        std = (2 / (1 + a ** 2) / fan_in) ** 0.5
         return cls.normal(*shp, mean=0.0, std=std, **kwargs)
 
     def rand_like(self, **kwargs: Any) -> Tensor:
@@ -428,35 +472,32 @@ class CreationMixin(TensorBase):
     @classmethod
     def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32,
                  requires_grad: bool | None = None) -> Tensor:
-        """A random permutation of ``0 .. n-1``.
+        """A random permutation of ``0 .. n-1``: the stable argsort of :meth:`rand` ``(n)``.
 
-        Each element draws a 32-bit key; its value is the rank of its key (ties broken by position).
-        Up to 2048 elements the ranking is one on-device kernel; longer permutations rank the device's
-        keys with a host sort, which gives the same result.
+        Up to 2048 elements the sort is one on-device ranking; longer permutations sort the device's values
+        on the host (numpy's stable sort), which gives the same result.
         """
         if n < 0:
             raise RuntimeError(f"n must be non-negative, got {n}")
         dev = cls._device_name(device)
         dt = to_dtype(dtype)
-        keys, _ = cls._random_bits((n,), dev)
+        keys = cls.rand(n, device=dev, contiguous=False)
         if n <= 2048:
-            pos = cls._ramp(n, dev)
-            out = _ranks(keys.reshape(1, n), pos.reshape(1, n)).reshape(n).cast(dt)
+            out = keys.argsort().cast(dt)
         else:
-            order = np.argsort(keys.numpy(), kind="stable")
-            rank = np.empty(n, dtype=np.int64)
-            rank[order] = np.arange(n)
-            out = cls(rank, device=dev, dtype=dt)
+            out = cls(np.argsort(keys.numpy(), kind="stable"), device=dev, dtype=dt)
         return cls(out.lazydata, requires_grad=requires_grad)
 
     def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Draw category indices from the rows of self, read as (unnormalized, non-negative) weights.
 
-        Self is 1-D (one distribution) or 2-D (one per row). With replacement, each draw inverts the
-        cumulative weights at a uniform point; without, the ``num_samples`` smallest exponential race
-        times ``E / w`` give the categories in order (zero weights come last). Returns int32 indices.
-        Negative, nan or inf weights and a row of zeros raise :class:`~ember.frontend.checks.InvalidDistribution`
-        at the next read (a deferred check, as for index tensors: the weights are lazy).
+        Self is 1-D (one distribution) or 2-D (one per row). With replacement (or one sample), each draw
+        counts the entries of the normalized cumulative weights at or below a uniform value, drawn as
+        :meth:`rand` ``(num_samples, rows, 1)`` on the default device. Without, the ``num_samples`` largest
+        ``log2(u) / w`` (u uniform per weight, zero weights last) give the categories in order. Returns
+        int32 indices. Negative, nan or inf weights and a row of zeros raise
+        :class:`~ember.frontend.checks.InvalidDistribution` at the next read (a deferred check, as for index
+        tensors: the weights are lazy).
         """
         if self.ndim not in (1, 2):
             raise RuntimeError("prob_dist must be 1 or 2 dim")
@@ -470,44 +511,22 @@ class CreationMixin(TensorBase):
         if not replacement and num_samples > k:
             raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
         checks.valid_distribution(self.detach())
-        w = (self if self.ndim == 2 else self.reshape(1, k)).cast(dtypes.float32).detach()
+        w = (self if self.ndim == 2 else self.reshape(1, k)).detach()
         rows = w.shape[0]
         cls = type(self)
-        pos = cls._ramp(k, self.device).cast(dtypes.int32)
-        if replacement:
-            upto = (pos.reshape(k, 1) <= pos.reshape(1, k)).cast(dtypes.float32)  # [j, i]: j <= i
-            cdf = (w.reshape(rows, k, 1) * upto.reshape(1, k, k)).sum(1)  # (rows, k)
-            total = cdf[:, k - 1:k]
-            u = cls.rand(rows, num_samples, device=self.device, contiguous=False) * total
-            below = cdf[:, : k - 1].reshape(rows, 1, k - 1) <= u.reshape(rows, num_samples, 1)
-            out = below.cast(dtypes.int32).sum(2, dtype=dtypes.int32)
+        if replacement or num_samples == 1:
+            cw = w.cumsum(1).cast(dtypes.float32)
+            cdf = cw / cw[:, k - 1:k]
+            u = cls.rand(num_samples, rows, 1, contiguous=False).to(self.device)
+            out = (u >= cdf).cast(dtypes.int32).sum(2, dtype=dtypes.int32).permute(1, 0)
         else:
-            e = -(1.0 - cls.rand(rows, k, device=self.device, contiguous=False)).log()
-            race = (w > 0).where(e / w, math.inf).contiguous()
-            rank = _ranks(race, pos.reshape(1, k))
-            slot = cls._ramp(num_samples, self.device).cast(dtypes.int32).reshape(1, 1, num_samples)
-            hit = rank.reshape(rows, k, 1) == slot
-            out = hit.where(pos.reshape(1, k, 1), 0).sum(1, dtype=dtypes.int32)
+            race = cls.rand(rows, k, device=self.device, contiguous=False).log2() / w
+            out = race.topk(num_samples, dim=1)[1].cast(dtypes.int32)
         return out if self.ndim == 2 else out.reshape(num_samples)
 
     @staticmethod
     def _device_name(device: str | None) -> str:
         return Device.canonicalize(device) if device is not None else Device.DEFAULT
-
-
-def _both(a: Tensor, b: Tensor, op: Ops) -> Tensor:
-    """Bool ``a AND b`` (op AND) or ``a OR b`` (op OR), broadcast together."""
-    x, y = a._broadcasted(b)
-    return x._alu(op, y)
-
-
-def _ranks(keys: Tensor, pos: Tensor) -> Tensor:
-    """int32 rank of each key within its row of ``keys`` (rows, n); ties go by ``pos`` (1, n)."""
-    rows, n = keys.shape
-    kj, ki = keys.reshape(rows, 1, n), keys.reshape(rows, n, 1)
-    pj, pi = pos.reshape(1, 1, n), pos.reshape(1, n, 1)
-    before = _both(kj < ki, _both(kj == ki, pj < pi, Ops.AND), Ops.OR)
-    return before.cast(dtypes.int32).sum(2, dtype=dtypes.int32)
 
 
 def _amount(x: Tensor, n: int) -> Tensor:
@@ -523,6 +542,22 @@ def _shift(x: Tensor, op: Ops, amount: int) -> Tensor:
 def _key_schedule(k0: Tensor, k1: Tensor) -> list[Tensor]:
     """Threefry's three key words ``[k0, k1, k0 ^ k1 ^ parity]`` from two uint32 tensors."""
     return [k0, k1, k0._alu(Ops.XOR, k1) ^ _THREEFRY_PARITY]
+
+
+def _threefry_host(k0: int, k1: int, c0: int, c1: int) -> tuple[int, int]:
+    """One Threefry-2x32-20 block of the counter ``(c0, c1)`` under the key ``(k0, k1)``, in Python ints."""
+    mask = _MASK32
+    ks = (k0, k1, k0 ^ k1 ^ _THREEFRY_PARITY)
+    a, b = (c0 + k0) & mask, (c1 + k1) & mask
+    for r in range(20):
+        rot = _THREEFRY_ROTATIONS[r % 8]
+        a = (a + b) & mask
+        b = (((b << rot) | (b >> (32 - rot))) & mask) ^ a
+        if r % 4 == 3:
+            s = r // 4 + 1
+            a = (a + ks[s % 3]) & mask
+            b = (b + ks[(s + 1) % 3] + s) & mask
+    return a, b
 
 
 def _threefry2x32(key: list[Tensor], ctr0: Tensor, ctr1: Tensor) -> tuple[Tensor, Tensor]:
