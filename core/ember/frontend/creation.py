@@ -255,8 +255,9 @@ class CreationMixin(TensorBase):
         They travel in a small uploaded buffer, not as kernel constants, so every draw of one shape reuses
         one compiled kernel; a captured jit uploads fresh words (the draw after) before every replay.
         """
-        if num > _MASK32:
-            raise NotImplementedError(f"a random draw of {num} 32-bit words is too large (at most {_MASK32})")
+        if max(num, n) > _MASK32:
+            raise NotImplementedError(f"a random draw of {n} elements ({num} 32-bit words) is too large "
+                                      f"(at most {_MASK32} of each)")
         params = cls(cls._from_host(cls._next_draw_key(device, num), dtypes.uint32, (3,), device))
         record_upload(params, lambda: cls._next_draw_key(device, num))
         return [params[i:i + 1].expand(n) for i in range(3)]
