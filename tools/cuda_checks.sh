@@ -29,5 +29,16 @@ export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
     --max-report 5 > "$OUT/fuzz.log" 2>&1; echo "exit $?" >> "$OUT/fuzz.log" ) &
 ( timeout "${SCALE_S:-300}" "$PY" bench/scale_check.py --device CUDA > "$OUT/scale.log" 2>&1; echo "exit $?" >> "$OUT/scale.log"
   [ "${BENCH_S:-150}" -gt 0 ] && timeout "${BENCH_S:-150}" "$PY" bench/bench_cuda.py --quick > "$OUT/bench.log" 2>&1; echo "exit $?" >> "$OUT/bench.log" ) &
+# the fuzzer on the CPU device too, spread over the machine's cores (CPU_FUZZ_N graphs in CPU_FUZZ_PROCS processes)
+if [ "${CPU_FUZZ_N:-0}" -gt 0 ]; then
+    procs=${CPU_FUZZ_PROCS:-4}; per=$(( (CPU_FUZZ_N + procs - 1) / procs ))
+    for i in $(seq 0 $((procs - 1))); do
+        ( timeout "${FUZZ_S:-400}" "$PY" bench/fuzz.py --device CPU --n "$per" --start $((400000 + i * per)) --batch 50 \
+            --max-report 5 > "$OUT/cpufuzz$i.txt" 2>&1; echo "exit $?" >> "$OUT/cpufuzz$i.txt" ) &
+    done
+fi
 wait
 tail -n 3 "$OUT"/*.log
+[ "${CPU_FUZZ_N:-0}" -gt 0 ] && { tail -q -n 2 "$OUT"/cpufuzz*.txt | grep -v "^exit 0"; cat "$OUT"/cpufuzz*.txt | tr '\r' '\n' \
+    | grep -v "^fuzz:" > "$OUT/cpufuzz.log"; rm -f "$OUT"/cpufuzz*.txt; }
+true

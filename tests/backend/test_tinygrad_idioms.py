@@ -180,7 +180,7 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Path, monkeypatch: pytest
     served = tmp_path / "served"
     served.mkdir()
     (served / "w.bin").write_bytes(b"weights")
-    (served / "w.gz").write_bytes(gzip.compress(b"unzipped"))
+    (served / "w.gz").write_bytes(gzip.compress(b"unzipped", mtime=0))
     # a server on the loopback interface only: no network
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(served)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -199,7 +199,7 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Path, monkeypatch: pytest
     finally:
         server.shutdown()
         server.server_close()
-    assert fetch((served / "w.gz").as_uri(), name="local").read_bytes() == gzip.compress(b"unzipped")
+    assert fetch((served / "w.gz").as_uri(), name="local").read_bytes() == gzip.compress(b"unzipped", mtime=0)
     assert fetch(str(served / "w.gz")) == served / "w.gz"  # a local path is returned as it is
 
 
