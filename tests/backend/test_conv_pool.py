@@ -212,6 +212,29 @@ def test_large_conv2d_weight_gradient_kernels():
     assert sched[1].bufs[0].size == 8 * 6 * 4 * 3 * 3  # one partial weight gradient per image
 
 
+def test_conv2d_gradients_read_a_computed_output_gradient_stored_once():
+    """An output gradient computed from several buffers (here a batch-norm-like scale and shift and a relu mask)
+    is stored once: the weight gradient's reduction, which reads each of its elements once per weight of a
+    channel pair, reads that buffer instead of recomputing the expression (and its inputs) in its inner loop."""
+    x = Tensor(q(4, 8, 12, 12), device="CPU", requires_grad=True)
+    w = Tensor(q(16, 8, 3, 3), device="CPU", requires_grad=True)
+    scale, shift = Tensor(q(1, 16, 1, 1), device="CPU"), Tensor(q(1, 16, 1, 1), device="CPU")
+    r = Tensor(q(4, 16, 10, 10), device="CPU")
+    y = x.conv2d(w).realize()  # the forward computed: the output gradient is elementwise of four buffers
+    ((y * scale + shift).relu() * r).sum().backward()
+    assert w.grad is not None and x.grad is not None
+    sched = w.grad.schedule(x.grad)
+    grads = [si for si in sched if si.bufs[0].size in (16 * 8 * 3 * 3, 4 * 8 * 12 * 12)
+             and any(u.op.name == "REDUCE_AXIS" for u in si.ast.toposort())]
+    # each reads the stored output gradient and one operand (the weight, or the input's channels-last copy)
+    assert len(grads) == 2 and all(len(si.bufs) == 3 for si in grads), [len(si.bufs) for si in grads]
+    xn, wn, sn, hn, rn = (t.numpy() for t in (x, w, scale, shift, r))
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ((F.conv2d(xt, wt) * torch.tensor(sn) + torch.tensor(hn)).relu() * torch.tensor(rn)).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_large_conv2d_input_gradient_pads_a_stored_gradient():
     """The input gradient of a large convolution pads a stored output gradient into its own buffer: the padding
     kernel reads the buffer through one padded view, indexed without / or % (a padded view of an expression,

@@ -421,7 +421,8 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         # outer-product register tiles: written with vector types (see VectorTile); their multiply-adds left out
         self._vector_tiles: dict[UOp, VectorTile] = self.find_vector_tiles(uops)
         # register tiles whose results are stored in another order than their accumulators' (see tile_order)
-        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles))
+        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles)
+                                             | set(self.vector_opens))
         self._closing: UOp | None = None
         dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
         return super().render_program(name, [u for u in uops if u not in dropped] if dropped else uops)
@@ -520,8 +521,10 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
         if u in self._max_tiles:
             return self._max_tile_open(u, loop)
-        if u in self._vector_tiles:
-            return self.vector_tile_open(self._vector_tiles[u], loop, self._declared)
+        if u in self.vector_opens:
+            return self.vector_tile_open(self.vector_opens[u], loop, self._declared)
+        if u in self._vector_tiles:  # the innermost loop of a nest: its tile opened with the outermost
+            return [loop]
         simd = u in self.simd_ranges
         if u.arg[1] == "thread":
             return self._thread_loop(loop)

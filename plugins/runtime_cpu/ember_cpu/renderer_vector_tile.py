@@ -82,6 +82,25 @@ def _update(assign: UOp) -> tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]] | 
     return acc, val, mul, assign, loads
 
 
+def _int_math(u: UOp) -> bool:
+    """A constant or integer arithmetic (index math)."""
+    return u.op is Ops.CONST or (u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind in "iu")
+
+
+def _nest_top(uops: list[UOp], start: int, end: int) -> int:
+    """The index of the outermost reduce loop that encloses the loop opened at ``start`` (closed at ``end``) with
+    nothing but index math besides: its loops open one inside the other and close together. ``start`` when the
+    loop is not nested so."""
+    top, k, ends = start, start - 1, end + 1
+    while k >= 0 and (_int_math(uops[k]) or (uops[k].op is Ops.RANGE and uops[k].arg[1] == "reduce")):
+        if uops[k].op is Ops.RANGE:
+            if ends >= len(uops) or uops[ends].op is not Ops.ENDRANGE or uops[ends].src[0] is not uops[k]:
+                break
+            top, ends = k, ends + 1
+        k -= 1
+    return top
+
+
 @dataclass(frozen=True)
 class VectorTile:
     """A register tile of ``rows x cols`` outer-product multiply-adds in one reduce loop.
@@ -107,6 +126,9 @@ class VectorTile:
     body_loads: tuple[UOp, ...]
     #: the multiply-adds and updates the vector code replaces
     dropped: frozenset[UOp]
+    #: the outermost loop of the reduce nest whose innermost loop updates the tile (a convolution's kernel rows,
+    #: kernel columns and channels), where the vector accumulators are opened; None: the tile's own loop
+    outer: UOp | None = None
 
     @property
     def slots(self) -> list[int]:
@@ -173,12 +195,14 @@ class VectorTile:
         # the replaced uops feed nothing else
         if any(s in best.dropped for u in uops if u not in best.dropped for s in u.src):
             return None
-        # the loop's accumulators (those declared since the loop before it) are the tile's, in order
-        since = max((i for i, u in enumerate(uops[:start]) if u.op in (Ops.RANGE, Ops.ENDRANGE)), default=-1)
-        if [u for u in uops[since + 1:start] if u.op is Ops.DEFINE_ACC] != list(best.accs):
+        outer = _nest_top(uops, start, start + len(body) + 1)
+        # the loop's accumulators (those declared since the loop before the nest) are the tile's, in order
+        since = max((i for i, u in enumerate(uops[:outer]) if u.op in (Ops.RANGE, Ops.ENDRANGE)), default=-1)
+        if [u for u in uops[since + 1:outer] if u.op is Ops.DEFINE_ACC] != list(best.accs):
             return None
         return VectorTile(best.accs, best.cells, best.rows, best.cols, best.width, dt, init, best.x_load,
-                          best.x_max, best.y_loads, tuple(body_loads), best.dropped)
+                          best.x_max, best.y_loads, tuple(body_loads), best.dropped,
+                          uops[outer] if outer != start else None)
 
     @staticmethod
     def _grid(ups: list[tuple[UOp, UOp, UOp | None, UOp, tuple[UOp, ...]]], xs: list[UOp], ys: list[UOp] | None,
@@ -237,7 +261,8 @@ class VectorTiles(RolledEpilogues):
 
     def find_vector_tiles(self, uops: list[UOp]) -> dict[UOp, VectorTile]:
         """Each reduce loop of ``uops`` that is a vector tile, with its tile; the rolled epilogues found are
-        left in ``rolled`` (by tile), the uops both replace in ``vector_dropped``."""
+        left in ``rolled`` (by tile), the uops both replace in ``vector_dropped``, the loop each tile's vectors
+        open before in ``vector_opens`` (the outermost of a nest of reduce loops)."""
         self._vtile_open = None
         self._vtile_closed: tuple[VectorTile, str] | None = None
         self._vtile_count = 0
@@ -245,6 +270,7 @@ class VectorTiles(RolledEpilogues):
         self.vector_dropped: set[UOp] = set()
         # the scalar accumulators and loads the vector code makes dead: not written at all (less for the compiler)
         self._undeclared = undeclared = set()
+        self.vector_opens: dict[UOp, VectorTile] = {}
         if not self.vector_tiles:
             return {}
         found: dict[UOp, VectorTile] = {}
@@ -252,11 +278,13 @@ class VectorTiles(RolledEpilogues):
             if u.op is Ops.RANGE and u.arg[1] == "reduce" and \
                     (tile := VectorTile.find(uops, u, self.vector_floats * 4)) is not None:
                 found[u] = tile
+                top = tile.outer if tile.outer is not None else u
+                self.vector_opens[top] = tile
                 self.vector_dropped |= tile.dropped
                 undeclared |= {*tile.accs, *tile.body_loads}
                 cells = dict(zip(tile.accs, tile.cells))
                 if self.rolled_epilogues and \
-                        (ep := RolledEpilogue.find(uops, u, cells, tile.rows, tile.cols)) is not None:
+                        (ep := RolledEpilogue.find(uops, top, cells, tile.rows, tile.cols)) is not None:
                     self.rolled[tile] = ep
                     self.vector_dropped |= ep.dropped
         return found
