@@ -63,7 +63,9 @@ class MultiMixin(TensorBase):
             raise RuntimeError(f"shard: axis {a} of shape {self.shape} (size {size}) does not split evenly over "
                                f"{len(devs)} devices")
         x = self.lazydata
-        parts = tuple(copy_to(shard_slice(x, a, i, len(devs)), d) for i, d in enumerate(devs))
+        # a shard staying on this tensor's device gets a buffer of its own too: a view would keep the whole alive
+        parts = tuple(copy_to(part, d) if d != self.device else UOp(Ops.CONTIGUOUS, x.dtype, (part,))
+                      for d, part in ((d, shard_slice(x, a, i, len(devs))) for i, d in enumerate(devs)))
         src_dev = self.device
         out = type(self)(multi(parts, a))
         return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")  # (saves nothing, as a copy)

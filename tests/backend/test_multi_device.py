@@ -1,0 +1,255 @@
+"""Tensors on several devices (``shard``, ``to(devices)``): every op family against the single-device result.
+
+The pairs are two CPU devices and, where OpenCL is usable, a CPU and a CL device (copies between device kinds).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import Device, Tensor
+from ember.engine.realize import run_schedule
+from ember.ir.lazy import buffers, device_of
+from ember.ir.multi import ShardingError, lower
+from ember.ir.uop import Ops
+from ember.nn.optim import SGD
+
+
+@pytest.fixture(params=[("CPU:0", "CPU:1"), ("CPU", "CL")], ids=["cpu-cpu", "cpu-cl"])
+def devs(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    for d in request.param:
+        if d.split(":")[0] not in Device.available():
+            pytest.skip(f"device {d} is not usable here: {Device.probe(d.split(':')[0])}")
+    return request.param
+
+
+D2 = ("CPU:0", "CPU:1")
+
+
+def _data(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _axis(t: Tensor) -> int | None:
+    return lower(t.lazydata).arg
+
+
+# --- making multi-device tensors ---------------------------------------------------------------------------
+def test_shard_splits_along_the_axis_and_gathers(devs):
+    a = _data(4, 6)
+    for axis in (0, 1, -1):
+        s = Tensor(a).shard(devs, axis=axis)
+        assert s.device == tuple(Device.canonicalize(d) for d in devs)
+        assert s.shape == (4, 6) and _axis(s) == axis % 2
+        np.testing.assert_array_equal(s.numpy(), a)
+        assert s.tolist() == a.tolist()
+
+
+def test_each_device_holds_only_its_shard():
+    s = Tensor(_data(8, 3)).shard(D2, axis=0).realize()
+    shards = s.lazydata.src
+    assert [device_of(x) for x in shards] == ["CPU", "CPU:1"]
+    assert [buffers[x.src[0]].size for x in shards] == [12, 12]
+
+
+def test_uneven_split_is_refused():
+    # tinygrad 0.14 gives RuntimeError "multi axis uneven" for Tensor.ones(5, 3).shard(("CPU:0", "CPU:1"), axis=0)
+    with pytest.raises(RuntimeError, match=r"axis 0 of shape \(5, 3\).*evenly over 2 devices"):
+        Tensor.ones(5, 3).contiguous().shard(D2, axis=0)
+
+
+def test_replicate_with_to_and_in_place_forms(devs):
+    a = _data(3, 2)
+    t = Tensor(a).to(devs)
+    assert isinstance(t.device, tuple) and _axis(t) is None
+    np.testing.assert_array_equal(t.numpy(), a)
+    u = Tensor(a)
+    assert u.to_(devs) is u and u.device == t.device
+    v = Tensor(a)
+    v.shard_(devs, axis=1)
+    assert _axis(v) == 1 and v.shard_like(v) is v
+    np.testing.assert_array_equal(Tensor(a).shard_like(v).numpy(), a)
+    g = v.to("CPU")
+    assert g.device == "CPU"
+    np.testing.assert_array_equal(g.numpy(), a)
+    with pytest.raises(RuntimeError, match="already on several devices"):
+        v.shard(devs, axis=0)
+
+
+def test_constants_on_several_devices():
+    t = Tensor.full((4, 2), 3.0, device=D2)
+    assert t.device == ("CPU", "CPU:1")
+    np.testing.assert_array_equal((t + 1).numpy(), np.full((4, 2), 4.0))
+
+
+# --- elementwise -------------------------------------------------------------------------------------------
+def test_elementwise_matching_shardings(devs):
+    a, b = _data(4, 6, seed=1), _data(4, 6, seed=2)
+    sa, sb, rb = Tensor(a).shard(devs, axis=0), Tensor(b).shard(devs, axis=0), Tensor(b).to(devs)
+    np.testing.assert_allclose((sa * sb + 1).numpy(), a * b + 1, rtol=1e-6)
+    np.testing.assert_allclose((sa - rb).numpy(), a - b, rtol=1e-6)      # sharded with replicated
+    np.testing.assert_allclose((rb - sa).exp().numpy(), np.exp(b - a), rtol=1e-5)
+    np.testing.assert_allclose((2.0 / (sa.abs() + 1)).numpy(), 2 / (np.abs(a) + 1), rtol=1e-6)
+    assert _axis(sa + rb) == 0 and _axis(rb * 2) is None
+    row = Tensor(b[0]).to(devs)  # a broadcast replicated row
+    np.testing.assert_allclose((sa + row).numpy(), a + b[0], rtol=1e-6)
+    np.testing.assert_array_equal((sa > 0).where(sa, 0.0).numpy(), np.where(a > 0, a, 0))
+
+
+def test_mismatched_shardings_name_both():
+    a = Tensor(_data(4, 4)).shard(D2, axis=0)
+    b = Tensor(_data(4, 4)).shard(D2, axis=1)
+    with pytest.raises(ShardingError, match=r"sharded on axis 0 over \(CPU, CPU:1\).*sharded on axis 1"):
+        a + b
+    with pytest.raises(RuntimeError, match="same device"):
+        a + Tensor(_data(4, 4))
+
+
+# --- reductions --------------------------------------------------------------------------------------------
+def test_reduce_along_other_axis_stays_sharded(devs):
+    a = _data(4, 6)
+    s = Tensor(a).shard(devs, axis=0)
+    r = s.sum(1)
+    assert _axis(r) == 0
+    np.testing.assert_allclose(r.numpy(), a.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(s.max(1).numpy(), a.max(1))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_reduce_along_sharded_axis_allreduces(devs, axis):
+    a = _data(4, 6)
+    s = Tensor(a).shard(devs, axis=axis)
+    for got, want in [(s.sum(axis), a.sum(axis)), (s.max(axis), a.max(axis)), (s.sum(), a.sum()),
+                      (s.mean(), a.mean()), (s.max(), a.max()), (s.min(axis), a.min(axis))]:
+        assert _axis(got) is None
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_allreduce_is_copies_and_kernels_and_replicas_match():
+    s = Tensor(_data(8, 3)).shard(D2, axis=0).realize()
+    total = s.sum(0)
+    items = total.schedule()
+    copies = [si for si in items if si.ast.op is Ops.COPY]
+    assert len(copies) == 2  # the partial sum to the first device, the total back to the second
+    assert {b.device for si in items for b in si.bufs} == {"CPU", "CPU:1"}
+    run_schedule(items)
+    total.realize()
+    a, b = (Tensor(x).numpy() for x in total.lazydata.src)
+    np.testing.assert_array_equal(a, b)
+
+
+# --- movement ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("move", [
+    lambda t: t.reshape(2, 2, 6),       # splits the sharded axis into an outer part divisible by 2
+    lambda t: t.reshape(4, 2, 3),       # splits another axis
+    lambda t: t.reshape(24),            # merges the sharded axis with the ones after it
+    lambda t: t.permute(1, 0),
+    lambda t: t.T.T,
+    lambda t: t.reshape(4, 1, 6).expand(4, 3, 6),
+    lambda t: t.pad((None, (1, 2))),
+    lambda t: t.shrink((None, (1, 4))),
+    lambda t: t.flip(1),
+    lambda t: t[:, 2:5],
+    lambda t: t.unsqueeze(0),
+], ids=["split-sharded", "split-other", "merge-after", "permute", "TT", "expand", "pad", "shrink", "flip", "slice",
+        "unsqueeze"])
+def test_movement_keeping_the_sharded_axis(devs, move):
+    a = _data(4, 6)
+    got = move(Tensor(a).shard(devs, axis=0))
+    want = move(Tensor(a)).numpy()
+    assert got.shape == want.shape and _axis(got) is not None
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_allclose((got * 2).sum().numpy(), want.sum() * 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("move, name", [
+    (lambda t: t.shrink(((1, 3), None)), "shrink"),
+    (lambda t: t.pad(((1, 0), None)), "pad"),
+    (lambda t: t.flip(0), "flip"),
+    (lambda t: t.reshape(3, 8), "reshape"),
+    (lambda t: t[1:], "shrink"),
+])
+def test_movement_across_the_sharded_axis_is_refused(move, name):
+    s = Tensor(_data(4, 6)).shard(D2, axis=0)
+    with pytest.raises(NotImplementedError, match=rf"{name}.*shape \(4, 6\) sharded on axis 0 over \(CPU, CPU:1\)"):
+        move(s)
+
+
+def test_replicated_tensors_move_freely():
+    a = _data(4, 6)
+    r = Tensor(a).to(D2)
+    np.testing.assert_array_equal(r[1:3, ::-1].reshape(3, 4).numpy(), a[1:3, ::-1].reshape(3, 4))
+
+
+# --- matmul, autograd, optimizer -----------------------------------------------------------------------------
+def test_data_parallel_matmul_and_gradients(devs):
+    x, w = _data(6, 5, seed=3), _data(5, 4, seed=4)
+    grads = []
+    for place in (False, True):
+        xt, wt = Tensor(x), Tensor(w, requires_grad=True)
+        wd = wt.to(devs) if place else wt
+        xd = xt.shard(devs, axis=0) if place else xt
+        out = xd @ wd
+        if place:
+            assert _axis(out) == 0
+        np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-6)
+        loss = (out.relu() * 3 - 1).square().mean()
+        loss.backward()
+        grads.append(wt.grad.numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_of_replicated_parameter_is_replicated():
+    w = Tensor(_data(5, 4), requires_grad=True)
+    w.to_(D2)
+    x = Tensor(_data(6, 5)).shard(D2, axis=0)
+    (x @ w).sum().backward()
+    assert w.grad.device == ("CPU", "CPU:1") and _axis(w.grad) is None
+    np.testing.assert_allclose(w.grad.numpy(), _data(6, 5).sum(0)[:, None].repeat(4, 1), rtol=1e-5)
+
+
+def test_assign_into_sharded_and_replicated(devs):
+    a, b = _data(4, 2, seed=5), _data(4, 2, seed=6)
+    s = Tensor(a).shard(devs, axis=0).realize()
+    buf = s.lazydata.src[1].src[0]
+    s.assign(s * 2 + Tensor(b).shard(devs, axis=0)).realize()
+    assert s.lazydata.src[1].src[0] is buf, "written in place"
+    np.testing.assert_allclose(s.numpy(), a * 2 + b, rtol=1e-6)
+    s.assign(Tensor(b).to(devs)).realize()  # a replicated value: each shard takes its slice
+    np.testing.assert_array_equal(s.numpy(), b)
+    with pytest.raises(ShardingError, match="assign"):
+        s.assign(Tensor(b).shard(devs, axis=1))
+
+
+def _train(devices: tuple[str, ...] | None, steps: int = 10) -> tuple[list[float], list[Tensor]]:
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+    params = [Tensor(rng.standard_normal(s).astype(np.float32) * 0.5) for s in ((5, 6), (6,), (6, 2), (2,))]
+    xt, yt = Tensor(x), Tensor(y)
+    if devices:
+        for p in params:
+            p.to_(devices)
+        xt, yt = xt.shard(devices, axis=0), yt.shard(devices, axis=0)
+    opt = SGD(params, lr=0.1, momentum=0.9)
+    w1, b1, w2, b2 = params
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = ((xt @ w1 + b1).relu() @ w2 + b2 - yt).square().mean()
+        loss.backward()
+        Tensor.realize_all(loss, *opt.schedule_step())
+        losses.append(loss.item())
+    return losses, params
+
+
+def test_data_parallel_sgd_matches_one_device(devs):
+    want, ref = _train(None)
+    got, params = _train(devs)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for p, r in zip(params, ref):
+        shards = [Tensor(s).numpy() for s in p.lazydata.src]
+        if len({d.split(":")[0] for d in devs}) == 1:
+            np.testing.assert_array_equal(shards[0], shards[1])  # the replicas stay identical
+        else:  # each device runs the update with its own compiler: the last bit may differ (FMA contraction)
+            np.testing.assert_allclose(shards[0], shards[1], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(shards[0], r.numpy(), rtol=1e-5, atol=1e-6)
