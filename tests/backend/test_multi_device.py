@@ -277,3 +277,30 @@ def test_jit_replays_a_data_parallel_step():
     got = [step(Tensor(x).shard(D2, axis=0), Tensor(y).shard(D2, axis=0)).item() for _ in range(5)]
     assert step.captured is not None
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+D4 = ("CPU:0", "CPU:1", "CPU:2", "CPU:3")
+
+
+@pytest.mark.parametrize("shape, axis, n_copies", [
+    ((8, 5), 0, 18),   # 5 results in chunks of 2, 2, 1: each goes 3 hops around the ring, then to 3 other devices
+    ((4, 12), 1, 24),  # 4 chunks of 1
+    ((8, 2), 0, 6),    # fewer results than devices: reduced onto the first device (3 copies), broadcast (3)
+])
+def test_ring_allreduce_on_four_devices(shape, axis, n_copies):
+    a = _data(*shape, seed=9)
+    s = Tensor(a).shard(D4, axis=axis).realize()
+    total = s.sum(axis)
+    copies = [si for si in total.schedule() if si.ast.op is Ops.COPY]
+    assert len(copies) == n_copies
+    for got, want in [(total, a.sum(axis)), (s.max(axis), a.max(axis)), ((-s).max(axis), (-a).max(axis))]:
+        got.realize()
+        shards = [Tensor(x).numpy() for x in got.lazydata.src]
+        assert all(np.array_equal(shards[0], x) for x in shards[1:]), "every replica holds the same bits"
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_data_parallel_sgd_on_four_devices():
+    want, _ = _train(None, steps=4)
+    got, _ = _train(D4, steps=4)
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -25,8 +25,9 @@ does the same).
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
+from ember.dtype import dtypes
+from ember.helpers import prod
 from ember.ir.lazy import base_of, device_of, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import GroupOp, Ops, UOp, toposort
@@ -159,8 +160,13 @@ def match_sharding(m: UOp, axis: int | None) -> tuple[UOp, ...]:
 
 def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
     """Combine per-device partial results with the binary ``op`` (ADD, MAX, MUL) so every device holds the
-    total: reduce onto the first device, then broadcast. Every device gets the bits of one computation, so
-    replicas stay identical (an allreduce where each device adds in its own order would not)."""
+    total. Each element of the total is computed once, on one device, and copied to the others, so replicas
+    stay identical (an allreduce where each device combined in its own order would not).
+
+    Two devices (or fewer elements than devices): reduce onto the first device, then broadcast. More: a ring
+    (:func:`ring_allreduce`), which moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    if len(parts) > 2 and prod(shape_of(parts[0])) >= len(parts):
+        return ring_allreduce(parts, op)
     home = device_of(parts[0])
     total = parts[0]
     for p in parts[1:]:
@@ -168,6 +174,41 @@ def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
     return tuple(copy_to(total, device_of(p)) for p in parts)
 
 
-def gather_parts(m: UOp, device: str) -> tuple[Any, ...]:
-    """The pieces a gather of the lowered value ``m`` onto ``device`` joins: each shard moved there."""
-    return tuple(copy_to(s, device) for s in m.src)
+def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
+    """Allreduce over a ring of the n devices of ``parts``: the values are cut into n chunks; chunk c is
+    combined device after device around the ring, starting after device c and ending on it (reduce-scatter),
+    then each device fetches every chunk from its owner and joins them (allgather)."""
+    n, shape, dtype = len(parts), shape_of(parts[0]), parts[0].value_dtype
+    total = prod(shape)
+    devices = [device_of(p) for p in parts]
+    step = -(-total // n)
+    bounds = [(min(c * step, total), min((c + 1) * step, total)) for c in range(n)]
+    flat = [view_of(p, ShapeTracker.from_shape(shape).reshape((total,))) for p in parts]
+
+    def chunk(x: UOp, c: int) -> UOp:
+        return view_of(x, ShapeTracker.from_shape((total,)).shrink((bounds[c],)))
+
+    owned = []
+    for c in range(n):
+        ring = [(c + k) % n for k in range(1, n + 1)]
+        acc = chunk(flat[ring[0]], c)
+        for d in ring[1:]:
+            acc = UOp(op, dtype, (chunk(flat[d], c), copy_to(acc, devices[d])))
+        owned.append(acc)
+    out = []
+    for device in devices:
+        whole: UOp | None = None
+        for c, (lo, hi) in enumerate(bounds):
+            if hi == lo:
+                continue
+            placed = ShapeTracker.from_shape((hi - lo,)).pad(((lo, total - hi),))
+            piece = view_of(copy_to(owned[c], device), placed)
+            if whole is None:
+                whole = piece
+                continue
+            inside = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.DEVICE, None, (), device),), True)
+            mask = view_of(inside, ShapeTracker.from_shape(()).reshape((1,)).expand((hi - lo,)) + placed)
+            whole = UOp(Ops.WHERE, dtype, (mask, piece, whole))
+        assert whole is not None
+        out.append(view_of(whole, ShapeTracker.from_shape((total,)).reshape(shape)))
+    return tuple(out)
