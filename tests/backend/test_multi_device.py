@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember import Device, Tensor, TinyJit
+from ember import Device, Tensor, TinyJit, nn
 from ember.engine.realize import run_schedule
 from ember.ir.lazy import buffers, device_of
 from ember.ir.multi import ShardingError, lower
@@ -163,16 +163,49 @@ def test_movement_keeping_the_sharded_axis(devs, move):
 
 
 @pytest.mark.parametrize("move, name", [
-    (lambda t: t.shrink(((1, 3), None)), "shrink"),
     (lambda t: t.pad(((1, 0), None)), "pad"),
     (lambda t: t.flip(0), "flip"),
     (lambda t: t.reshape(3, 8), "reshape"),
-    (lambda t: t[1:], "shrink"),
+    (lambda t: t[::-1], "flip"),
 ])
 def test_movement_across_the_sharded_axis_is_refused(move, name):
     s = Tensor(_data(4, 6)).shard(D2, axis=0)
     with pytest.raises(NotImplementedError, match=rf"{name}.*shape \(4, 6\) sharded on axis 0 over \(CPU, CPU:1\)"):
         move(s)
+
+
+@pytest.mark.parametrize("move", [
+    lambda t: t.shrink(((1, 3), None)),  # a row from each device
+    lambda t: t[0],                      # from the first device only
+    lambda t: t[3:, 1:],                 # from the second only
+    lambda t: t[1:4],
+], ids=["across", "first", "second", "uneven"])
+def test_shrink_across_the_sharded_axis_gives_a_replicated_slice(devs, move):
+    a = _data(4, 6)
+    s = Tensor(a).shard(devs, axis=0)
+    got = move(s)
+    assert _axis(got) is None
+    np.testing.assert_array_equal(got.numpy(), move(Tensor(a)).numpy())
+    np.testing.assert_allclose((s.sum(0) + got.sum()).numpy(), a.sum(0) + move(Tensor(a)).numpy().sum(), rtol=1e-5)
+
+
+def test_batchnorm_statistics_over_the_whole_sharded_batch():
+    """A sharded batch normalizes with the mean and variance of the whole batch (an allreduce), as on one device,
+    and the running statistics are the same."""
+    x = _data(4, 3, 5, 5, seed=11)
+    outs = []
+    for devices in (None, D2):
+        bn = nn.BatchNorm(3)
+        xt = Tensor(x)
+        if devices:
+            for p in (bn.weight, bn.bias, bn.running_mean, bn.running_var):
+                p.to_(devices)
+            xt = xt.shard(devices, axis=0)
+        with Tensor.train():
+            y = bn(xt)
+            outs.append((y.numpy(), bn.running_mean.numpy(), bn.running_var.numpy()))
+    for got, want in zip(outs[1], outs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_replicated_tensors_move_freely():
@@ -304,3 +337,22 @@ def test_data_parallel_sgd_on_four_devices():
     want, _ = _train(None, steps=4)
     got, _ = _train(D4, steps=4)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("devices", [D2, D4], ids=["2", "4"])
+def test_tensor_parallel_mlp_column_then_row(devices):
+    """Megatron's pair: the first weight split along its outputs (each device computes its slice of the hidden
+    layer, no communication), the second along its inputs (each device a partial product, then an allreduce)."""
+    x, w1, w2 = _data(6, 8, seed=12), _data(8, 4, seed=13), _data(4, 3, seed=14)
+    results = []
+    for place in (False, True):
+        a, b = Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)
+        xt = Tensor(x).to(devices) if place else Tensor(x)
+        h = (xt @ (a.shard(devices, axis=1) if place else a)).relu()
+        out = h @ (b.shard(devices, axis=0) if place else b)
+        if place:
+            assert _axis(h) == 1 and _axis(out) is None
+        (out * out).mean().backward()
+        results.append((out.numpy(), a.grad.numpy(), b.grad.numpy()))
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -23,6 +23,7 @@ from ember.ir.multi import (
     match_sharding,
     multi,
     shard_slice,
+    shrink_across,
     view_of,
 )
 from ember.ir.shapetracker import ShapeTracker
@@ -138,6 +139,9 @@ class MultiMixin(TensorBase):
         moves = fn(_Moves()).calls  # type: ignore[arg-type]
         if m.arg is None:
             shards, axis = tuple(view_of(s, fn(ShapeTracker.from_shape(shape_of(s)))) for s in m.src), None
+        elif len(moves) == 1 and moves[0][0] == "shrink" and tuple(moves[0][1][m.arg]) != (0, self.shape[m.arg]):
+            out = type(self)(shrink_across(m, tuple(moves[0][1])))
+            return out._record((self,), lambda g, o, p: (backward(g),), "view")
         else:
             local, axis = _follow_axis(moves, self.shape, m.arg, self.device)
             shards = tuple(view_of(s, _replay(local, ShapeTracker.from_shape(shape_of(s)))) for s in m.src)

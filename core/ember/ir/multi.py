@@ -197,18 +197,45 @@ def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
         owned.append(acc)
     out = []
     for device in devices:
-        whole: UOp | None = None
-        for c, (lo, hi) in enumerate(bounds):
-            if hi == lo:
-                continue
-            placed = ShapeTracker.from_shape((hi - lo,)).pad(((lo, total - hi),))
-            piece = view_of(copy_to(owned[c], device), placed)
-            if whole is None:
-                whole = piece
-                continue
-            inside = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.DEVICE, None, (), device),), True)
-            mask = view_of(inside, ShapeTracker.from_shape(()).reshape((1,)).expand((hi - lo,)) + placed)
-            whole = UOp(Ops.WHERE, dtype, (mask, piece, whole))
-        assert whole is not None
-        out.append(view_of(whole, ShapeTracker.from_shape((total,)).reshape(shape)))
+        pieces = [(copy_to(owned[c], device), lo) for c, (lo, hi) in enumerate(bounds) if hi > lo]
+        out.append(view_of(join(pieces, 0, (total,), device), ShapeTracker.from_shape((total,)).reshape(shape)))
     return tuple(out)
+
+
+def join(pieces: list[tuple[UOp, int]], axis: int, shape: tuple[int, ...], device: str) -> UOp:
+    """The pieces (node on ``device``, offset along ``axis``), which tile ``axis`` of ``shape``, as one node:
+    each padded to ``shape`` and picked where it lies (a select, not a sum: -0.0 and nan stay as they are)."""
+    whole: UOp | None = None
+    for piece, offset in pieces:
+        pshape = shape_of(piece)
+        pad = tuple((offset, shape[axis] - offset - pshape[axis]) if k == axis else (0, 0) for k in range(len(shape)))
+        placed = ShapeTracker.from_shape(pshape).pad(pad)
+        if whole is None:
+            whole = view_of(piece, placed)
+            continue
+        inside = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.DEVICE, None, (), device),), True)
+        mask = view_of(inside, ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(pshape) + placed)
+        whole = UOp(Ops.WHERE, piece.dtype, (mask, view_of(piece, placed), whole))
+    assert whole is not None, "nothing to join"
+    return whole
+
+
+def shrink_across(m: UOp, arg: tuple[tuple[int, int], ...]) -> UOp:
+    """``shrink(arg)`` of the sharded value ``m`` where it cuts the sharded axis: a replicated result, each device
+    fetching only the parts of the shards that lie inside (the first row of a batch is one row from one device)."""
+    axis, n = m.arg, len(m.src)
+    local_shape = shape_of(m.src[0])
+    size = local_shape[axis]
+    lo, hi = arg[axis]
+    out_shape = tuple(e - b for b, e in arg)
+    parts = [(j, max(lo, j * size) - j * size, min(hi, (j + 1) * size) - j * size) for j in range(n)]
+    parts = [p for p in parts if p[1] < p[2]] or [(0, 0, 0)]
+    out = []
+    for device in device_of(m):
+        pieces = []
+        for j, a, b in parts:
+            local = tuple((a, b) if k == axis else r for k, r in enumerate(arg))
+            piece = view_of(m.src[j], ShapeTracker.from_shape(local_shape).shrink(local))
+            pieces.append((copy_to(piece, device), j * size + a - lo))
+        out.append(join(pieces, axis, out_shape, device))
+    return multi(tuple(out), None)
