@@ -253,7 +253,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def _buffer(self) -> Any:
         """The realized contiguous Buffer holding exactly this tensor's elements."""
-        if type(self.device) is tuple:  # gathered onto the first device
+        if isinstance(self.device, tuple):  # gathered onto the first device
             return self.to(self.device[0])._buffer()
         x = self.lazydata
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
@@ -321,7 +321,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         dev = _device(device)
         if dev == self.device:
             return self
-        if type(dev) is tuple or type(self.device) is tuple:
+        if isinstance(dev, tuple) or isinstance(self.device, tuple):
             return self._to_multi(dev)
         Device[dev]  # fail now, naming the device, rather than at realize time
         x = self.lazydata
@@ -386,7 +386,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         x = x.to(self.device).cast(self.dtype)
         if x.lazydata is self.lazydata:
             return self
-        if type(self.device) is tuple:
+        if isinstance(self.device, tuple):
             return self._assign_multi(x)
         target, after = _assign_target(self.lazydata)
         in_place = _assignable(target)
@@ -884,7 +884,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if y.device != x.device:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and "
                                    f"{y.device}")
-            if type(x.device) is tuple:
+            if isinstance(x.device, tuple):
                 x._check_sharding(y)
             dt = least_upper_dtype(x.dtype, y.dtype)
         elif _is_symbolic_int(y):
@@ -1050,7 +1050,7 @@ def _retarget_const(x: UOp, device: str) -> UOp:
 def _from_host_bytes(data: Any, dt: DType, shape: tuple[int, ...], device: str) -> UOp:
     """A new buffer of ``shape`` on ``device`` holding ``data``: an object with the buffer protocol whose bytes
     are already ``dt``'s elements, row-major (numpy is not needed for this)."""
-    if type(device) is tuple:  # made on the first device, then copied to the others
+    if isinstance(device, tuple):  # made on the first device, then copied to the others
         first = _from_host_bytes(data, dt, shape, device[0])
         return UOp(Ops.COPY, dt, (first, UOp(Ops.DEVICE, None, (), device)))
     raw = memoryview(data).cast("B")

@@ -149,7 +149,7 @@ def _per_device(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     unit a replay swaps); such a tensor is realized, and each shard given a whole buffer of its own."""
     out: list[tuple[str, Any]] = []
     for name, t in named:
-        if type(t.device) is not tuple:
+        if not isinstance(t.device, tuple):
             out.append((name, t))
             continue
         m = t.realize().lazydata

@@ -30,7 +30,7 @@ _F64_SUPPORT: dict[str, bool] = {}
 
 
 def _has_float64(device: str) -> bool:
-    if type(device) is tuple:  # a tensor on several devices
+    if isinstance(device, tuple):  # a tensor on several devices
         return all(_has_float64(d) for d in device)
     if device not in _F64_SUPPORT:
         dev = Device[device]

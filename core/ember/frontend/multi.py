@@ -51,7 +51,7 @@ class MultiMixin(TensorBase):
     def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
         """This tensor split along ``axis`` into equal parts, one per device of ``devices`` in order, or
         replicated on every device when ``axis`` is None."""
-        if type(self.device) is tuple:
+        if isinstance(self.device, tuple):
             raise RuntimeError(f"can't shard a tensor that is already on several devices {self.device}")
         devs = canonical_devices(devices)
         if len(devs) == 1:
@@ -77,10 +77,10 @@ class MultiMixin(TensorBase):
 
     def shard_like(self, y: Tensor) -> Tensor:
         """This tensor on ``y``'s device(s), sharded as ``y`` is."""
-        if type(y.device) is not tuple:
+        if not isinstance(y.device, tuple):
             return self.to(y.device)
         axis = lower(y.lazydata).arg
-        if type(self.device) is tuple and self.device == y.device and lower(self.lazydata).arg == axis:
+        if isinstance(self.device, tuple) and self.device == y.device and lower(self.lazydata).arg == axis:
             return self
         return self.shard(y.device, axis)
 
@@ -97,10 +97,10 @@ class MultiMixin(TensorBase):
         """``to`` where this tensor or ``dev`` is a tuple of devices: a broadcast copy, or a gather."""
         src_dev = self.device
         x = self.lazydata
-        if type(src_dev) is not tuple:
+        if not isinstance(src_dev, tuple):
             out = type(self)(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
             return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")
-        if type(dev) is tuple:
+        if isinstance(dev, tuple):
             raise NotImplementedError(f"moving a tensor {describe(lower(x).arg, src_dev)} to the devices {dev} "
                                       f"(resharding is not supported)")
         m = lower(x)
@@ -136,7 +136,9 @@ class MultiMixin(TensorBase):
     def _multi_view(self, fn: Callable[[ShapeTracker], ShapeTracker], backward: Callable[[Tensor], Tensor]) -> Tensor:
         """A movement (``fn``, as given to ``_view``) of a multi-device tensor, applied to every shard."""
         m = lower(self.lazydata)
-        moves = fn(_Moves()).calls  # type: ignore[arg-type]
+        recorder = _Moves()
+        fn(recorder)  # (it records the calls a ShapeTracker would get)
+        moves = recorder.calls
         if m.arg is None:
             shards, axis = tuple(view_of(s, fn(ShapeTracker.from_shape(shape_of(s)))) for s in m.src), None
         elif len(moves) == 1 and moves[0][0] == "shrink" and tuple(moves[0][1][m.arg]) != (0, self.shape[m.arg]):
