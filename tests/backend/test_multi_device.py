@@ -12,7 +12,7 @@ from ember.engine.realize import run_schedule
 from ember.ir.lazy import buffers, device_of
 from ember.ir.multi import ShardingError, lower
 from ember.ir.uop import Ops
-from ember.nn.optim import SGD
+from ember.nn.optim import SGD, Adam
 
 
 @pytest.fixture(params=[("CPU:0", "CPU:1"), ("CPU", "CL")], ids=["cpu-cpu", "cpu-cl"])
@@ -356,3 +356,33 @@ def test_tensor_parallel_mlp_column_then_row(devices):
         results.append((out.numpy(), a.grad.numpy(), b.grad.numpy()))
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_batchnorm_adam_data_parallel_matches_one_device():
+    """The shape of tinygrad's multi-GPU MNIST recipe: parameters replicated with ``to_``, the batch (and the
+    labels) sharded along axis 0, training mode; the losses equal one device's."""
+    x = _data(4, 3, 6, 6, seed=15)
+    y = np.array([0, 1, 2, 1])
+    runs = []
+    for devices in (None, D2):
+        rng = np.random.default_rng(16)
+        conv, bn, lin = nn.Conv2d(3, 4, 3), nn.BatchNorm(4), nn.Linear(16, 3)
+        for p in (conv.weight, conv.bias, lin.weight, lin.bias):
+            p.replace(Tensor(rng.standard_normal(p.shape).astype(np.float32) * 0.3))
+        params = [conv.weight, conv.bias, bn.weight, bn.bias, lin.weight, lin.bias]
+        xt, yt = Tensor(x), Tensor(y)
+        if devices:
+            for p in (*params, bn.running_mean, bn.running_var):
+                p.to_(devices)
+            xt, yt = xt.shard(devices, axis=0), yt.shard(devices, axis=0)
+        opt = Adam(params, lr=0.01)
+        losses = []
+        with Tensor.train():
+            for _ in range(2):
+                opt.zero_grad()
+                loss = lin(bn(conv(xt)).relu().max_pool2d().flatten(1)).sparse_categorical_crossentropy(yt)
+                loss.backward()
+                Tensor.realize_all(loss, *opt.schedule_step())
+                losses.append(loss.item())
+        runs.append(losses)
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
