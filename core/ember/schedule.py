@@ -42,6 +42,7 @@ from ember.device.registry import Device
 from ember.dtype import DType, PtrDType, dtypes, truncate
 from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, constant_along, device_of, new_buffer, realized, shape_of
+from ember.ir.multi import lower
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import sint_max, sprod
 from ember.ir.uop import GroupOp, Ops, UOp, toposort
@@ -539,6 +540,8 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     its own buffer) to its realized replacement (a VIEW of a BUFFER). Nothing is recorded as
     realized here: after running the items, the caller passes the map to :func:`mark_realized`.
     """
+    if any(type(device_of(r)) is tuple for r in roots):
+        return _schedule_multi(roots)
     sub = _substitute_realized(roots)
     new_roots = _split_reductions([sub[r] for r in roots])
     targets = _targets(new_roots)
@@ -572,6 +575,18 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
         becomes[t] = t.src[0] if t.op is Ops.ASSIGN else buffer_view(buf, shape_of(t))
     for orig, new in zip(roots, new_roots):
         becomes[orig] = _replacement(new, target_bufs)
+    return schedule, becomes
+
+
+def _schedule_multi(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """:func:`create_schedule` of roots some of which live on several devices: each of those is lowered to
+    per-device graphs (:func:`ember.ir.multi.lower`), all are scheduled together, and each multi-device root
+    becomes the MULTI of its shards' realized views."""
+    lowered = {r: lower(r) for r in roots if type(device_of(r)) is tuple}
+    flat = [s for r in roots for s in (lowered[r].src if r in lowered else (r,))]
+    schedule, becomes = create_schedule(flat)
+    for r, m in lowered.items():
+        becomes[r] = UOp(Ops.MULTI, m.dtype, tuple(becomes.get(s, s) for s in m.src), m.arg)
     return schedule, becomes
 
 

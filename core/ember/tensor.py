@@ -42,6 +42,7 @@ from ember.frontend.indexing import IndexingMixin
 from ember.frontend.linalg import LinalgMixin
 from ember.frontend.losses import LossMixin
 from ember.frontend.movement import MovementMixin
+from ember.frontend.multi import MultiMixin, canonical_devices
 from ember.frontend.normalization import NormalizationMixin
 from ember.frontend.pool import PoolMixin
 from ember.frontend.reduce import ReduceMixin
@@ -120,7 +121,7 @@ class _TensorType(type):
 
 class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, BitwiseMixin, TranscendentalMixin,
              ActivationMixin, CastMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, ConvMixin, PoolMixin,
-             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin, SelectionMixin,
+             ResampleMixin, NormalizationMixin, AttentionMixin, LossMixin, SortingMixin, SelectionMixin, MultiMixin,
              metaclass=_TensorType):
     """An n-dimensional array on a device, with lazy evaluation.
 
@@ -268,6 +269,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def _buffer(self) -> Any:
         """The realized contiguous Buffer holding exactly this tensor's elements."""
+        if isinstance(self.device, tuple):  # gathered onto the first device
+            return self.to(self.device[0])._buffer()
         x = self.lazydata
         if x.op is Ops.BUFFER or (x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.contiguous
                                   and x.arg.size == x.src[0].arg[2]):
@@ -334,6 +337,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         dev = _device(device)
         if dev == self.device:
             return self
+        if isinstance(dev, tuple) or isinstance(self.device, tuple):
+            return self._to_multi(dev)
         Device[dev]  # fail now, naming the device, rather than at realize time
         x = self.lazydata
         if base_of(x).op is Ops.CONST:
@@ -397,6 +402,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         x = x.to(self.device).cast(self.dtype)
         if x.lazydata is self.lazydata:
             return self
+        if isinstance(self.device, tuple):
+            return self._assign_multi(x)
         target, after = _assign_target(self.lazydata)
         in_place = _assignable(target)
         if x._ctx is not None:
@@ -614,6 +621,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
 
     def _view(self, fn: Callable[[ShapeTracker], ShapeTracker], backward: Callable[[Tensor], Tensor]) -> Tensor:
         x = self.lazydata
+        if type(device_of(x)) is tuple:
+            return self._multi_view(fn, backward)
         base, st = (x.src[0], x.arg) if x.op is Ops.VIEW else (x, ShapeTracker.from_shape(shape_of(x)))
         new = fn(st)
         check_numel(new.shape)
@@ -924,6 +933,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if y.device != x.device:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and "
                                    f"{y.device}")
+            if isinstance(x.device, tuple):
+                x._check_sharding(y)
             dt = least_upper_dtype(x.dtype, y.dtype)
         elif _is_symbolic_int(y):
             y = _sint_tensor(sint_of(y), x.device)
@@ -1024,10 +1035,13 @@ class no_grad(contextlib.ContextDecorator):
         # set back rather than ContextVar.reset: a generator may leave the block in another task than it entered
         _NO_GRAD.set(self._prev.pop())
 
-def _device(device: str | None) -> str:
-    """The canonical device name, failing now (naming the device and what is installed) if it is unknown."""
+def _device(device: Any) -> Any:
+    """The canonical device name (a tuple of them for several devices), failing now (naming the device and what
+    is installed) if it is unknown."""
     if device is None:
         return Device.DEFAULT
+    if isinstance(device, (tuple, list)):
+        return canonical_devices(device) if len(device) != 1 else _device(device[0])
     dev = Device.canonicalize(device)
     Device[dev]
     return dev
@@ -1085,6 +1099,9 @@ def _retarget_const(x: UOp, device: str) -> UOp:
 def _from_host_bytes(data: Any, dt: DType, shape: tuple[int, ...], device: str) -> UOp:
     """A new buffer of ``shape`` on ``device`` holding ``data``: an object with the buffer protocol whose bytes
     are already ``dt``'s elements, row-major (numpy is not needed for this)."""
+    if isinstance(device, tuple):  # made on the first device, then copied to the others
+        first = _from_host_bytes(data, dt, shape, device[0])
+        return UOp(Ops.COPY, dt, (first, UOp(Ops.DEVICE, None, (), device)))
     raw = memoryview(data).cast("B")
     if raw.nbytes != prod(shape) * dt.itemsize:
         raise ValueError(f"{raw.nbytes} bytes of host data for a {dt} tensor of shape {shape} "

@@ -144,6 +144,23 @@ def _split_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[tup
     return tensors, sig, var_vals
 
 
+def _per_device(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``named`` tensors with each tensor on several devices replaced by its shards (one buffer per device, the
+    unit a replay swaps); such a tensor is realized, and each shard given a whole buffer of its own."""
+    out: list[tuple[str, Any]] = []
+    for name, t in named:
+        if not isinstance(t.device, tuple):
+            out.append((name, t))
+            continue
+        m = t.realize().lazydata
+        parts = [type(t)(s) for s in m.src]
+        for p in parts:
+            input_buffer(p)
+        t.lazydata = UOp(Ops.MULTI, m.dtype, tuple(p.lazydata for p in parts), m.arg)
+        out.extend((f"{name} on {p.device}", p) for p in parts)
+    return out
+
+
 def _check_signature(want: _Signature, got: _Signature) -> None:
     if len(want.tensors) != len(got.tensors) or [w[0] for w in want.tensors] != [g[0] for g in got.tensors]:
         raise JitError(f"jit was captured with tensor inputs {[w[0] for w in want.tensors]}, called with "
@@ -388,6 +405,7 @@ class TinyJit(Generic[R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         tensors, sig, var_vals = _split_args(args, kwargs)
+        tensors = _per_device(tensors)
         if self.captured is not None:
             return self._replay(tensors, sig, var_vals)
         in_bufs = [input_buffer(t) for _, t in tensors]
@@ -425,7 +443,7 @@ class TinyJit(Generic[R]):
             raise JitError("the jitted function ran no kernels when captured: there is nothing to replay (it must "
                            "compute with tensors and return what it computed)")
         upload_bufs = [(input_buffer(t), fresh) for t, fresh in uploads]
-        out_bufs = [input_buffer(t) for t in _tensors_in(ret)]
+        out_bufs = [input_buffer(t) for _, t in _per_device([("", t) for t in _tensors_in(ret)])]
         before = len({id(b) for ei in recorded for b in ei.bufs})
         items = recorded
         if self.plan_memory:

@@ -30,6 +30,8 @@ _F64_SUPPORT: dict[str, bool] = {}
 
 
 def _has_float64(device: str) -> bool:
+    if isinstance(device, tuple):  # a tensor on several devices
+        return all(_has_float64(d) for d in device)
     if device not in _F64_SUPPORT:
         dev = Device[device]
         # the device's answer where it has one (it may not need its renderer, which can wait on a compiler probe)

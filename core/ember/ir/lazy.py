@@ -35,14 +35,17 @@ def shape_of(u: UOp) -> tuple[int, ...]:
     elif u.op is Ops.REDUCE_AXIS:
         s = shape_of(u.src[0])
         out = tuple(1 if i in u.arg[1] else x for i, x in enumerate(s))
+    elif u.op is Ops.MULTI:  # the logical shape: the shards side by side along the sharded axis
+        s, a = shape_of(u.src[0]), u.arg
+        out = s if a is None else s[:a] + (s[a] * len(u.src),) + s[a + 1:]
     else:
         out = shape_of(u.src[0])
     d["_shape"] = out
     return out
 
 
-def device_of(u: UOp) -> str:
-    """The device a tensor-graph node lives on."""
+def device_of(u: UOp) -> Any:
+    """The device a tensor-graph node lives on: a name, or a tuple of names for a multi-device node."""
     d = u.__dict__
     if "_device" in d:
         return d["_device"]
@@ -54,6 +57,8 @@ def device_of(u: UOp) -> str:
         out = u.src[1].arg
     elif u.op is Ops.CONST:
         out = u.src[0].arg
+    elif u.op is Ops.MULTI:
+        out = tuple(device_of(s) for s in u.src)
     else:
         out = device_of(u.src[0])
     d["_device"] = out

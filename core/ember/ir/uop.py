@@ -92,6 +92,8 @@ class Ops(Enum):
     # linear program, added last so the numbers of the ops above stay as they were
     WMMA = auto()          # src=(A elements..., B elements..., lane), arg: see ember.codegen.tc.wmma_arg; one
                            # element of this lane's D = A @ B of a tensor-core instruction
+    MULTI = auto()         # tensor graph: src=one graph per device (its shard), arg=the sharded axis or None
+                           # (replicated); see ember.ir.multi
 
 
 class GroupOp:

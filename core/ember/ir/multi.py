@@ -1,0 +1,241 @@
+"""Tensors on several devices at once: the MULTI node, and how a multi-device graph becomes per-device graphs.
+
+A tensor on a tuple of devices has a graph like any other, with one more node kind at its leaves:
+``MULTI(shard_0, ..., shard_n-1; arg=axis)`` holds one ordinary single-device graph per device. With an ``axis``
+the shards are equal slices of the logical tensor along it, in device order; with ``None`` every device holds
+the whole tensor (replicated). Constants on a tuple of devices (``CONST`` whose ``DEVICE`` names the tuple) and
+broadcast copies (``COPY`` to a tuple) are multi-device leaves too. Elementwise ops, casts, reductions and
+CONTIGUOUS stack on these nodes as on single-device ones, so the frontend and autograd need nothing new: the
+logical shape (``shape_of``) and the device tuple (``device_of``) are properties of every node.
+
+Why a node in the graph rather than a tensor holding a list of per-device tensors: autograd, the optimizers
+and every composed op see one lazy tensor, as tinygrad's users do; only :func:`lower` knows about devices.
+:func:`lower` rewrites a multi-device node into a MULTI of per-device graphs (memoized per node): an
+elementwise op runs per shard (a replicated operand of a sharded op is shrunk to each shard's slice), a
+reduction over the sharded axis reduces each shard then combines the partial results with an allreduce made
+of device-to-device COPY nodes and elementwise kernels, whose result is replicated. The scheduler lowers the
+roots it is asked for before anything else, so it, the engine and the JIT only ever see ordinary per-device
+kernels and copies. Movement ops are the exception: ember composes them into one ShapeTracker as they are
+built, which loses the sharded axis, so they are pushed down to the shards when built (frontend/multi.py)
+and never appear above a multi-device node.
+
+Shards are equal: a tensor whose sharded axis does not divide by the device count is refused (tinygrad 0.14
+does the same).
+"""
+from __future__ import annotations
+
+import weakref
+
+from ember.dtype import dtypes
+from ember.helpers import prod
+from ember.ir.lazy import base_of, device_of, realized, shape_of
+from ember.ir.shapetracker import ShapeTracker
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
+
+
+class ShardingError(RuntimeError):
+    """Operands sharded in ways an op cannot combine without resharding (not supported yet)."""
+
+
+def is_multi(u: UOp) -> bool:
+    """Whether the tensor-graph node ``u`` lives on a tuple of devices."""
+    return type(device_of(u)) is tuple
+
+
+def describe(axis: int | None, devices: tuple[str, ...]) -> str:
+    """A sharding in words, for messages."""
+    where = ", ".join(devices)
+    return f"replicated on ({where})" if axis is None else f"sharded on axis {axis} over ({where})"
+
+
+def multi(shards: tuple[UOp, ...], axis: int | None) -> UOp:
+    """The MULTI node of ``shards`` (one per device, equal shapes and dtypes)."""
+    return UOp(Ops.MULTI, shards[0].dtype, shards, axis)
+
+
+def view_of(x: UOp, st: ShapeTracker) -> UOp:
+    """``x`` seen through ``st`` (a movement of ``x``'s shape), composed with the view ``x`` already is."""
+    base, old = (x.src[0], x.arg) if x.op is Ops.VIEW else (x, ShapeTracker.from_shape(shape_of(x)))
+    new = old + st
+    return base if new.contiguous and new.shape == shape_of(base) else UOp(Ops.VIEW, x.dtype, (base,), new)
+
+
+def copy_to(x: UOp, device: str) -> UOp:
+    """``x`` on ``device``: itself when it is there, a COPY node otherwise (a constant is re-made there)."""
+    if device_of(x) == device:
+        return x
+    dev = UOp(Ops.DEVICE, None, (), device)
+    c = base_of(x)
+    if c.op is Ops.CONST:
+        newc = UOp(Ops.CONST, c.dtype, (dev,), c.arg)
+        return newc if x is c else UOp(Ops.VIEW, x.dtype, (newc,), x.arg)
+    return UOp(Ops.COPY, x.dtype, (x, dev))
+
+
+def shard_slice(x: UOp, axis: int, i: int, n: int) -> UOp:
+    """The ``i``-th of ``n`` equal slices of the single-device node ``x`` along ``axis``."""
+    shape = shape_of(x)
+    size = shape[axis] // n
+    arg = tuple((i * size, (i + 1) * size) if k == axis else (0, s) for k, s in enumerate(shape))
+    return view_of(x, ShapeTracker.from_shape(shape).shrink(arg))
+
+
+#: the MULTI form of every multi-device node lowered so far (weak keys: an entry lives as long as its node; a
+#: value is made of per-device nodes only, so it never keeps its key alive)
+_lowered: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def lower(root: UOp) -> UOp:
+    """``root``, a multi-device node, as a MULTI of per-device graphs (which hold no multi-device node)."""
+    if root.op is Ops.MULTI:
+        return root
+    if (hit := _lowered.get(root)) is not None:
+        return hit
+
+    def done(u: UOp) -> bool:
+        return u.op is Ops.MULTI or u in _lowered or not is_multi(u) or u.op is Ops.DEVICE
+
+    for n in toposort([root], stop=done):
+        if not done(n):
+            _lowered[n] = realized.get(n) or _lower_one(n)
+    return _lowered[root]
+
+
+def _lower_one(n: UOp) -> UOp:
+    devices = device_of(n)
+    if n.op is Ops.CONST:
+        return multi(tuple(copy_to(n, d) for d in devices), None)
+    if n.op is Ops.COPY:  # a single-device value broadcast to every device (``to(devices)``)
+        x = n.src[0]
+        if is_multi(x):
+            raise NotImplementedError(f"copying a tensor {describe(lower(x).arg, device_of(x))} to the devices "
+                                      f"{devices} (resharding is not supported)")
+        return multi(tuple(copy_to(x, d) for d in devices), None)
+    if n.op is Ops.REDUCE_AXIS:
+        m = lower(n.src[0])
+        local = tuple(UOp(Ops.REDUCE_AXIS, n.dtype, (s,), n.arg) for s in m.src)
+        if m.arg is None or m.arg not in n.arg[1]:
+            return multi(local, m.arg)
+        return multi(allreduce(local, n.arg[0]), None)
+    if n.op is Ops.VIEW:  # views of sharded values are pushed down as they are built; a replicated one may remain
+        m = lower(n.src[0])
+        if m.arg is not None:
+            raise AssertionError("a view of a sharded value must have been pushed down to its shards")
+        return multi(tuple(view_of(s, n.arg) for s in m.src), None)
+    if n.op in GroupOp.Elementwise or n.op in (Ops.CONTIGUOUS, Ops.DETACH):
+        ms = []
+        for s in n.src:
+            if not is_multi(s):
+                raise RuntimeError(f"{n.op.name} mixes a tensor on {device_of(s)} with tensors on {devices}")
+            ms.append(lower(s))
+        axis = common_axis(n.op.name, ms)
+        shards = [match_sharding(m, axis) for m in ms]
+        return multi(tuple(UOp(n.op, n.dtype, srcs, n.arg) for srcs in zip(*shards)), axis)
+    raise NotImplementedError(f"{n.op.name} is not supported on a multi-device tensor (devices {devices})")
+
+
+def common_axis(what: str, ms: list[UOp]) -> int | None:
+    """The sharding of an elementwise op on the lowered operands ``ms``: their common axis (replicated operands
+    fit any), or a :class:`ShardingError` naming two that differ."""
+    sharded = [m for m in ms if m.arg is not None]
+    for m in sharded[1:]:
+        if m.arg != sharded[0].arg:
+            raise ShardingError(f"{what}: operands {describe(sharded[0].arg, device_of(sharded[0]))} and "
+                                f"{describe(m.arg, device_of(m))}; resharding is not supported")
+    devices = {device_of(m) for m in ms}
+    if len(devices) > 1:
+        raise ShardingError(f"{what}: operands on different device tuples {sorted(devices)}")
+    return sharded[0].arg if sharded else None
+
+
+def match_sharding(m: UOp, axis: int | None) -> tuple[UOp, ...]:
+    """The shards of the lowered value ``m`` for an op sharded on ``axis``: a replicated value is cut into each
+    device's slice (a view: nothing is copied)."""
+    if m.arg == axis or axis is None:
+        return m.src
+    if m.arg is not None:
+        raise ShardingError(f"a value {describe(m.arg, device_of(m))} where {describe(axis, device_of(m))} is needed")
+    return tuple(shard_slice(s, axis, i, len(m.src)) for i, s in enumerate(m.src))
+
+
+def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
+    """Combine per-device partial results with the binary ``op`` (ADD, MAX, MUL) so every device holds the
+    total. Each element of the total is computed once, on one device, and copied to the others, so replicas
+    stay identical (an allreduce where each device combined in its own order would not).
+
+    Two devices (or fewer elements than devices): reduce onto the first device, then broadcast. More: a ring
+    (:func:`ring_allreduce`), which moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    if len(parts) > 2 and prod(shape_of(parts[0])) >= len(parts):
+        return ring_allreduce(parts, op)
+    home = device_of(parts[0])
+    total = parts[0]
+    for p in parts[1:]:
+        total = UOp(op, total.dtype, (total, copy_to(p, home)))
+    return tuple(copy_to(total, device_of(p)) for p in parts)
+
+
+def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
+    """Allreduce over a ring of the n devices of ``parts``: the values are cut into n chunks; chunk c is
+    combined device after device around the ring, starting after device c and ending on it (reduce-scatter),
+    then each device fetches every chunk from its owner and joins them (allgather)."""
+    n, shape, dtype = len(parts), shape_of(parts[0]), parts[0].value_dtype
+    total = prod(shape)
+    devices = [device_of(p) for p in parts]
+    step = -(-total // n)
+    bounds = [(min(c * step, total), min((c + 1) * step, total)) for c in range(n)]
+    flat = [view_of(p, ShapeTracker.from_shape(shape).reshape((total,))) for p in parts]
+
+    def chunk(x: UOp, c: int) -> UOp:
+        return view_of(x, ShapeTracker.from_shape((total,)).shrink((bounds[c],)))
+
+    owned = []
+    for c in range(n):
+        ring = [(c + k) % n for k in range(1, n + 1)]
+        acc = chunk(flat[ring[0]], c)
+        for d in ring[1:]:
+            acc = UOp(op, dtype, (chunk(flat[d], c), copy_to(acc, devices[d])))
+        owned.append(acc)
+    out = []
+    for device in devices:
+        pieces = [(copy_to(owned[c], device), lo) for c, (lo, hi) in enumerate(bounds) if hi > lo]
+        out.append(view_of(join(pieces, 0, (total,), device), ShapeTracker.from_shape((total,)).reshape(shape)))
+    return tuple(out)
+
+
+def join(pieces: list[tuple[UOp, int]], axis: int, shape: tuple[int, ...], device: str) -> UOp:
+    """The pieces (node on ``device``, offset along ``axis``), which tile ``axis`` of ``shape``, as one node:
+    each padded to ``shape`` and picked where it lies (a select, not a sum: -0.0 and nan stay as they are)."""
+    whole: UOp | None = None
+    for piece, offset in pieces:
+        pshape = shape_of(piece)
+        pad = tuple((offset, shape[axis] - offset - pshape[axis]) if k == axis else (0, 0) for k in range(len(shape)))
+        placed = ShapeTracker.from_shape(pshape).pad(pad)
+        if whole is None:
+            whole = view_of(piece, placed)
+            continue
+        inside = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.DEVICE, None, (), device),), True)
+        mask = view_of(inside, ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(pshape) + placed)
+        whole = UOp(Ops.WHERE, piece.dtype, (mask, view_of(piece, placed), whole))
+    assert whole is not None, "nothing to join"
+    return whole
+
+
+def shrink_across(m: UOp, arg: tuple[tuple[int, int], ...]) -> UOp:
+    """``shrink(arg)`` of the sharded value ``m`` where it cuts the sharded axis: a replicated result, each device
+    fetching only the parts of the shards that lie inside (the first row of a batch is one row from one device)."""
+    axis, n = m.arg, len(m.src)
+    local_shape = shape_of(m.src[0])
+    size = local_shape[axis]
+    lo, hi = arg[axis]
+    out_shape = tuple(e - b for b, e in arg)
+    parts = [(j, max(lo, j * size) - j * size, min(hi, (j + 1) * size) - j * size) for j in range(n)]
+    parts = [p for p in parts if p[1] < p[2]] or [(0, 0, 0)]
+    out = []
+    for device in device_of(m):
+        pieces = []
+        for j, a, b in parts:
+            local = tuple((a, b) if k == axis else r for k, r in enumerate(arg))
+            piece = view_of(m.src[j], ShapeTracker.from_shape(local_shape).shrink(local))
+            pieces.append((copy_to(piece, device), j * size + a - lo))
+        out.append(join(pieces, axis, out_shape, device))
+    return multi(tuple(out), None)
