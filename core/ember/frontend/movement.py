@@ -15,6 +15,8 @@ from ember.dtype import dtypes, least_upper_dtype
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, size_arg
 from ember.helpers import prod
+from ember.ir.symbolic import Variable, sadd, sint_of, ssub
+from ember.ir.uop import UOp
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -397,21 +399,39 @@ class MovementMixin(TensorBase):
         slid = slid.shrink(((0, rows * (period - 1)),)).reshape(rows, period - 1)
         return slid.shrink(((0, rows), (rows - 1, rows - 1 + cols)))
 
-    def triu(self, diagonal: int = 0) -> Tensor:
-        """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest."""
+    def _tri_mask(self, diagonal: Any) -> Tensor:
+        """``_tri`` over the last two dims for an int ``diagonal`` or a bound Variable (or an expression of one).
+
+        A symbolic diagonal ``d`` in ``[lo, hi]`` reads a mask built for diagonal ``hi`` over ``hi - lo`` more
+        columns through a window starting at column ``hi - d``: entry ``[j, k]`` is that mask's
+        ``[j, k + hi - d]``, True where ``k - j >= d``, and the window is in bounds for every ``d``.
+        """
+        rows, cols = self.shape[-2], self.shape[-1]
+        if not isinstance(diagonal, (Variable, UOp)):
+            return type(self)._tri(rows, cols, size_arg(diagonal, "diagonal"), device=self.device)
+        d = sint_of(diagonal)
+        if isinstance(d, int):
+            return type(self)._tri(rows, cols, d, device=self.device)
+        lo, hi = d.vmin, d.vmax
+        wide = type(self)._tri(rows, cols + hi - lo, hi, device=self.device)
+        start = ssub(hi, d)
+        return wide.shrink(((0, rows), (start, sadd(start, cols))))
+
+    def triu(self, diagonal: int | Any = 0) -> Tensor:
+        """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest
+        (``diagonal`` may be a bound Variable)."""
         if self.ndim < 2:
             raise RuntimeError("triu: input tensor must have at least 2 dimensions")
-        diagonal = size_arg(diagonal, "diagonal")
-        keep = type(self)._tri(self.shape[-2], self.shape[-1], diagonal, device=self.device)
-        return keep.where(self, self.zeros_like())
+        return self._tri_mask(diagonal).where(self, self.zeros_like())
 
-    def tril(self, diagonal: int = 0) -> Tensor:
-        """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest."""
+    def tril(self, diagonal: int | Any = 0) -> Tensor:
+        """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest
+        (``diagonal`` may be a bound Variable)."""
         if self.ndim < 2:
             raise RuntimeError("tril: input tensor must have at least 2 dimensions")
-        diagonal = size_arg(diagonal, "diagonal")
-        drop = type(self)._tri(self.shape[-2], self.shape[-1], diagonal + 1, device=self.device)
-        return drop.where(self.zeros_like(), self)
+        sym = isinstance(diagonal, (Variable, UOp))
+        nxt = sadd(sint_of(diagonal), 1) if sym else size_arg(diagonal, "diagonal") + 1
+        return self._tri_mask(nxt).where(self.zeros_like(), self)
 
     # --- diagonals -------------------------------------------------------------------------------
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
