@@ -61,6 +61,7 @@ from ember.frontend.util import (
     size_arg,
 )
 from ember.helpers import TRAINING, is_int_like, is_np_array, is_np_scalar, prod
+from ember.ir import guards
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
@@ -794,7 +795,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             # past the buffer there. ember accepts it too, but the values bound now must fit (else an error),
             # and the window reads through a zero padding as wide as the variables' ranges can overflow: its
             # loads are masked, so a later binding (a jitted call replayed with another value) can never read
-            # outside the buffer; the part of the window past the tensor reads 0.
+            # outside the buffer; a jitted function checks each replay's values against the window (ir/guards).
             bad = (f"shrink ({', '.join(f'({sint_str(lo)}, {sint_str(hi)})' for lo, hi in a)}) ")
             if not sym_le(lo, hi):
                 raise ArgumentError(bad + f"can have a negative size for shape {_shape_str(self.shape)} (for some "
@@ -802,6 +803,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if not 0 <= sint_eval(lo) <= sint_eval(hi) <= sint_eval(s):
                 raise ArgumentError(bad + f"is out of bounds for shape {_shape_str(self.shape)} at the values its "
                                           f"variables are bound to")
+            guards.record(lo, hi, s)
             after = ssub(hi, s)
             guard.append((max(0, -(lo if isinstance(lo, int) else lo.vmin)),
                           max(0, after if isinstance(after, int) else after.vmax)))
@@ -859,6 +861,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+        if sum(1 for i in idx if i is Ellipsis) > 1:
+            raise IndexError("indices can only have a single ellipsis ('...')")
         if Ellipsis in idx:
             e = idx.index(Ellipsis)
             idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]

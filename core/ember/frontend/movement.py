@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import ArgumentError, size_arg
+from ember.frontend.util import ArgumentError, EmptyTensorList, size_arg
 from ember.helpers import prod
 from ember.ir.symbolic import Variable, sadd, sint_of, ssub
 from ember.ir.uop import UOp
@@ -213,19 +213,22 @@ class MovementMixin(TensorBase):
         pairs = self._pad_pairs(padding)
         if mode == "constant":
             return self.pad(tuple(pairs))
-        x = self
+        x, crop = self, pairs
         if any(b < 0 or a < 0 for b, a in pairs):
-            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
+            # circular crops first; reflect and replicate pad from the whole tensor and crop after, as tinygrad
+            # does (torch crops first and refuses a reflection wider than what is left)
             pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
+            if mode == "circular":
+                x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(crop, x.shape)))
+                crop = pairs
         for d, (before, after) in enumerate(pairs):
             if before == 0 and after == 0:
                 continue
             n = x.shape[d]
             if mode == "reflect":
                 if before >= n or after >= n:
-                    raise ArgumentError(f"Argument #4: Padding size should be less than the corresponding input "
-                                        f"dimension, but got: padding ({before}, {after}) at dimension {d} of input "
-                                        f"{list(x.shape)}")
+                    raise ArgumentError(f"reflect padding ({before}, {after}) should be less than the input size={n} "
+                                        f"for dim={d} of input {list(x.shape)}")
                 pieces = [_along(x, d, 1, before + 1).flip(d), x, _along(x, d, n - 1 - after, n - 1).flip(d)]
             elif mode == "replicate":
                 if n == 0:
@@ -238,6 +241,11 @@ class MovementMixin(TensorBase):
                                         f"{after}) at dimension {d} of input {list(x.shape)}")
                 pieces = [_along(x, d, n - before, n), x, _along(x, d, 0, after)]
             x = type(self).cat(*(p for p in pieces if p.shape[d] > 0), dim=d)
+        if any(b < 0 or a < 0 for b, a in crop):
+            for d, ((b, a), s) in enumerate(zip(crop, x.shape)):
+                if s + min(b, 0) + min(a, 0) < 0:
+                    raise ArgumentError(f"padding {tuple(crop)} crops more than dimension {d} of size {s} holds")
+            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(crop, x.shape)))
         return x
 
     def pad_to(self, shape: Sequence[int | None], *args: int | None) -> Tensor:
@@ -262,7 +270,7 @@ class MovementMixin(TensorBase):
         """
         tensors = _tensor_list(self, args)
         if not tensors:
-            raise ArgumentError("cat(): expected a non-empty list of Tensors")
+            raise EmptyTensorList("cat(): expected a non-empty list of Tensors")
         for i, t in enumerate(tensors):
             if t.ndim == 0:
                 raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
@@ -305,7 +313,7 @@ class MovementMixin(TensorBase):
         """Join self and ``args`` (all the same shape) along a new dimension ``dim``."""
         tensors = _tensor_list(self, args, "stack")
         if not tensors:
-            raise ArgumentError("stack expects a non-empty list of Tensors")
+            raise EmptyTensorList("stack expects a non-empty list of Tensors")
         first = tensors[0]
         for i, t in enumerate(tensors[1:], start=1):
             if t.shape != first.shape:
