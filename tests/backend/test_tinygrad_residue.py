@@ -201,3 +201,22 @@ def test_cat_gradient_with_an_unused_input(device):
     _ = a.cat(b)
     (a.sum() * 3).backward()  # tinygrad 0.14: a.grad [3, 3], b.grad None
     assert a.grad.numpy().tolist() == [3.0, 3.0] and b.grad is None
+
+
+def test_exp_over_one_plus_exp_saturates(device):
+    # tinygrad 0.14: values [0, 1, 0.5] and gradient [0, 0, 0.25] at x = [-300, 300, 0] (inf / inf before)
+    for f in (lambda x: x.exp() / (1 + x.exp()), lambda x: x.exp() * (1 + x.exp()).reciprocal()):
+        x = Tensor([-300.0, 300.0, 0.0], device=device)
+        y = f(x)
+        y.sum().backward()
+        assert y.numpy().tolist() == [0.0, 1.0, 0.5] and x.grad.numpy().tolist() == [0.0, 0.0, 0.25]
+    # elsewhere it is the quotient to float32 precision, tiny values included (tinygrad flushes these to 0)
+    v = np.array([-90.0, -20.0, -3.0, -0.5, 0.25, 1.0, 2.0, 7.0, 40.0], dtype=np.float32)
+    x = Tensor(v, device=device)
+    y = x.exp() / (1 + x.exp())
+    y.sum().backward()
+    e = np.exp(v.astype(np.float64))
+    np.testing.assert_allclose(y.numpy(), e / (1 + e), rtol=1e-6, atol=1e-44)
+    np.testing.assert_allclose(x.grad.numpy(), e / (1 + e) ** 2, rtol=2e-6, atol=1e-44)
+    t = Tensor(np.array([1e-8, -1e-8, 3.0], dtype=np.float32), device=device)
+    np.testing.assert_allclose((t / (1 + t)).numpy(), [1e-8 / (1 + 1e-8), -1e-8 / (1 - 1e-8), 0.75], rtol=1e-7)
