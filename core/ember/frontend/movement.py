@@ -206,7 +206,8 @@ class MovementMixin(TensorBase):
     def _pad_mode(self, padding: Sequence[Any], mode: str) -> Tensor:
         """Pad in ``mode`` "reflect", "replicate" or "circular" (torch's semantics, any number of dims).
 
-        Negative amounts crop first, as in torch. Built from shrink/flip/expand and :meth:`cat`.
+        Negative amounts crop: first for circular (as torch), after padding for reflect and replicate (as
+        tinygrad, so a reflection may use what the crop removes). Built from shrink/flip/expand and :meth:`cat`.
         """
         if mode not in PAD_MODES:
             raise NotImplementedError(f"Unrecognised padding mode {mode}")
