@@ -250,6 +250,11 @@ def from_np_dtype(npdt: Any) -> DType:
     raise TypeError(f"can't convert numpy dtype {npdt} to an ember dtype")
 
 
+class UnknownDTypeName(TypeError, AttributeError):
+    """A dtype given by a name no dtype has: the TypeError torch raises and the AttributeError tinygrad raises
+    (it looks the name up on ``dtypes``), so code written for either catches it."""
+
+
 def to_dtype(x: DType | str | Any) -> DType:
     """Accept a DType, a name ("float32", "half"), or a numpy dtype."""
     if isinstance(x, DType):
@@ -259,7 +264,7 @@ def to_dtype(x: DType | str | Any) -> DType:
             return _BY_NAME[x]
         if hasattr(dtypes, x) and isinstance(getattr(dtypes, x), DType):
             return getattr(dtypes, x)
-        raise TypeError(f"unknown dtype name {x!r}; known: {', '.join(_BY_NAME)}")
+        raise UnknownDTypeName(f"unknown dtype name {x!r}; known: {', '.join(_BY_NAME)}")
     return from_np_dtype(x)
 
 

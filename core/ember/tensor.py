@@ -62,6 +62,7 @@ from ember.frontend.util import (
     size_arg,
 )
 from ember.helpers import TRAINING, is_int_like, is_np_array, is_np_scalar, prod
+from ember.ir import guards
 from ember.ir.lazy import base_of, buffer_view, buffers, device_of, new_buffer, shape_of
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import Variable, sadd, sint_eval, sint_max, sint_of, sint_str, sprod, ssub, sym_le
@@ -792,11 +793,32 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         if len(arg) != self.ndim:
             raise ArgumentError(f"shrink needs one (lo, hi) pair or None per dim of a tensor of {self.ndim} dims")
         a = tuple((0, s) if r is None else (sint_of(r[0]), sint_of(r[1])) for r, s in zip(arg, self.shape))
+        guard: list[tuple[int, int]] = []
         for (lo, hi), s in zip(a, self.shape):
-            if not (sym_le(0, lo) and sym_le(lo, hi) and sym_le(hi, s)):
-                raise ArgumentError(f"shrink ({', '.join(f'({sint_str(lo)}, {sint_str(hi)})' for lo, hi in a)}) can "
-                                    f"be out of bounds for shape {_shape_str(self.shape)} (for some value of its "
-                                    f"variables)")
+            if sym_le(0, lo) and sym_le(hi, s) and sym_le(lo, hi):
+                guard.append((0, 0))
+                continue
+            # A window in bounds for the values bound now but not for every value of the variables' ranges, as
+            # GPT-2's arange(ctx).shrink((None, (pos, pos + seqlen))) with pos in [0, ctx - 1]: tinygrad accepts
+            # it (it refuses only a window that is out of bounds for every value) and a later value can read
+            # past the buffer there. ember accepts it too, but the values bound now must fit (else an error),
+            # and the window reads through a zero padding as wide as the variables' ranges can overflow: its
+            # loads are masked, so a later binding (a jitted call replayed with another value) can never read
+            # outside the buffer; a jitted function checks each replay's values against the window (ir/guards).
+            bad = (f"shrink ({', '.join(f'({sint_str(lo)}, {sint_str(hi)})' for lo, hi in a)}) ")
+            if not sym_le(lo, hi):
+                raise ArgumentError(bad + f"can have a negative size for shape {_shape_str(self.shape)} (for some "
+                                          f"value of its variables)")
+            if not 0 <= sint_eval(lo) <= sint_eval(hi) <= sint_eval(s):
+                raise ArgumentError(bad + f"is out of bounds for shape {_shape_str(self.shape)} at the values its "
+                                          f"variables are bound to")
+            guards.record(lo, hi, s)
+            after = ssub(hi, s)
+            guard.append((max(0, -(lo if isinstance(lo, int) else lo.vmin)),
+                          max(0, after if isinstance(after, int) else after.vmax)))
+        if any(g != (0, 0) for g in guard):
+            return self.pad(guard)._shrink_symbolic(tuple((sadd(lo, b), sadd(hi, b)) for (lo, hi), (b, _) in
+                                                          zip(a, guard)))
         if all(lo == 0 and hi == s for (lo, hi), s in zip(a, self.shape)):
             return self
         back = tuple((lo, ssub(s, hi)) for (lo, hi), s in zip(a, self.shape))
@@ -848,6 +870,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+        if sum(1 for i in idx if i is Ellipsis) > 1:
+            raise IndexError("indices can only have a single ellipsis ('...')")
         if Ellipsis in idx:
             e = idx.index(Ellipsis)
             idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]

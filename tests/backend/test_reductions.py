@@ -257,6 +257,8 @@ def test_output_dtypes(device, dt):
     for name, (ours, theirs) in DTYPE_OPS.items():
         if dt == "float16" and name in ("var", "logsumexp", "softmax"):
             continue  # torch's CPU half kernels for these accumulate differently; dtype checked below
+        if dt == "bool" and name in ("argmax", "argmin"):
+            continue  # torch refuses bool; ember ranks False < True as tinygrad does (test_tinygrad_residue.py)
         res = both(lambda f=ours: f(Tensor(a, device=device)), lambda f=theirs: f(torch.tensor(a)))
         if res is not None:
             assert_like(*res, atol=1e-2 if dt == "float16" else 1e-6)
@@ -277,7 +279,7 @@ def test_sum_prod_dtype_argument(device):
 
 @pytest.mark.parametrize("call", [
     "max_empty", "min_empty_dim", "argmax_empty", "argmax_empty_dim", "sum_dim_out_of_range", "max_dim_out_of_range",
-    "var_int", "argmax_bool", "argmin_bool", "sum_repeated_dim", "cumsum_dim_out_of_range",
+    "var_int", "sum_repeated_dim", "cumsum_dim_out_of_range",
     "softmax_int", "softmax_dim_out_of_range", "logsumexp_dim_out_of_range", "cummax_dim_out_of_range",
 ])
 def test_errors(device, call):

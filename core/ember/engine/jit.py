@@ -32,6 +32,7 @@ from ember.device.registry import Device
 from ember.engine import realize, tiers
 from ember.engine.realize import CompiledRunner, ExecItem, Runner
 from ember.helpers import DEBUG, GlobalCounters, is_np_array
+from ember.ir import guards
 from ember.ir.lazy import base_of, buffers, realized
 from ember.ir.symbolic import Variable, bound_vals, sint_max, unbind_uop
 from ember.ir.uop import Ops, UOp
@@ -435,7 +436,8 @@ class TinyJit(Generic[R]):
         realize.capturing.append(recorded.append)
         _uploads = uploads
         try:
-            ret = self._run(args, kwargs)
+            with guards.recording() as self._windows:
+                ret = self._run(args, kwargs)
         finally:
             realize.capturing.remove(recorded.append)
             _uploads = None
@@ -476,6 +478,8 @@ class TinyJit(Generic[R]):
                 buf = input_buffer(type(t)(UOp(Ops.CONTIGUOUS, t.dtype, (t.lazydata,))).realize())
             cap.set_input(i, buf)
         if var_vals:
+            if (bad := guards.first_violation(getattr(self, "_windows", []), var_vals)) is not None:
+                raise JitError(f"jit {getattr(self.fxn, '__name__', 'function')}: {bad}")
             cap.set_vars(var_vals)
             _rebind_results(cap.ret, var_vals)
         cap.replay()

@@ -49,7 +49,11 @@ class ArithmeticMixin(TensorBase):
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """``self * x`` (bools: logical and)."""
         a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.MUL, b) if a.dtype != dtypes.bool else a._alu(Ops.AND, b)
+        if a.dtype == dtypes.bool:
+            return a._alu(Ops.AND, b)
+        if a.dtype.kind == "f" and (out := _saturating_product(a, b)) is not None:
+            return out
+        return a._alu(Ops.MUL, b)
 
     def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """``self / x``: true division (integers give the default float), or rounded with
@@ -58,6 +62,8 @@ class ArithmeticMixin(TensorBase):
         if rounding_mode is None:
             if a.dtype.kind != "f":
                 a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+            if _is_one_plus(b, a):  # 1, not inf / inf, where x is inf (see _saturating_product)
+                return _x_over_one_plus(a)
             return a._alu(Ops.FDIV, b)
         if rounding_mode not in ("trunc", "floor"):
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
@@ -595,3 +601,68 @@ def _float_pow_scalar(x: Tensor, y: float) -> Tensor:
     if y == -2:
         return (x * x).reciprocal()
     return _float_pow(x, _full_like(x, y))
+
+
+def _is_one_plus(b: Tensor, x: Tensor) -> bool:
+    """Whether ``b`` was built as ``1 + x`` (or ``x + 1``) from this very ``x``."""
+    u = b.lazydata
+    if u.op is not Ops.ADD:
+        return False
+    for one, other in ((u.src[0], u.src[1]), (u.src[1], u.src[0])):
+        if other is x.lazydata:
+            while one.op is Ops.VIEW and one.src:
+                one = one.src[0]
+            return one.op is Ops.CONST and one.arg == 1
+    return False
+
+
+def _saturating_product(a: Tensor, b: Tensor) -> Tensor | None:
+    """``x * (y / (1 + x))`` and ``x * (y * (1 / (1 + x)))`` as ``y * s(x)`` with ``s(x) = x / (1 + x)`` computed
+    by :func:`_x_over_one_plus` (``x * (1 / (1 + x))`` as ``s(x)``), else None.
+
+    ``s`` is finite where ``x`` overflowed to inf (1 there, not inf / inf), as tinygrad's rewrites of these
+    forms make it. That is what keeps the gradient of ``exp(x) / (1 + exp(x))`` at 0 for large ``|x|``: its
+    backward multiplies a ``g / (1 + e) / (1 + e)`` by ``e``, which this reads as ``(g / (1 + e)) * s(e)``.
+    """
+    for x, q in ((a, b), (b, a)):
+        for y, den in _over_one_plus(q):
+            if _is_one_plus(den, x):
+                sat = _x_over_one_plus(x)
+                return sat if y is None else y * sat
+    return None
+
+
+def _x_over_one_plus(x: Tensor) -> Tensor:
+    """``x / (1 + x)``, finite where ``x`` is inf (1), with the derivative ``g / (1 + x) / (1 + x)``.
+
+    Above 1 it is ``1 - 1 / (1 + x)`` (no cancellation there: ``1 / (1 + x) < 1/2``), elsewhere the quotient
+    itself (so tiny ``x`` keep their relative precision, unlike tinygrad's ``1 - 1 / (1 + x)`` everywhere). Each
+    branch reads an input the other branch's range cannot make inf, so neither gives a nan to the gradient.
+    """
+    d = x.detach()
+    big = d > 1
+    xb, xs = big.where(d, 2.0), big.where(0.0, d)
+    out = big.where(1 - (1 + xb).reciprocal(), xs._alu(Ops.FDIV, 1 + xs))
+    return x._custom((x,), out, lambda g, o, p: ((g / (1 + p[0])) / (1 + p[0]),), "x/(1+x)")
+
+
+def _over_one_plus(q: Tensor) -> list[tuple[Tensor | None, Tensor]]:
+    """The ways ``q`` reads as ``y / den`` with ``den`` an ADD (y None for ``1 / den``): ``y / den``,
+    ``reciprocal(den)`` and ``y * reciprocal(den)``, as tensors (its recorded parents when it has them)."""
+    u = q.lazydata
+
+    def parts() -> tuple[Tensor, ...]:
+        if q._ctx is not None and len(q._ctx.parents) == len(u.src):
+            return tuple(q._ctx.parents)
+        return tuple(type(q)(s) for s in u.src)
+
+    if u.op is Ops.RECIP and u.src[0].op is Ops.ADD:
+        return [(None, parts()[0])]
+    if u.op is Ops.FDIV and u.src[1].op is Ops.ADD:
+        y, den = parts()
+        return [(y, den)]
+    if u.op is Ops.MUL and any(s.op is Ops.RECIP and s.src[0].op is Ops.ADD for s in u.src):
+        p = parts()
+        return [(p[1 - i], _over_one_plus(p[i])[0][1]) for i, s in enumerate(u.src)
+                if s.op is Ops.RECIP and s.src[0].op is Ops.ADD]
+    return []

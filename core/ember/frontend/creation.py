@@ -138,12 +138,20 @@ class CreationMixin(TensorBase):
             istart, istop, istep = int(start), int(stop), int(step)
             if istep == 0:
                 raise RuntimeError("step must be nonzero")
-            if dt == dtypes.int64:  # torch sizes int64 ranges from the truncated bounds
+            if dt == dtypes.int64 or dtype is None:  # torch sizes int64 ranges from the truncated bounds
                 sign = 1 if istep > 0 else -1
                 n = max(0, (istop - istart + istep - sign) // istep)
             else:
                 n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
             ints = range(istart, istart + n * istep, istep)
+            if ints and dt.kind in "iu" and not (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt)):
+                # like tinygrad, a range of ints past the default int's is int64, and one past a given dtype an
+                # OverflowError; tinygrad bounds it by stop - step, ember by its real last value (so a step past
+                # int32's max is int64 here, where tinygrad's int32 values wrap)
+                if dtype is None and dtypes.min(dtypes.int64) <= min(ints) and max(ints) <= dtypes.max(dtypes.int64):
+                    dt = dtypes.int64
+                else:
+                    raise OverflowError(f"arange [{start}, {stop}) step {step} is not representable in dtype {dt}")
             if _without_numpy(dt, n) and (not ints or (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt))):
                 return cls._arange_upload(array.array(_ARRAY_CODES[dt], ints), dt, n, kwargs)
             values: np.ndarray = istart + np.arange(n, dtype=np.int64) * istep
@@ -172,6 +180,8 @@ class CreationMixin(TensorBase):
         if size_arg(steps, "steps") < 0:
             raise RuntimeError("number of steps must be non-negative")
         dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
+        if dt == dtypes.bool:  # tinygrad refuses it (torch gives True for every nonzero value)
+            raise ValueError("linspace with bool dtype is not supported")
         i = np.arange(steps, dtype=np.float64)
         if steps == 1:
             values = np.array([float(start)])

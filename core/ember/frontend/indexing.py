@@ -46,6 +46,10 @@ class _IndexPlan(NamedTuple):
 _BAD_INDEX = "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices"
 
 
+class BadScatterReduce(TypeError, RuntimeError):
+    """An unknown ``reduce`` for ``scatter``: the TypeError tinygrad raises and the RuntimeError torch raises."""
+
+
 class IndexingMixin(TensorBase):
     """Indexing methods; see the module docstring."""
 
@@ -87,7 +91,7 @@ class IndexingMixin(TensorBase):
         for e in entries:
             items.append(self._classify_index(e))
         if sum(1 for kind, _ in items if kind == "ellipsis") > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
+            raise IndexError("indices can only have a single ellipsis ('...')")
         consumed = sum(self._dims_used(kind, p) for kind, p in items)
         if consumed > self.ndim:
             raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
@@ -477,7 +481,11 @@ class IndexingMixin(TensorBase):
         reduce, the last write wins.
         """
         if reduce not in (None, "add", "multiply"):
-            raise RuntimeError("reduce argument must be either add or multiply.")
+            raise BadScatterReduce(f"reduce={reduce!r}: the reduce argument must be None, 'add' or 'multiply'")
+        if reduce is not None and isinstance(src, TensorBase):
+            # tinygrad refuses a tensor src with reduce (torch deprecates it); scatter_reduce does that
+            raise TypeError(f"scatter with reduce={reduce!r} takes a scalar src only; for a tensor src use "
+                            f"scatter_reduce(dim, index, src, {'sum' if reduce == 'add' else 'prod'!r})")
         d, onehot, vals = self._scatter_parts(dim, index, src, "scatter")
         if onehot.shape[d] == 0 or self.numel() == 0:
             return self

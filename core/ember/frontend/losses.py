@@ -31,16 +31,20 @@ class LossMixin(TensorBase):
 
     __slots__ = ()
 
-    def one_hot(self, num_classes: int = -1) -> Tensor:
-        """A tensor (the default int) with a trailing dim of ``num_classes`` holding 1 at each index (-1: max + 1)."""
+    def one_hot(self, num_classes: int | None = None) -> Tensor:
+        """A tensor (the default int) with a trailing dim of ``num_classes`` holding 1 at each index.
+
+        Without ``num_classes`` it is the largest index + 1 (torch's default); a negative ``num_classes``
+        (torch's explicit -1 included) is a ValueError, as in tinygrad, whose code passes it explicitly.
+        """
         if self.dtype.kind not in "iu":
             raise RuntimeError(f"one_hot is only applicable to index tensors, got dtype {self.dtype}")
-        if size_arg(num_classes, "num_classes") == -1:
+        if num_classes is None:
             if self.numel() == 0:
                 raise RuntimeError("Can not infer total number of classes from empty tensor.")
             num_classes = int(self.max().item()) + 1
-        if num_classes < 0:
-            raise RuntimeError(f"one_hot: num_classes should be -1 or non-negative, got {num_classes}")
+        if size_arg(num_classes, "num_classes") < 0:
+            raise ValueError(f"one_hot: num_classes must be non-negative, got {num_classes}")
         checks.index_in_range(self, num_classes, self.ndim, message="one_hot: class value {index} is out of range "
                               "for num_classes={size} (new dimension {dim})")
         classes = type(self).arange(num_classes, device=self.device)

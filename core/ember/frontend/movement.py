@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import dtypes, least_upper_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import ArgumentError, size_arg
+from ember.frontend.util import ArgumentError, EmptyTensorList, size_arg
 from ember.helpers import prod
+from ember.ir.symbolic import Variable, sadd, sint_of, ssub
+from ember.ir.uop import UOp
 
 if TYPE_CHECKING:
     from ember.tensor import Tensor
@@ -204,26 +206,30 @@ class MovementMixin(TensorBase):
     def _pad_mode(self, padding: Sequence[Any], mode: str) -> Tensor:
         """Pad in ``mode`` "reflect", "replicate" or "circular" (torch's semantics, any number of dims).
 
-        Negative amounts crop first, as in torch. Built from shrink/flip/expand and :meth:`cat`.
+        Negative amounts crop: first for circular (as torch), after padding for reflect and replicate (as
+        tinygrad, so a reflection may use what the crop removes). Built from shrink/flip/expand and :meth:`cat`.
         """
         if mode not in PAD_MODES:
             raise NotImplementedError(f"Unrecognised padding mode {mode}")
         pairs = self._pad_pairs(padding)
         if mode == "constant":
             return self.pad(tuple(pairs))
-        x = self
+        x, crop = self, pairs
         if any(b < 0 or a < 0 for b, a in pairs):
-            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
+            # circular crops first; reflect and replicate pad from the whole tensor and crop after, as tinygrad
+            # does (torch crops first and refuses a reflection wider than what is left)
             pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
+            if mode == "circular":
+                x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(crop, x.shape)))
+                crop = pairs
         for d, (before, after) in enumerate(pairs):
             if before == 0 and after == 0:
                 continue
             n = x.shape[d]
             if mode == "reflect":
                 if before >= n or after >= n:
-                    raise ArgumentError(f"Argument #4: Padding size should be less than the corresponding input "
-                                        f"dimension, but got: padding ({before}, {after}) at dimension {d} of input "
-                                        f"{list(x.shape)}")
+                    raise ArgumentError(f"reflect padding ({before}, {after}) should be less than the input size={n} "
+                                        f"for dim={d} of input {list(x.shape)}")
                 pieces = [_along(x, d, 1, before + 1).flip(d), x, _along(x, d, n - 1 - after, n - 1).flip(d)]
             elif mode == "replicate":
                 if n == 0:
@@ -236,6 +242,11 @@ class MovementMixin(TensorBase):
                                         f"{after}) at dimension {d} of input {list(x.shape)}")
                 pieces = [_along(x, d, n - before, n), x, _along(x, d, 0, after)]
             x = type(self).cat(*(p for p in pieces if p.shape[d] > 0), dim=d)
+        if any(b < 0 or a < 0 for b, a in crop):
+            for d, ((b, a), s) in enumerate(zip(crop, x.shape)):
+                if s + min(b, 0) + min(a, 0) < 0:
+                    raise ArgumentError(f"padding {tuple(crop)} crops more than dimension {d} of size {s} holds")
+            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(crop, x.shape)))
         return x
 
     def pad_to(self, shape: Sequence[int | None], *args: int | None) -> Tensor:
@@ -260,7 +271,7 @@ class MovementMixin(TensorBase):
         """
         tensors = _tensor_list(self, args)
         if not tensors:
-            raise ArgumentError("cat(): expected a non-empty list of Tensors")
+            raise EmptyTensorList("cat(): expected a non-empty list of Tensors")
         for i, t in enumerate(tensors):
             if t.ndim == 0:
                 raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
@@ -303,7 +314,7 @@ class MovementMixin(TensorBase):
         """Join self and ``args`` (all the same shape) along a new dimension ``dim``."""
         tensors = _tensor_list(self, args, "stack")
         if not tensors:
-            raise ArgumentError("stack expects a non-empty list of Tensors")
+            raise EmptyTensorList("stack expects a non-empty list of Tensors")
         first = tensors[0]
         for i, t in enumerate(tensors[1:], start=1):
             if t.shape != first.shape:
@@ -397,21 +408,39 @@ class MovementMixin(TensorBase):
         slid = slid.shrink(((0, rows * (period - 1)),)).reshape(rows, period - 1)
         return slid.shrink(((0, rows), (rows - 1, rows - 1 + cols)))
 
-    def triu(self, diagonal: int = 0) -> Tensor:
-        """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest."""
+    def _tri_mask(self, diagonal: Any) -> Tensor:
+        """``_tri`` over the last two dims for an int ``diagonal`` or a bound Variable (or an expression of one).
+
+        A symbolic diagonal ``d`` in ``[lo, hi]`` reads a mask built for diagonal ``hi`` over ``hi - lo`` more
+        columns through a window starting at column ``hi - d``: entry ``[j, k]`` is that mask's
+        ``[j, k + hi - d]``, True where ``k - j >= d``, and the window is in bounds for every ``d``.
+        """
+        rows, cols = self.shape[-2], self.shape[-1]
+        if not isinstance(diagonal, (Variable, UOp)):
+            return type(self)._tri(rows, cols, size_arg(diagonal, "diagonal"), device=self.device)
+        d = sint_of(diagonal)
+        if isinstance(d, int):
+            return type(self)._tri(rows, cols, d, device=self.device)
+        lo, hi = d.vmin, d.vmax
+        wide = type(self)._tri(rows, cols + hi - lo, hi, device=self.device)
+        start = ssub(hi, d)
+        return wide.shrink(((0, rows), (start, sadd(start, cols))))
+
+    def triu(self, diagonal: int | Any = 0) -> Tensor:
+        """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest
+        (``diagonal`` may be a bound Variable)."""
         if self.ndim < 2:
             raise RuntimeError("triu: input tensor must have at least 2 dimensions")
-        diagonal = size_arg(diagonal, "diagonal")
-        keep = type(self)._tri(self.shape[-2], self.shape[-1], diagonal, device=self.device)
-        return keep.where(self, self.zeros_like())
+        return self._tri_mask(diagonal).where(self, self.zeros_like())
 
-    def tril(self, diagonal: int = 0) -> Tensor:
-        """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest."""
+    def tril(self, diagonal: int | Any = 0) -> Tensor:
+        """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest
+        (``diagonal`` may be a bound Variable)."""
         if self.ndim < 2:
             raise RuntimeError("tril: input tensor must have at least 2 dimensions")
-        diagonal = size_arg(diagonal, "diagonal")
-        drop = type(self)._tri(self.shape[-2], self.shape[-1], diagonal + 1, device=self.device)
-        return drop.where(self.zeros_like(), self)
+        sym = isinstance(diagonal, (Variable, UOp))
+        nxt = sadd(sint_of(diagonal), 1) if sym else size_arg(diagonal, "diagonal") + 1
+        return self._tri_mask(nxt).where(self.zeros_like(), self)
 
     # --- diagonals -------------------------------------------------------------------------------
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:

@@ -242,13 +242,13 @@ class ReduceMixin(TensorBase):
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index (the default int) of the minimum along ``axis``; first index on ties, nan counts as the minimum."""
-        if self.dtype == dtypes.bool:
-            raise RuntimeError("argmin(): does not support bool input")
+        if self.dtype == dtypes.bool:  # tinygrad ranks False < True (torch refuses bool)
+            return self.cast(dtypes.int32).argmin(axis, keepdim)
         return self.detach()._inverse()._arg_reduce(axis, keepdim, "argmin")
 
     def _arg_reduce(self, axis: int | None, keepdim: bool, name: str) -> Tensor:
         if self.dtype == dtypes.bool:
-            raise RuntimeError(f"{name}(): does not support bool input")
+            return self.cast(dtypes.int32)._arg_reduce(axis, keepdim, name)
         x = self.detach()
         if axis is None:
             if x.numel() == 0:

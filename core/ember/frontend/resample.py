@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from ember.dtype import dtypes
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError
 from ember.helpers import is_int_like
@@ -45,7 +46,7 @@ class ResampleMixin(TensorBase):
             raise ArgumentError(f"interpolate: invalid size {size} for an input of shape {self.shape}")
         n = len(sizes)
         x = self
-        for j, o in enumerate(sizes):
+        for j, o in reversed(list(enumerate(sizes))):  # last dim first, as tinygrad (uint8 rounds per dim)
             ax = self.ndim - n + j
             i = x.shape[ax]
             if i == o:
@@ -63,7 +64,9 @@ class ResampleMixin(TensorBase):
                 continue
             weights = _interp_weights(i, o, mode, align_corners)
             moved = x.transpose(ax, -1).unsqueeze(-2)                                  # (..., 1, i)
-            if linear:
+            if linear and x.dtype == dtypes.uint8:
+                res = _lerp_uint8(moved, i, o, align_corners)
+            elif linear:
                 xf = moved._to_float()
                 w = type(self)(weights, device=self.device).cast(xf.dtype)
                 m = type(self)(weights != 0, device=self.device)
@@ -72,7 +75,34 @@ class ResampleMixin(TensorBase):
                 m = type(self)(weights != 0, device=self.device)
                 res = m.where(moved, 0).sum(-1, dtype=moved.dtype)
             x = res.transpose(ax, -1)
-        return x
+        # integer inputs keep their dtype, as in tinygrad (uint8 is rounded per dim above, others truncate)
+        return x.cast(self.dtype) if x.dtype != self.dtype else x
+
+
+def _lerp_uint8(moved: Tensor, i: int, o: int, align_corners: bool) -> Tensor:
+    """Linear resampling of uint8 ``moved`` (..., 1, i) to (..., o) in tinygrad's 7-bit fixed point: output j is
+    ``a + floor(((b - a) * w + 64) / 128)`` with ``a``, ``b`` its two source elements and ``w`` its weight toward
+    ``b`` rounded to 1/128. tinygrad takes ``b - a`` as an int8, which wraps when the two differ by more than
+    127; here it is the true difference (the same result whenever tinygrad's is right)."""
+    j = np.arange(o, dtype=np.int64)
+    if align_corners:  # source position j * (i - 1) / (o - 1) as an exact fraction num / den
+        num, den = j * (i - 1), max(o - 1, 1)
+    else:              # (j + 0.5) * i / o - 0.5, clamped to [0, i - 1]
+        num, den = (2 * j + 1) * i - o, 2 * o
+    num = np.clip(num, 0, (i - 1) * den)
+    lo, hi = num // den, -(-num // den)
+    w = ((num % den).astype(np.float32) / np.float32(den) * np.float32(128) + np.float32(0.5)).astype(np.int32)
+    rows = np.zeros((o, i), dtype=bool)
+    pick = type(moved)
+
+    def gathered(at: np.ndarray) -> Tensor:
+        sel = rows.copy()
+        sel[j, at] = True
+        return pick(sel, device=moved.device).where(moved, 0).sum(-1, dtype=dtypes.int32)
+
+    a, b = gathered(lo), gathered(hi)
+    wt = pick(w, device=moved.device)
+    return (a + ((b - a) * wt + 64).div(128, rounding_mode="floor")).cast(dtypes.uint8)
 
 
 def _interp_weights(i: int, o: int, mode: str, align_corners: bool) -> np.ndarray:

@@ -26,6 +26,16 @@ class ArgumentError(RuntimeError, ValueError):
     """
 
 
+class EmptyTensorList(ArgumentError, TypeError):
+    """``cat``/``stack`` of no tensors: torch raises RuntimeError, tinygrad a TypeError (its methods need a first
+    tensor); this is both, and a ValueError (an ArgumentError)."""
+
+
+class BadShapeArgument(TypeError, ValueError):
+    """A shape given as a mix of sequences and sizes, like ``f((2, 3), 3)``: torch raises TypeError, tinygrad
+    ValueError; this is both."""
+
+
 def size_arg(s: object, what: str = "size") -> int:
     """One size as an int: a float (even 2.0, as in torch), a bool or a non-number is a TypeError naming it."""
     if is_int_like(s) and not isinstance(s, bool):
@@ -46,6 +56,8 @@ def shape_arg(shape: Sequence[object], what: str = "shape") -> Shape:
     :data:`MAX_NUMEL`, is an ArgumentError."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    elif any(isinstance(s, (tuple, list)) for s in shape):
+        raise BadShapeArgument(f"bad {what} argument {tuple(shape)}: give sizes, or one sequence of sizes")
     out = tuple(size_arg(s, f"{what} entry") for s in shape)
     if any(s < 0 for s in out):
         raise ArgumentError(f"Trying to create tensor with negative dimension {min(out)}: {out}")
@@ -142,7 +154,7 @@ def resolve_pads(padding: int | Sequence[int], n: int) -> Pads:
         return tuple((p, p) for p in vals)
     if len(vals) == 2 * n:
         return tuple((vals[2 * j], vals[2 * j + 1]) for j in reversed(range(n)))
-    raise RuntimeError(f"padding must be an int or a sequence of {n} or {2 * n} ints, but got {list(vals)}")
+    raise ArgumentError(f"padding must be an int or a sequence of {n} or {2 * n} ints, but got {list(vals)}")
 
 
 def nonnegative_pads(pads: Pads, padding: object, name: str) -> None:
