@@ -814,8 +814,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
                                           f"variables are bound to")
             guards.record(lo, hi, s)
             after = ssub(hi, s)
-            guard.append((max(0, -(lo if isinstance(lo, int) else lo.vmin)),
-                          max(0, after if isinstance(after, int) else after.vmax)))
+            guard.append((max(0, -int(lo if isinstance(lo, int) else lo.vmin)),
+                          max(0, int(after if isinstance(after, int) else after.vmax))))
         if any(g != (0, 0) for g in guard):
             return self.pad(guard)._shrink_symbolic(tuple((sadd(lo, b), sadd(hi, b)) for (lo, hi), (b, _) in
                                                           zip(a, guard)))

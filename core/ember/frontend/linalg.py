@@ -88,14 +88,14 @@ class LinalgMixin(TensorBase):
         (Householder reflections; see :mod:`ember.frontend.decompositions`)."""
         from ember.frontend.decompositions import qr
 
-        return qr(self)  # type: ignore[arg-type]
+        return qr(self)
 
     def svd(self, full_matrices: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Singular value decomposition of the last two dims: ``(U, S, Vh)``, S descending (one-sided Jacobi on
         QR's R; see :mod:`ember.frontend.decompositions`)."""
         from ember.frontend.decompositions import svd
 
-        return svd(self, full_matrices)  # type: ignore[arg-type]
+        return svd(self, full_matrices)
 
     def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
         """``self @ weight + bias`` with ``weight`` of shape (in, out); a 1-D weight scales elementwise."""
