@@ -57,6 +57,10 @@ _ARRAY_CODES = {dt: code for dt, code in STRUCT_CODES.items()
                 if dt.kind != "b" and code in array.typecodes and array.array(code).itemsize == dt.itemsize}
 
 
+#: the longest integer ``arange`` built on the host and uploaded; longer ones are computed in their kernels
+_ARANGE_HOST_MAX = 1 << 20
+
+
 def _without_numpy(dt: DType, n: int) -> bool:
     """Whether host values of ``n`` elements of ``dt`` are built with the array module: numpy is not imported
     yet, the range is small, and the dtype has an array code."""
@@ -152,6 +156,8 @@ class CreationMixin(TensorBase):
                     dt = dtypes.int64
                 else:
                     raise OverflowError(f"arange [{start}, {stop}) step {step} is not representable in dtype {dt}")
+            if n > _ARANGE_HOST_MAX and dt.kind in "iu":  # computed where it is used: no n-sized host array
+                return cls._arange_lazy(istart, istep, n, dt, kwargs)
             if _without_numpy(dt, n) and (not ints or (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt))):
                 return cls._arange_upload(array.array(_ARRAY_CODES[dt], ints), dt, n, kwargs)
             values: np.ndarray = istart + np.arange(n, dtype=np.int64) * istep
@@ -163,6 +169,18 @@ class CreationMixin(TensorBase):
                                           dt, n, kwargs)
             values = fstart + np.arange(n, dtype=np.float64) * fstep
         return cls(values, dtype=dt, **kwargs)
+
+    @classmethod
+    def _arange_lazy(cls, start: int, step: int, n: int, dt: DType, kwargs: dict[str, Any]) -> Tensor:
+        """An integer ``arange`` of ``n`` values (known to fit ``dt``) as ``start + ramp * step``, computed in the
+        kernels that read it (2**31 int64 values would be 16 GiB built on the host and uploaded)."""
+        device = cls._device_name(kwargs.pop("device", None))
+        requires_grad = kwargs.pop("requires_grad", None)
+        if kwargs:
+            raise TypeError(f"arange() got unexpected keyword arguments {sorted(kwargs)}")
+        wide = dtypes.int64 if dt.itemsize < 8 or dt.kind == "i" else dt  # start + i * step without overflow
+        t = (cls._ramp(n, device).cast(wide) * step + start).cast(dt)
+        return cls._leaf(t, requires_grad) if requires_grad is not None else t
 
     @classmethod
     def _arange_upload(cls, values: array.array, dt: DType, n: int, kwargs: dict[str, Any]) -> Tensor:
