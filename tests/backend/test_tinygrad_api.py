@@ -100,7 +100,7 @@ def test_conv_transpose1d_layer_matches_torch(device):
                 ref.bias.copy_(torch.tensor(layer.bias.numpy()))
         x = q(2, 4, 5)
         check(layer(Tensor(x, device=device)), ref(torch.tensor(x)), atol=1e-5)
-    bound = 1 / math.sqrt(6 * 3)  # torch's init bound: out_channels // groups * kernel
+    bound = 1 / math.sqrt(4 * 3)  # tinygrad's init bound: in_channels * kernel (torch's: out_channels // groups)
     w = nn.ConvTranspose1d(4, 6, 3).weight.numpy()
     assert np.abs(w).max() <= bound and np.abs(w).max() > bound / 2
 

@@ -2,9 +2,11 @@
 
 Every layer is a plain Python object whose :class:`~ember.tensor.Tensor` attributes are its
 parameters (``ember.nn.state.get_parameters(model)`` finds them by walking attributes), and
-calling the layer runs its forward pass. Constructor signatures follow tinygrad's ``nn``
-module; default initializations draw from the same distributions, with the same bounds, as
-PyTorch's ``reset_parameters``.
+calling the layer runs its forward pass. Constructor signatures and default initializations
+follow tinygrad's ``nn`` module: the same distributions, bounds, dtypes and order of random draws,
+so a model built after ``Tensor.manual_seed(s)`` starts from tinygrad's weights for that seed
+(where tinygrad differs from PyTorch, e.g. the Embedding, grouped-conv and LSTM bias
+initializations, ember follows tinygrad).
 
 Parameters are created with ``requires_grad=None``: an optimizer given them turns that into
 ``True``; buffers such as BatchNorm's running statistics are ``requires_grad=False``.
@@ -55,14 +57,21 @@ def _pair(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
 
 
 def _uniform_param(shape: tuple[int, ...], bound: float) -> Tensor:
-    """A parameter drawn uniformly from ``[-bound, bound)`` (torch's ``kaiming_uniform_(a=sqrt(5))`` bound)."""
+    """A parameter drawn uniformly from ``[-bound, bound)`` in the default float dtype."""
     return Tensor.uniform(*shape, low=-bound, high=bound)
 
 
-def _filled(shape: int | tuple[int, ...], value: float, dtype: DType = dtypes.float32) -> Tensor:
+def _inv_sqrt(fan: int) -> float:
+    """``1 / sqrt(fan)``, the uniform bound of a layer with ``fan`` inputs per output; 0 for an empty layer."""
+    return 1 / math.sqrt(fan) if fan > 0 else 0.0
+
+
+def _filled(shape: int | tuple[int, ...], value: float, dtype: DType | None = None) -> Tensor:
     """A tensor in its own buffer from the start (not a lazy constant), so the first training step's graph
-    is the same as every later step's and its kernels are compiled once."""
-    return Tensor(np.full(shape, value, dtype=to_np_dtype(dtype)), dtype=dtype)
+    is the same as every later step's and its kernels are compiled once. ``dtype`` defaults to the default
+    float at call time (as ``Tensor.ones`` would)."""
+    dt = dtypes.default_float if dtype is None else dtype
+    return Tensor(np.full(shape, value, dtype=to_np_dtype(dt)), dtype=dt)
 
 
 def _channel_affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
@@ -82,7 +91,7 @@ class Linear:
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
-        bound = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+        bound = _inv_sqrt(in_features)
         self.weight = _uniform_param((out_features, in_features), bound)
         self.bias = _uniform_param((out_features,), bound) if bias else None
 
@@ -96,7 +105,9 @@ class Conv2d:
 
     ``padding`` may be an int, a tuple, or the strings ``"valid"`` and ``"same"`` (stride 1).
     Weight ``(out_channels, in_channels // groups, *kernel_size)`` and bias are uniform in
-    ``±1/sqrt(fan_in)`` with ``fan_in = in_channels // groups * prod(kernel_size)``, like torch.
+    ``±1/sqrt(in_channels * prod(kernel_size))``, weight drawn first. As in tinygrad the bound counts all
+    ``in_channels`` even when ``groups > 1`` (torch divides by ``groups``), so grouped convolutions start
+    ``sqrt(groups)`` times smaller than torch's.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, ...], stride: int = 1,
@@ -107,8 +118,7 @@ class Conv2d:
         self.kernel_size = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.stride, self.dilation, self.groups = stride, dilation, groups
         self.padding = self._resolve_padding(padding)
-        fan_in = in_channels // groups * prod(self.kernel_size)
-        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        bound = _inv_sqrt(in_channels * prod(self.kernel_size))
         self.weight = _uniform_param((out_channels, in_channels // groups, *self.kernel_size), bound)
         self.bias = _uniform_param((out_channels,), bound) if bias else None
 
@@ -161,7 +171,11 @@ class Conv1d(Conv2d):
 class ConvTranspose2d(Conv2d):
     """A transposed 2-D convolution; weight ``(in_channels, out_channels // groups, *kernel_size)``.
 
-    Weight and bias are uniform in ``±1/sqrt(out_channels // groups * prod(kernel_size))``, like torch.
+    Initialized as tinygrad does, where this layer builds the plain convolution it extends first: the
+    random stream gives, in order, a convolution weight ``(out_channels, in_channels // groups, *kernel_size)``
+    that is thrown away, the bias ``(out_channels,)`` (if ``bias``), then the weight. All three are uniform
+    in ``±1/sqrt(in_channels * prod(kernel_size))`` (torch uses ``out_channels // groups`` in place of
+    ``in_channels``).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, ...], stride: int = 1,
@@ -173,10 +187,12 @@ class ConvTranspose2d(Conv2d):
         self.kernel_size = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.stride, self.dilation, self.groups = stride, dilation, groups
         self.padding, self.output_padding = padding, output_padding
-        fan_in = out_channels // groups * prod(self.kernel_size)
-        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-        self.weight = _uniform_param((in_channels, out_channels // groups, *self.kernel_size), bound)
+        bound = _inv_sqrt(in_channels * prod(self.kernel_size))
+        # the first draw is replaced below and never computed: it only moves the random stream on, so every later
+        # layer's weights stay those tinygrad gives for the same seed (and the state dict lists weight first)
+        self.weight = Tensor.rand(out_channels, in_channels // groups, *self.kernel_size, contiguous=False)
         self.bias = _uniform_param((out_channels,), bound) if bias else None
+        self.weight = _uniform_param((in_channels, out_channels // groups, *self.kernel_size), bound)
 
     def __call__(self, x: Tensor) -> Tensor:
         """Apply the transposed convolution to ``x`` of shape ``(N, C_in, H, W)``."""
@@ -187,7 +203,7 @@ class ConvTranspose2d(Conv2d):
 class ConvTranspose1d(ConvTranspose2d):
     """A transposed 1-D convolution over ``(N, C_in, L)``; weight ``(in_channels, out_channels // groups, k)``.
 
-    Weight and bias are uniform in ``±1/sqrt(out_channels // groups * kernel_size)``, like torch.
+    Initialized like :class:`ConvTranspose2d` with a kernel of ``(k,)``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int], stride: int = 1,
@@ -327,12 +343,13 @@ class RMSNorm:
 class Embedding:
     """A lookup table: integer indices of any shape -> rows of ``weight`` (``vocab_size x embed_size``).
 
-    The weight is standard normal, like ``torch.nn.Embedding``.
+    The weight is Glorot uniform, in ``±sqrt(6 / (vocab_size + embed_size))``, as in tinygrad (torch's is
+    standard normal).
     """
 
     def __init__(self, vocab_size: int, embed_size: int):
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
-        self.weight = Tensor.randn(vocab_size, embed_size)
+        self.weight = Tensor.glorot_uniform(vocab_size, embed_size)
 
     def __call__(self, idx: Tensor) -> Tensor:
         """The rows of ``weight`` picked by ``idx``; the result has shape ``(*idx.shape, embed_size)``."""
@@ -346,15 +363,19 @@ class Embedding:
 
 
 class LSTMCell:
-    """One step of an LSTM: ``(x, (h, c)) -> (h', c')``; weights uniform in ``±1/sqrt(hidden_size)`` like torch."""
+    """One step of an LSTM: ``(x, (h, c)) -> (h', c')``.
+
+    ``weight_ih`` then ``weight_hh`` are uniform in ``±1/sqrt(hidden_size)``; the biases start at zero and
+    draw nothing from the random stream, as in tinygrad (torch draws them uniform too).
+    """
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
         self.hidden_size = hidden_size
-        bound = 1 / math.sqrt(hidden_size)
+        bound = _inv_sqrt(hidden_size)
         self.weight_ih = _uniform_param((hidden_size * 4, input_size), bound)
         self.weight_hh = _uniform_param((hidden_size * 4, hidden_size), bound)
-        self.bias_ih = _uniform_param((hidden_size * 4,), bound) if bias else None
-        self.bias_hh = _uniform_param((hidden_size * 4,), bound) if bias else None
+        self.bias_ih = _filled(hidden_size * 4, 0.0) if bias else None
+        self.bias_hh = _filled(hidden_size * 4, 0.0) if bias else None
 
     def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """Advance the state ``hc = (h, c)`` (zeros when None) by input ``x`` of shape ``(N, input_size)``."""
