@@ -87,3 +87,14 @@ def test_positions_past_int32_and_uint32(device, n):
     assert pos.dtype.itemsize == 8
     np.testing.assert_array_equal(pos[-3:].numpy(), np.arange(n - 3, n))
     np.testing.assert_array_equal(Tensor._ramp(n, device)[-2:].numpy(), np.arange(n - 2, n))
+
+
+def test_long_integer_ranges_are_computed_where_read(device):
+    """An integer arange past 2**20 values is not built on the host: arange(2**31 + 7) is int64, and its last
+    values are computed alone (its size in Python, not an n-long walk or a 16 GiB upload)."""
+    n = 2 ** 31 + 7
+    big = Tensor.arange(n, device=device)
+    assert big.dtype.itemsize == 8 and big.shape == (n,)
+    np.testing.assert_array_equal(big[-3:].numpy(), np.arange(n - 3, n))
+    for args in [(2 ** 21,), (5, 2 ** 21 + 5, 3), (10, -2 ** 21, -7), (2 ** 33, 2 ** 33 + 2 ** 21 + 1, 2 ** 10)]:
+        np.testing.assert_array_equal(Tensor.arange(*args, device=device).numpy(), np.arange(*args))

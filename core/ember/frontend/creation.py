@@ -148,17 +148,19 @@ class CreationMixin(TensorBase):
             else:
                 n = max(0, math.ceil((float(stop) - float(start)) / float(step)))
             ints = range(istart, istart + n * istep, istep)
-            if ints and dt.kind in "iu" and not (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt)):
+            # the extremes of a range are its ends (min() and max() would walk all n values)
+            least, most = (min(ints[0], ints[-1]), max(ints[0], ints[-1])) if ints else (0, 0)
+            if ints and dt.kind in "iu" and not (dtypes.min(dt) <= least and most <= dtypes.max(dt)):
                 # like tinygrad, a range of ints past the default int's is int64, and one past a given dtype an
                 # OverflowError; tinygrad bounds it by stop - step, ember by its real last value (so a step past
                 # int32's max is int64 here, where tinygrad's int32 values wrap)
-                if dtype is None and dtypes.min(dtypes.int64) <= min(ints) and max(ints) <= dtypes.max(dtypes.int64):
+                if dtype is None and dtypes.min(dtypes.int64) <= least and most <= dtypes.max(dtypes.int64):
                     dt = dtypes.int64
                 else:
                     raise OverflowError(f"arange [{start}, {stop}) step {step} is not representable in dtype {dt}")
             if n > _ARANGE_HOST_MAX and dt.kind in "iu":  # computed where it is used: no n-sized host array
                 return cls._arange_lazy(istart, istep, n, dt, kwargs)
-            if _without_numpy(dt, n) and (not ints or (dtypes.min(dt) <= min(ints) and max(ints) <= dtypes.max(dt))):
+            if _without_numpy(dt, n) and (not ints or (dtypes.min(dt) <= least and most <= dtypes.max(dt))):
                 return cls._arange_upload(array.array(_ARRAY_CODES[dt], ints), dt, n, kwargs)
             values: np.ndarray = istart + np.arange(n, dtype=np.int64) * istep
         else:
@@ -179,7 +181,13 @@ class CreationMixin(TensorBase):
         if kwargs:
             raise TypeError(f"arange() got unexpected keyword arguments {sorted(kwargs)}")
         wide = dtypes.int64 if dt.itemsize < 8 or dt.kind == "i" else dt  # start + i * step without overflow
-        t = (cls._ramp(n, device).cast(wide) * step + start).cast(dt)
+        # on the (rows, b) grid of the ramp's two parts, reshaped last: a slice of the result then computes only
+        # its elements (an elementwise op over the reshaped ramp would be a second view over a computed value)
+        b = 1 << math.isqrt(n - 1).bit_length()
+        rows = -(-n // b)
+        hi = cls._ramp(rows, device).reshape(rows, 1).expand(rows, b).cast(wide)
+        lo = cls._ramp(b, device).reshape(1, b).expand(rows, b).cast(wide)
+        t = ((hi * b + lo) * step + start).cast(dt).reshape(rows * b)[:n]
         return cls._leaf(t, requires_grad) if requires_grad is not None else t
 
     @classmethod
