@@ -55,3 +55,19 @@ def test_unsigned_floor_division_of_a_sum_that_wraps(device: str = "") -> None:
         want = (np.array([2 ** 30 + 5, 7], np.uint32) * np.uint32(4) + np.uint32(1)) // np.uint32(4)
         assert ((x * 4 + 1) // 4).numpy().tolist() == want.tolist()
         assert ((x * 4 + 1) % 4).numpy().tolist() == [1, 1]
+
+
+def test_integer_division_of_a_negative_constant_by_a_computed_divisor(device: str = "") -> None:
+    # found on CPU (seed 405627 of 10,000): x / d with d possibly -1 renders x/-1 as -x, and x = -1 gave the C
+    # text ``--1ll``: "lvalue required as decrement operand", on gcc, and the same text in the OpenCL renderer
+    from ember import Device
+
+    device = device or Device.DEFAULT
+    divisor = np.array([3, 17, -13, 4, -1, 0], dtype=np.int64)
+    for value in (-1, -7, 5):
+        x = Tensor.full((6,), value, dtype=dtypes.int64, device=device)
+        got = (x // ((Tensor(divisor, device=device) & 7) + 1)).numpy()
+        np.testing.assert_array_equal(got, value // ((divisor & 7) + 1))
+        d = np.array([-1, 2, -1], dtype=np.int32)
+        got = (Tensor.full((3,), value, dtype=dtypes.int32, device=device) // Tensor(d, device=device)).numpy()
+        np.testing.assert_array_equal(got, value // d)

@@ -144,7 +144,7 @@ class CStyleRenderer(Renderer):
             if dt.kind != "i":  # unsigned: only x/0 traps (defined as 0)
                 return f"(({a[1]} == 0) ? 0 : ({a[0]} {sym} {a[1]}))"
             # no trap on x/0 or INT_MIN/-1: x/0 is 0, x/-1 is -x (wrapping), x%-1 is 0
-            return f"(({a[1]} == 0 || {a[1]} == -1) ? ({a[1]} == 0 ? 0 : {'-' + a[0] if sym == '/' else '0'}) " \
+            return f"(({a[1]} == 0 || {a[1]} == -1) ? ({a[1]} == 0 ? 0 : {'-(' + a[0] + ')' if sym == '/' else '0'}) " \
                    f": ({a[0]} {sym} {a[1]}))"
         if op in (Ops.SHL, Ops.SHR) and not (u.src[1].op is Ops.CONST and 0 <= u.src[1].arg < dt.bitsize):
             # shifting by the bit width or more is undefined in C: 0 (or -1 for a negative value shifted right)

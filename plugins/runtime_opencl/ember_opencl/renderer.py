@@ -260,7 +260,7 @@ class CLRenderer(CStyleRenderer):
             return f"({a[0]} {sym} {a[1]})"
         if dt.kind == "u":  # an unsigned divisor is never -1
             return f"(({a[1]} == 0) ? 0 : ({a[0]} {sym} {a[1]}))"
-        minus_one = f"{'-' + a[0] if sym == '/' else '0'}"
+        minus_one = f"{'-(' + a[0] + ')' if sym == '/' else '0'}"
         return f"(({a[1]} == 0 || {a[1]} == -1) ? ({a[1]} == 0 ? 0 : {minus_one}) : ({a[0]} {sym} {a[1]}))"
 
     def render_cast(self, u: UOp, x: str) -> str:
