@@ -585,6 +585,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
             if not low <= fill_value <= info.max:  # torch refuses to wrap a constant (300 -> int8 would be 44)
                 raise RuntimeError(f"value cannot be converted to type {info.dtype.name} without overflow: "
                                    f"{fill_value}")
+        if isinstance(device, tuple):  # replicated on several devices, as tinygrad does
+            return Tensor(Tensor.full(shp, fill_value, dt, device[0]).to(device).lazydata, **kwargs)
         dev = _device(device)
         c = Tensor(make_const(fill_value, dt, dev))
         if shp:
@@ -608,6 +610,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
         """An uninitialized tensor (its own buffer, contents unspecified)."""
         shp = Tensor._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if isinstance(device, tuple):  # one buffer on each device
+            return Tensor(Tensor.empty(*shp, dtype=dt, device=device[0]).to(device).lazydata, **kwargs)
         dev = _device(device)
         return Tensor(buffer_view(new_buffer(dev, sint_max(sprod(shp)), dt), shp), **kwargs)
 

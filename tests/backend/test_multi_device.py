@@ -386,3 +386,15 @@ def test_conv_batchnorm_adam_data_parallel_matches_one_device():
                 losses.append(loss.item())
         runs.append(losses)
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
+
+
+def test_creation_on_a_tuple_of_devices():
+    """zeros/full/empty on a tuple of devices are replicated (tinygrad); random numbers are drawn on one device
+    (tinygrad raises ValueError too)."""
+    devs = ("CPU:0", "CPU:1")
+    z = Tensor.full((4, 2), 3.0, device=devs)
+    assert isinstance(z.device, tuple) and len(z.device) == 2
+    np.testing.assert_array_equal((z + Tensor.zeros(4, 2, device=devs)).numpy(), np.full((4, 2), 3.0))
+    assert Tensor.empty(4, 2, device=devs).shape == (4, 2)
+    with pytest.raises(ValueError, match="single device"):
+        Tensor.rand(4, 2, device=devs)

@@ -563,6 +563,9 @@ class CreationMixin(TensorBase):
 
     @staticmethod
     def _device_name(device: str | None) -> str:
+        if isinstance(device, tuple):  # tinygrad's refusal: draw on one device, then shard or replicate
+            raise ValueError(f"random numbers are drawn on a single device, got device={device!r}: draw on one and "
+                             f"use .shard() or .to() to place them on several")
         return Device.canonicalize(device) if device is not None else Device.DEFAULT
 
 
