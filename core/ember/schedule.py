@@ -646,19 +646,19 @@ def mark_realized(becomes: dict[UOp, UOp]) -> None:
 
 
 def forget_readers(written: set[UOp]) -> None:
-    """Drop every entry of ``realized`` whose computation reads one of the BUFFER nodes ``written``, or whose
-    value lives in one of them (the tensor realized there was assigned into since: an identical graph built
-    later must compute its value afresh, not read what the assign left).
+    """Drop every entry of ``realized`` whose computation reads one of the BUFFER nodes ``written``.
 
     ASSIGN nodes stay: each names one write that happened (nodes are unique), and stands for the
-    buffer it wrote into.
+    buffer it wrote into. A node realized into a buffer that is assigned into later keeps standing for that
+    buffer, as in tinygrad: a twin built before (``x * 2`` made twice, one of them realized and assigned into)
+    reads the buffer's current contents.
     """
     keys = list(realized.keys())
     reads: dict[UOp, bool] = {}
     for n in toposort(keys, stop=lambda u: u.op is Ops.BUFFER):
         reads[n] = n in written or any(reads[s] for s in n.src if s in reads)
     for k in keys:
-        if k.op is not Ops.ASSIGN and (reads.get(k) or ((v := realized.get(k)) is not None and base_of(v) in written)):
+        if reads.get(k) and k.op is not Ops.ASSIGN:
             realized.pop(k, None)
 
 
