@@ -43,7 +43,7 @@ from ember.dtype import DType, PtrDType, dtypes, truncate
 from ember.helpers import prod
 from ember.ir.lazy import base_of, buffer_view, buffers, constant_along, device_of, new_buffer, realized, shape_of
 from ember.ir.multi import lower
-from ember.ir.shapetracker import ShapeTracker
+from ember.ir.shapetracker import ShapeTracker, strides_for_shape
 from ember.ir.symbolic import sint_max, sprod
 from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
@@ -297,6 +297,26 @@ def _is_reshape_only(st: ShapeTracker, src_shape: tuple[int, ...]) -> bool:
     return st.contiguous and sprod(src_shape) == st.size  # (symbolic sizes: equal expressions are one node)
 
 
+def copy_range(st: ShapeTracker) -> int | None:
+    """Where the view ``st`` of a buffer starts, when it reads a contiguous range of it in order (what a COPY
+    can move without a kernel); None otherwise."""
+    if not all(v.contiguous for v in st.views[:-1]):  # (plain reshapes: flat positions are memory positions)
+        return None
+    v = st.views[-1]
+    if v.mask is not None or not isinstance(v.offset, int) or not all(isinstance(s, int) for s in v.shape):
+        return None
+    want = tuple(0 if s == 1 else st for s, st in zip(v.shape, strides_for_shape(v.shape)))
+    return v.offset if v.strides == want else None
+
+
+def _copy_offset(src: UOp, base: UOp) -> int | None:
+    """Where the COPY source ``src`` (a view of ``base``, or ``base`` itself) starts in ``base``'s buffer, when it
+    is a contiguous range of it; None otherwise."""
+    if src.op is not Ops.VIEW:
+        return 0
+    return copy_range(assign_view(base) + src.arg if base.op is Ops.ASSIGN else src.arg)
+
+
 def _targets(roots: list[UOp]) -> list[UOp]:
     """Decide which nodes become kernels, in dependency order."""
     nodes = toposort(roots, stop=lambda u: u.op is Ops.BUFFER)
@@ -316,10 +336,13 @@ def _targets(roots: list[UOp]) -> list[UOp]:
         if n.op is Ops.COPY:
             src = n.src[0]
             sb = base_of(src)
-            whole = sb.op is Ops.BUFFER and (src.op is Ops.BUFFER or (src.arg.contiguous and src.arg.size == sb.arg[2]))
-            if not whole:
-                # a copy moves a contiguous buffer: materialize its source first
+            # a copy moves a contiguous range of a buffer: materialize any other source first (a range of a node
+            # that is stored anyway is read where it is stored)
+            ranged = _copy_offset(src, sb) is not None
+            if not ranged or sb.op not in (Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN):
                 targets.add(src if src.op is Ops.VIEW else sb)
+            elif sb.op is not Ops.BUFFER:
+                targets.add(sb)
     has_reduce: dict[UOp, bool] = {}
     costly: dict[UOp, bool] = {}  # a costly op in the node's fused subgraph
     for n in nodes:
@@ -554,12 +577,15 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
             src = t.src[0]
             sb = base_of(src)
             src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
+            # the first element copied: where a view of a stored node starts in its buffer
+            offset = 0 if src in target_bufs else _copy_offset(src, sb)
+            assert offset is not None, "a copy's source must be a contiguous range of a buffer"
             out = new_buffer(device_of(t), size, t.value_dtype)
             target_bufs[t] = out
             if size:
                 reads = {n for n in (src, sb) if (n in target_bufs and n is not t) or n.op is Ops.BUFFER}
-                items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), size), (buffers[out], buffers[src_buf])),
-                              reads))
+                items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), (size, offset)),
+                                              (buffers[out], buffers[src_buf])), reads))
             continue
         out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.value_dtype)
         target_bufs[t] = out

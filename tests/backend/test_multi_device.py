@@ -398,3 +398,32 @@ def test_creation_on_a_tuple_of_devices():
     assert Tensor.empty(4, 2, device=devs).shape == (4, 2)
     with pytest.raises(ValueError, match="single device"):
         Tensor.rand(4, 2, device=devs)
+
+
+# --- copies of a range of a buffer ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dest", ["CPU:1", "PYTHON"])
+def test_copy_of_a_contiguous_range_reads_the_buffer_in_place(dest):
+    """A slice that is a contiguous range of a realized buffer is copied straight out of it (one COPY that starts
+    at the slice's offset, no kernel); a strided slice still gets a kernel first. PYTHON: through the host."""
+    a = _data(6, 4, seed=21)
+    x = Tensor(a).realize()
+    part = x[2:4].to(dest)
+    items = part.schedule()
+    assert [(si.ast.op, si.ast.arg) for si in items] == [(Ops.COPY, (8, 8))]
+    np.testing.assert_array_equal(part.numpy(), a[2:4])
+    strided = x[:, 1].to(dest)
+    assert [si.ast.op for si in strided.schedule()].count(Ops.COPY) == 1 and len(strided.schedule()) == 2
+    np.testing.assert_array_equal(strided.numpy(), a[:, 1])
+
+
+def test_ring_hops_copy_chunks_out_of_the_partials():
+    """The ring's first hop of every chunk copies it straight from the partial result's buffer: no kernel
+    stores a chunk only to be copied, so a sum of realized one-row shards is copies plus one add per hop and one
+    join per device."""
+    a = _data(4, 8, seed=22)
+    s = Tensor(a).shard(D4, axis=0).realize()
+    items = s.sum(0).schedule()
+    copies = [si for si in items if si.ast.op is Ops.COPY]
+    assert sorted({si.ast.arg[1] for si in copies}) == [0, 2, 4, 6]  # the first hops start inside the partials
+    assert len(items) - len(copies) == 4 * 3 + 4  # an add on each of the 3 later devices per chunk, 4 joins
+    np.testing.assert_allclose(s.sum(0).numpy(), a.sum(0), rtol=1e-5, atol=1e-6)

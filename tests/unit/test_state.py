@@ -145,7 +145,14 @@ def test_computing_on_disk_says_to_move_the_tensor_first(tmp_path: Any) -> None:
     with pytest.raises(DiskComputeError, match=r"cannot compute.*\.to\("):
         (t + 1).realize()
     with pytest.raises(DiskComputeError, match=r"\.to\("):
-        t[1:3].to(Device.DEFAULT).realize()
+        t[::2].to(Device.DEFAULT).realize()  # a strided slice needs a kernel on the disk
+
+
+def test_a_contiguous_slice_of_a_file_is_copied_without_a_kernel(tmp_path: Any) -> None:
+    path = tmp_path / "raw.bin"
+    path.write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    t = from_file(path, dtype=dtypes.float32)
+    np.testing.assert_array_equal(t[1:3].to(Device.DEFAULT).numpy(), [1.0, 2.0])
 
 
 def test_disk_allocator_views_are_zero_copy_and_read_only(tmp_path: Any) -> None:

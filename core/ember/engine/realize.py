@@ -97,28 +97,32 @@ class CompiledRunner(Runner):
 
 
 class BufferCopy(Runner):
-    """Copy between devices.
+    """Copy between devices: the whole destination buffer, from ``src_offset`` bytes into the source buffer.
 
     Between two devices of one plugin (``CL`` and ``CL:1``) the destination allocator's ``transfer``
-    copies without the host when it can. Otherwise the bytes go through host memory once: straight
-    from (or into) the zero-copy host view of whichever side has one (``as_buffer``), and through a
-    staging copy only when neither has.
+    copies without the host when it can (from a range of the source through the source allocator's
+    ``offset``). Otherwise the bytes go through host memory once: straight from (or into) the zero-copy
+    host view of whichever side has one (``as_buffer``), and through a staging copy only when neither has.
     """
 
-    def __init__(self, nbytes: int, dest_device: str, src_device: str):
-        self.nbytes, self.device, self.src_device = nbytes, dest_device, src_device
-        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
+    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int = 0):
+        self.nbytes, self.device, self.src_device, self.src_offset = nbytes, dest_device, src_device, src_offset
+        at = f"@{src_offset}" if src_offset else ""
+        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]}{at:7s}"
         self.estimated_mem = nbytes
         self.same_plugin = Device.origin(dest_device) == Device.origin(src_device)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         dest, src = bufs
+        if self.src_offset + dest.nbytes > src.nbytes:
+            raise ValueError(f"copy of {dest.nbytes} bytes from offset {self.src_offset} of a {src.nbytes}-byte buffer "
+                             f"on {src.device}")
         st = time.perf_counter()
         dest.allocate()
         src_dev, dest_dev = Device[src.device], Device[dest.device]
         src_dev.synchronize()
-        if not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev)):
-            _copy_through_host(dest, src, dest_dev)
+        if not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev, self.src_offset)):
+            _copy_through_host(dest, src, dest_dev, self.src_offset)
         if wait:
             Device[dest.device].synchronize()
             return time.perf_counter() - st
@@ -133,24 +137,41 @@ def _host_view(buf: Buffer) -> memoryview | None:
         return None
 
 
-def _transfer(dest: Buffer, src: Buffer, src_dev: Any, dest_dev: Any) -> bool:
+def _source_range(dest: Buffer, src: Buffer, offset: int) -> Any:
+    """The source allocator's handle of the ``dest.nbytes`` bytes of ``src`` from ``offset`` (NotImplementedError
+    when its allocator makes no sub-buffers)."""
+    if offset == 0:
+        return src.opaque
+    return src.allocator.offset(src.opaque, offset, dest.nbytes)
+
+
+def _transfer(dest: Buffer, src: Buffer, src_dev: Any, dest_dev: Any, offset: int = 0) -> bool:
     """Copy with the plugin's own ``Allocator.transfer``; False when it has none (``NotImplementedError``)."""
     try:
-        dest.allocator.transfer(dest.opaque, src.opaque, src.nbytes, src_dev, dest_dev)
+        dest.allocator.transfer(dest.opaque, _source_range(dest, src, offset), dest.nbytes, src_dev, dest_dev)
     except NotImplementedError:
         return False
     return True
 
 
-def _copy_through_host(dest: Buffer, src: Buffer, dest_dev: Any) -> None:
+def _copy_through_host(dest: Buffer, src: Buffer, dest_dev: Any, offset: int = 0) -> None:
     """One pass through host memory: from the source's host view, into the destination's, or via a staging copy."""
+    n = dest.nbytes
     if (view := _host_view(src)) is not None:
-        dest.copyin(view)
-    elif (view := _host_view(dest)) is not None:
-        dest_dev.synchronize()  # kernels queued on the destination may still read the old contents
-        src.copyout(view)
-    else:
-        dest.copyin(memoryview(src.as_bytes()))
+        dest.copyin(view[offset:offset + n])
+        return
+    if (view := _host_view(dest)) is not None:
+        try:
+            part = _source_range(dest, src, offset)
+        except NotImplementedError:
+            part = None
+        if part is not None:
+            dest_dev.synchronize()  # kernels queued on the destination may still read the old contents
+            Device[src.device].synchronize()
+            if n:
+                src.allocator.copyout(view, part)
+            return
+    dest.copyin(memoryview(src.as_bytes())[offset:offset + n])
 
 
 class KernelCache(OrderedDict):
@@ -351,7 +372,9 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     """Turn one ScheduleItem into an ExecItem (compiling on first sight)."""
     bufs = list(si.bufs)
     if si.ast.op is Ops.COPY:
-        return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device), bufs)
+        offset = si.ast.arg[1] if isinstance(si.ast.arg, tuple) else 0
+        return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device, offset * bufs[1].dtype.itemsize),
+                        bufs)
     return ExecItem(get_runner(bufs[0].device, si.ast), bufs, var_vals=dict(si.var_vals))
 
 

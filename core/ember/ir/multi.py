@@ -113,7 +113,9 @@ def _lower_one(n: UOp) -> UOp:
         return multi(tuple(copy_to(x, d) for d in devices), None)
     if n.op is Ops.REDUCE_AXIS:
         m = lower(n.src[0])
-        local = tuple(UOp(Ops.REDUCE_AXIS, n.dtype, (s,), n.arg) for s in m.src)
+        # a shard 1 long on every reduced axis (a batch of one row per device) is its own local result
+        local = tuple(s if s.dtype == n.dtype and all(shape_of(s)[a] == 1 for a in n.arg[1])
+                      else UOp(Ops.REDUCE_AXIS, n.dtype, (s,), n.arg) for s in m.src)
         if m.arg is None or m.arg not in n.arg[1]:
             return multi(local, m.arg)
         return multi(allreduce(local, n.arg[0]), None)
@@ -177,29 +179,49 @@ def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
 def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
     """Allreduce over a ring of the n devices of ``parts``: the values are cut into n chunks; chunk c is
     combined device after device around the ring, starting after device c and ending on it (reduce-scatter),
-    then each device fetches every chunk from its owner and joins them (allgather)."""
+    then each device fetches every chunk from its owner and joins them (allgather).
+
+    Each partial is stored once, flat and padded to n equal chunks (rows of an (n, chunk) view), so every hop
+    copies its chunk straight out of a buffer (a COPY of a range) and every add reads its own chunk in place;
+    the join places whole rows, so its kernel picks a source per row rather than per element."""
     n, shape, dtype = len(parts), shape_of(parts[0]), parts[0].value_dtype
     total = prod(shape)
     devices = [device_of(p) for p in parts]
     step = -(-total // n)
-    bounds = [(min(c * step, total), min((c + 1) * step, total)) for c in range(n)]
-    flat = [view_of(p, ShapeTracker.from_shape(shape).reshape((total,))) for p in parts]
+    flat = ShapeTracker.from_shape(shape).reshape((total,))
+    if step * n != total:
+        flat = flat.pad(((0, step * n - total),))
+    rows = [stored(view_of(p, flat)) for p in parts]
 
     def chunk(x: UOp, c: int) -> UOp:
-        return view_of(x, ShapeTracker.from_shape((total,)).shrink((bounds[c],)))
+        return view_of(x, ShapeTracker.from_shape((n * step,)).shrink(((c * step, (c + 1) * step),)))
 
-    owned = []
-    for c in range(n):
+    live = [c for c in range(n) if c * step < total]  # (a chunk of padding only is neither reduced nor sent)
+    owned = {}
+    for c in live:
         ring = [(c + k) % n for k in range(1, n + 1)]
-        acc = chunk(flat[ring[0]], c)
+        acc = chunk(rows[ring[0]], c)
         for d in ring[1:]:
-            acc = UOp(op, dtype, (chunk(flat[d], c), copy_to(acc, devices[d])))
-        owned.append(acc)
+            acc = UOp(op, dtype, (chunk(rows[d], c), copy_to(acc, devices[d])))
+        owned[c] = acc
     out = []
     for device in devices:
-        pieces = [(copy_to(owned[c], device), lo) for c, (lo, hi) in enumerate(bounds) if hi > lo]
-        out.append(view_of(join(pieces, 0, (total,), device), ShapeTracker.from_shape((total,)).reshape(shape)))
+        row = ShapeTracker.from_shape((step,)).reshape((1, step))
+        pieces = [(view_of(copy_to(owned[c], device), row), c) for c in live]
+        whole = join(pieces, 0, (n, step), device)
+        back = ShapeTracker.from_shape((n, step)).reshape((n * step,))
+        if step * n != total:
+            back = back.shrink(((0, total),))
+        out.append(view_of(whole, back.reshape(shape)))
     return tuple(out)
+
+
+def stored(x: UOp) -> UOp:
+    """``x`` as a node the scheduler keeps in a buffer of its own, in order: itself when it already is one."""
+    base = x.src[0] if x.op is Ops.VIEW else x
+    if base.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY) and (x is base or x.arg.contiguous):
+        return x
+    return UOp(Ops.CONTIGUOUS, x.dtype, (x,))
 
 
 def join(pieces: list[tuple[UOp, int]], axis: int, shape: tuple[int, ...], device: str) -> UOp:
