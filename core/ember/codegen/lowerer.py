@@ -371,7 +371,7 @@ def _collapse_one_hot(ctx: LoweringContext, red: UOp, idxs: tuple[UOp, ...], gat
     else 0: at most one ``k`` matches, so the sum is that term, exactly, and the loop over ``K`` goes away (a
     BERT embedding's 30522-long reduction per output becomes one load). ``e`` must not depend on ``k``, and
     the ``k`` it is compared with must be exact (integer casts that keep ``[0, K)``). Returns None when ``red``
-    is not of that form, or when the opts split the axis across threads or a work-group."""
+    is not of that form, or when the opts split the axis across threads."""
     op, axes = red.arg
     src_shape = ast_shape(red.src[0], ctx.shapes)
     live = [ax for ax in axes if src_shape[ax] != 1]
@@ -380,8 +380,9 @@ def _collapse_one_hot(ctx: LoweringContext, red: UOp, idxs: tuple[UOp, ...], gat
     body = red.src[0]
     cast_to = body.value_dtype if body.op is Ops.CAST else None
     where = body.src[0] if body.op is Ops.CAST else body
-    if where.op is not Ops.WHERE or ctx.plan is not None and (ctx.plan.src_split(live[0], size)[1] > 1
-                                                             or ctx.plan.src_group(live[0], size) is not None):
+    # (a GROUP of the axis is left with nothing to share: every work-item of the group computes the lookup and
+    # the first stores it, as for any grouped output)
+    if where.op is not Ops.WHERE or ctx.plan is not None and ctx.plan.src_split(live[0], size)[1] > 1:
         return None
     # the body at a stand-in index over [0, K): matched on its lowered form, then replaced
     k = UOp(Ops.DEFINE_VAR, ctx.idx_dtype, (), (f"onehot{ctx.range_count}", 0, size - 1))
