@@ -41,6 +41,7 @@ from typing import Any
 from ember.device.registry import Device
 from ember.dtype import DType, PtrDType, dtypes, truncate
 from ember.helpers import prod
+from ember.ir import lazy
 from ember.ir.lazy import base_of, buffer_view, buffers, constant_along, device_of, new_buffer, realized, shape_of
 from ember.ir.multi import lower
 from ember.ir.shapetracker import ShapeTracker, strides_for_shape
@@ -492,7 +493,9 @@ def _build_ast(target: UOp, target_bufs: dict[UOp, UOp]) -> tuple[tuple[UOp, dic
 
     def define_global(buf: UOp) -> UOp:
         if buf not in globals_:
-            globals_[buf] = UOp(Ops.DEFINE_GLOBAL, PtrDType(buf.value_dtype), (), (len(params), buf.arg[2]))
+            # a ramp's loads are computed from their index: the AST says so (it keys the compiled program)
+            arg = (len(params), buf.arg[2], "ramp") if buf in lazy.ramps else (len(params), buf.arg[2])
+            globals_[buf] = UOp(Ops.DEFINE_GLOBAL, PtrDType(buf.value_dtype), (), arg)
             params.append(buf)
         return globals_[buf]
 

@@ -19,7 +19,7 @@ from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.symbolic import is_simplified, known_simplified, mark_simplified, simplify, sint_max, smul, split_terms
-from ember.ir.uop import GroupOp, Ops, UOp
+from ember.ir.uop import GroupOp, Ops, UOp, toposort
 
 if TYPE_CHECKING:
     from ember.codegen.opts import KernelPlan
@@ -296,6 +296,10 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
         else:
             val = _lower(ctx, u.src[0], sub, inner_gate)
             out = val if (valid.op is Ops.CONST and valid.arg) else valid.where(val, UOp.const(val.value_dtype, 0))
+    elif u.op is Ops.LOAD and len(u.src[0].arg) > 2 and u.src[0].arg[2] == "ramp":
+        # element i of a ramp holds i: no memory read, and an index a reduction can match (_collapse_one_hot)
+        idx = idxs[0].cast(u.src[0].pointer_dtype.base)
+        out = idx if gate.op is Ops.CONST and gate.arg else gate.where(idx, UOp.const(idx.value_dtype, 0))
     elif u.op is Ops.LOAD:
         buf = u.src[0]
         srcs = (buf, idxs[0]) if (gate.op is Ops.CONST and gate.arg) else (buf, idxs[0], gate)
@@ -303,6 +307,8 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     elif u.op is Ops.REDUCE_AXIS and ctx.plan is not None and ctx.plan.tc is not None and \
             u is ctx.plan.tc[1].reduce:
         out = _lower_tc(ctx, idxs, gate)
+    elif u.op is Ops.REDUCE_AXIS and (hit := _collapse_one_hot(ctx, u, idxs, gate)) is not None:
+        out = hit
     elif u.op is Ops.REDUCE_AXIS:
         op, axes = u.arg
         src_shape = ast_shape(u.src[0], ctx.shapes)
@@ -338,6 +344,72 @@ def _lower(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UO
     known_simplified(out)  # (the kernel's final simplification then skips what no rule can change)
     ctx.memo[key] = out
     return out
+
+
+def _strip_exact_casts(x: UOp, p: UOp) -> UOp:
+    """``x`` without the integer casts that keep every value of ``p`` (``[p.vmin, p.vmax]``) as it is."""
+    while x.op is Ops.CAST and x.value_dtype.kind in "iu" and x.src[0].value_dtype.kind in "iu" and \
+            dtypes.min(x.value_dtype) <= p.vmin and p.vmax <= dtypes.max(x.value_dtype):
+        x = x.src[0]
+    return x
+
+
+def _substitute(x: UOp, old: UOp, new: UOp) -> UOp:
+    """``x`` with every use of the node ``old`` replaced by ``new``."""
+    done: dict[UOp, UOp] = {old: new}
+    for n in toposort([x], stop=lambda n: n is old):
+        if n in done:
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
+    return done[x]
+
+
+def _collapse_one_hot(ctx: LoweringContext, red: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp | None:
+    """A sum over one axis ``k`` of ``where(e == k, x(k), 0)`` (a lookup written as a one-hot selection, as
+    ``gather``, tensor indexing and ``Embedding`` build it against a ramp) as ``x(e)`` where ``0 <= e < K``,
+    else 0: at most one ``k`` matches, so the sum is that term, exactly, and the loop over ``K`` goes away (a
+    BERT embedding's 30522-long reduction per output becomes one load). ``e`` must not depend on ``k``, and
+    the ``k`` it is compared with must be exact (integer casts that keep ``[0, K)``). Returns None when ``red``
+    is not of that form, or when the opts split the axis across threads."""
+    op, axes = red.arg
+    src_shape = ast_shape(red.src[0], ctx.shapes)
+    live = [ax for ax in axes if src_shape[ax] != 1]
+    if op is not Ops.ADD or len(live) != 1 or not isinstance(size := src_shape[live[0]], int) or size < 1:
+        return None
+    body = red.src[0]
+    cast_to = body.value_dtype if body.op is Ops.CAST else None
+    where = body.src[0] if body.op is Ops.CAST else body
+    # (a GROUP of the axis is left with nothing to share: every work-item of the group computes the lookup and
+    # the first stores it, as for any grouped output)
+    if where.op is not Ops.WHERE or ctx.plan is not None and ctx.plan.src_split(live[0], size)[1] > 1:
+        return None
+    # the body at a stand-in index over [0, K): matched on its lowered form, then replaced
+    k = UOp(Ops.DEFINE_VAR, ctx.idx_dtype, (), (f"onehot{ctx.range_count}", 0, size - 1))
+    new_idxs = list(idxs)
+    new_idxs[live[0]] = k
+    lowered = _lower(ctx, where, tuple(new_idxs), gate)
+    if lowered.op is not Ops.WHERE or not (lowered.src[2].op is Ops.CONST and lowered.src[2].arg == 0):
+        return None
+    cond, x = lowered.src[0], lowered.src[1]
+    if cond.op is not Ops.CMPEQ:
+        return None
+    for e, other in ((cond.src[0], cond.src[1]), (cond.src[1], cond.src[0])):
+        if _strip_exact_casts(other, k) is k and k not in e.toposort():
+            break
+    else:
+        return None
+    edt = e.value_dtype
+    ok = UOp.const(dtypes.bool, True)
+    if edt.kind == "i":
+        ok = UOp.const(edt, -1).lt(e)
+    if size <= dtypes.max(edt):
+        ok = ok.logical_and(e.lt(size))
+    at = ok.where(e.cast(ctx.idx_dtype), UOp.const(ctx.idx_dtype, 0))  # in bounds even where nothing matches
+    out = simplify(ok.where(_substitute(x, k, at), UOp.const(x.value_dtype, 0)))
+    if k in out.toposort():
+        return None
+    return out.cast(cast_to if cast_to is not None else red.value_dtype)
 
 
 def _lower_elementwise(ctx: LoweringContext, u: UOp, idxs: tuple[UOp, ...], gate: UOp) -> UOp:

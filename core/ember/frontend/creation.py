@@ -28,6 +28,7 @@ from ember.frontend import checks
 from ember.frontend.base import TensorBase
 from ember.frontend.util import ArgumentError, Scalar, make_const, shape_arg, size_arg
 from ember.helpers import is_int_like, loaded_numpy, prod
+from ember.ir.lazy import base_of, ramps
 from ember.ir.symbolic import Variable
 from ember.ir.uop import Ops, UOp
 
@@ -260,7 +261,10 @@ class CreationMixin(TensorBase):
         size = max(16, 1 << (n - 1).bit_length()) if n > 1 else 16
         key = (device, size)
         if key not in CreationMixin._ramps:
-            CreationMixin._ramps[key] = cls._from_host(array.array("I", range(size)), dtypes.uint32, (size,), device)
+            node = cls._from_host(array.array("I", range(size)), dtypes.uint32, (size,), device)
+            if base_of(node).op is Ops.BUFFER:  # its loads become index arithmetic in the kernels reading it
+                ramps.add(base_of(node))
+            CreationMixin._ramps[key] = node
         ramp = cls(CreationMixin._ramps[key])
         return ramp if n == size else ramp[:n]
 

@@ -65,6 +65,11 @@ def device_of(u: UOp) -> Any:
     return out
 
 
+#: BUFFER nodes whose element ``i`` holds ``i`` and that are never written (the cached ramps of
+#: ``Tensor._ramp``): a kernel computes a load of one from its index (see ``ember.codegen.lowerer``)
+ramps: set[UOp] = set()
+
+
 def base_of(u: UOp) -> UOp:
     return u.src[0] if u.op is Ops.VIEW else u
 

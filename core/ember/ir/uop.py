@@ -45,7 +45,7 @@ class Ops(Enum):
 
     # kernel AST and linear program
     SINK = auto()          # src=stores (AST) or the end of a linear program
-    DEFINE_GLOBAL = auto() # dtype=PtrDType, arg=(param index, element count)
+    DEFINE_GLOBAL = auto() # dtype=PtrDType, arg=(param index, element count[, "ramp": element i holds i])
     DEFINE_VAR = auto()    # arg=(name, min, max): a symbolic int passed at launch
     LOAD = auto()          # AST: src=(DEFINE_GLOBAL,), shape (size,); linear: src=(buf, idx[, gate])
     STORE = auto()         # AST: src=(DEFINE_GLOBAL, value), arg=ShapeTracker; linear: src=(buf, idx, value[, gate])

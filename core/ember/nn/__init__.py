@@ -357,9 +357,12 @@ class Embedding:
             raise RuntimeError(f"Expected tensor for argument #1 'indices' to have an integer dtype, got {idx.dtype}")
         checks.index_in_range(idx, self.vocab_sz, 0, message="index {index} is out of range for an Embedding "
                               "with {size} rows (dimension {dim} of its weight)")
-        # a one-hot mask matmul: fuses into one reduce kernel and gives the weight its gradient
-        hot = idx.unsqueeze(-1) == Tensor.arange(self.vocab_sz, device=idx.device).cast(idx.dtype)
-        return hot.cast(self.weight.dtype) @ self.weight
+        # a one-hot selection against the ramp [0, vocab): the codegen turns its sum into one load per output
+        # (a matmul by the one-hot mask would read the whole table per output row), and the weight's gradient
+        # is the same selection summed the other way
+        ramp = self.weight._positions(self.vocab_sz).cast(idx.dtype).reshape(self.vocab_sz, 1)
+        hot = idx.reshape(*idx.shape, 1, 1) == ramp
+        return hot.where(self.weight, 0).sum(-2, dtype=self.weight.dtype)
 
 
 class LSTMCell:
