@@ -26,10 +26,11 @@ Fusion rules (each is tested):
 8. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
    MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
    concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
-9. An elementwise value that reads SHARED_MIN_INPUTS buffers or more and would be computed, fused, in two or
-   more places, at least one of them a reduction (a max-pool and relu gradient read by every sum of a BatchNorm
-   backward and by its input gradient), is stored once: each place then loads one buffer instead of all of them
-   and redoes none of the arithmetic. A split reduction (rule 6) reads such a value through its view.
+9. An elementwise value that reads SHARED_MIN_INPUTS buffers or more, holding SHARED_MIN_FOOTPRINT times its
+   size or more, and would be computed, fused, in two or more places, at least one of them a reduction (a
+   max-pool and relu gradient read by every sum of a BatchNorm backward and by its input gradient), is stored
+   once: each place then loads one buffer instead of all of them and redoes none of the arithmetic. A split
+   reduction (rule 6) reads such a value through its view.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
@@ -133,22 +134,22 @@ def _split_reductions(roots: list[UOp], shared: set[UOp] | None = None) -> list[
 
 def _shared_inside(r: UOp, consumers: dict[UOp, list[UOp]], reads: dict[UOp, frozenset[UOp]]) -> list[UOp]:
     """The elementwise values in the REDUCE_AXIS ``r``'s fused input that are also read outside it and read
-    SHARED_MIN_INPUTS buffers or more (fusion rule 9 stores them once). ``reads`` memoizes :func:`_leaf_reads`."""
+    enough to be worth storing (fusion rule 9 stores them once). ``reads`` memoizes :func:`_leaf_reads`."""
     inside = toposort([r.src[0]], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH)
     within = set(inside)
     return [u for u in inside if u.op in GroupOp.Elementwise
             and any(c is not r and c not in within for c in consumers.get(u, ()))
-            and len(_leaf_reads(u, consumers, reads)) >= SHARED_MIN_INPUTS]
+            and _worth_storing(u, _leaf_reads(u, consumers, reads))]
 
 
 def _leaf_reads(u: UOp, consumers: dict[UOp, list[UOp]], memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     """What the elementwise value ``u`` is computed from, through its views: BUFFER nodes, computed values that
     are not elementwise (reductions, copies ...) and the elementwise values read more than once that are stored
-    for reading SHARED_MIN_INPUTS or more; constants are not counted."""
+    for reading enough (:func:`_worth_storing`); constants are not counted."""
     passes = GroupOp.Elementwise | {Ops.VIEW, Ops.DETACH}
 
     def read_as(s: UOp) -> frozenset[UOp]:
-        stored = s.op in GroupOp.Elementwise and len(consumers.get(s, ())) > 1 and len(memo[s]) >= SHARED_MIN_INPUTS
+        stored = s.op in GroupOp.Elementwise and len(consumers.get(s, ())) > 1 and _worth_storing(s, memo[s])
         return frozenset((s,)) if stored else memo[s]
 
     for n in toposort([u], stop=lambda x: x in memo or x.op not in passes):
@@ -425,17 +426,36 @@ def _targets(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
     return [n for n in nodes if n in targets]
 
 
-#: the fewest buffers an elementwise value reads before fusion rule 9 gives it a buffer of its own when several
-#: kernels (one of them a reduction) would each compute it: a normalization's ``x - mean`` (2 buffers) read by its
-#: variance and by its output stays fused, a max-pool and relu gradient (the pre-activation, its statistics, the
-#: pooled maxima, their counts and the incoming gradient) read by every sum of a BatchNorm backward does not
-SHARED_MIN_INPUTS = 4
+#: fusion rule 9 stores an elementwise value computed in several places (one a reduction) when it reads this many
+#: buffers or more ...
+SHARED_MIN_INPUTS = 3
+#: ... holding together at least this many times as many elements as the value (an input broadcast to it counts
+#: for its own size): stored, the value costs one write and one read per place; fused, each place reads all its
+#: inputs again. A max-pool and relu gradient (the pre-activation, the pooled maxima, their counts and the incoming
+#: gradient: 1.75 times its size) read by every sum of a BatchNorm backward is stored; a LayerNorm backward's
+#: row of x and per-row statistics (one time its size), or a softmax gradient of two full inputs, is not
+SHARED_MIN_FOOTPRINT = 1.5
+
+
+def _worth_storing(n: UOp, reads: frozenset[UOp]) -> bool:
+    """Whether the elementwise value ``n``, computed from ``reads`` (BUFFER nodes and computed values), reads enough
+    to be stored once rather than computed in each of several places (fusion rule 9)."""
+    if len(reads) < SHARED_MIN_INPUTS:
+        return False
+    size = sprod(shape_of(n))
+    if not isinstance(size, int) or size == 0:
+        return False
+    footprint = 0.0
+    for u in reads:
+        elems = u.arg[2] if u.op is Ops.BUFFER else sprod(shape_of(u))
+        footprint += min(1.0, elems / size) if isinstance(elems, int) else 1.0
+    return footprint >= SHARED_MIN_FOOTPRINT
 
 
 def _share_reduced_inputs(nodes: list[UOp], consumers: dict[UOp, list[UOp]], targets: set[UOp]) -> None:
     """Fusion rule 9: add to ``targets`` every elementwise value that would be computed, fused, in two or more
-    places (reduction loops or kernels), at least one a reduction, and that reads SHARED_MIN_INPUTS buffers or
-    more. Each place would load all those buffers again and redo the arithmetic on every element; stored once,
+    places (reduction loops or kernels), at least one a reduction, and that reads enough (:func:`_worth_storing`).
+    Each place would load all those buffers again and redo the arithmetic on every element; stored once,
     each place loads one buffer. The largest such value is taken (consumers are visited first), so what it is
     computed from is then read by its kernel alone."""
     inputs: dict[UOp, frozenset[UOp]] = {}
@@ -460,7 +480,7 @@ def _share_reduced_inputs(nodes: list[UOp], consumers: dict[UOp, list[UOp]], tar
                 red.update(places[c][0])
                 other.update(places[c][1])
         if n not in targets and n.op in GroupOp.Elementwise and red and len(red) + len(other) >= 2 and \
-                len(inputs[n]) >= SHARED_MIN_INPUTS:
+                _worth_storing(n, inputs[n]):
             targets.add(n)
         places[n] = (frozenset(list(red)[:2]), frozenset(list(other)[:2]))
 
