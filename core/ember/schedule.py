@@ -26,6 +26,11 @@ Fusion rules (each is tested):
 8. A kernel is bounded: a chain of more than MAX_FUSED_DEPTH operations, or a kernel reading more than
    MAX_KERNEL_INPUTS buffers, is cut by storing intermediate results (a chain of 100,000 adds, a sum or
    concatenation of thousands of tensors), so no kernel is a function its compiler takes minutes over.
+9. An elementwise value that reads SHARED_MIN_INPUTS buffers or more, holding SHARED_MIN_FOOTPRINT times its
+   size or more, and would be computed, fused, in two or more places, at least one of them a reduction (a
+   max-pool and relu gradient read by every sum of a BatchNorm backward and by its input gradient), is stored
+   once: each place then loads one buffer instead of all of them and redoes none of the arithmetic. A split
+   reduction (rule 6) reads such a value through its view.
 
 ``ASSIGN(target, value)`` writes ``value`` into the existing buffer behind ``target`` (a view of a
 BUFFER) instead of a new one. Its kernel runs after every kernel of the same schedule that reads
@@ -98,14 +103,28 @@ SPLIT_REDUCE_RATIO = 32768
 SPLIT_REDUCE_MAX = 256
 
 
-def _split_reductions(roots: list[UOp]) -> list[UOp]:
-    """``roots`` with every long reduction split in two (fusion rule 6; see :func:`_split_reduce`)."""
+def _split_reductions(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
+    """``roots`` with every long reduction split in two (fusion rule 6; see :func:`_split_reduce`). The values
+    inside a split reduction's input that fusion rule 9 stores are seen through the split's view, not rebuilt
+    under it (which would make a second copy of the value, computed again wherever the first is read); they are
+    added to ``shared``, to be stored."""
     memo: dict[UOp, UOp] = {}
-    for n in toposort(roots, stop=lambda u: u.op is Ops.BUFFER):
+    order = toposort(roots, stop=lambda u: u.op is Ops.BUFFER)
+    consumers: dict[UOp, list[UOp]] = {}
+    for n in order:
+        for s in n.src:
+            consumers.setdefault(s, []).append(n)
+    reads: dict[UOp, frozenset[UOp]] = {}
+    for n in order:
         new_src = tuple(memo[s] for s in n.src)
         new = n if all(a is b for a, b in zip(new_src, n.src)) else UOp(n.op, n.dtype, new_src, n.arg)
         if new.op is Ops.REDUCE_AXIS:
-            new = _fold_const_reduce(new) or _fold_broadcast_reduce(new) or _split_reduce(new) or new
+            def keep(n: UOp = n) -> frozenset[UOp]:
+                kept = frozenset(memo[u] for u in _shared_inside(n, consumers, reads))
+                if shared is not None:
+                    shared.update(kept)
+                return kept
+            new = _fold_const_reduce(new) or _fold_broadcast_reduce(new) or _split_reduce(new, keep=keep) or new
         elif new.op is Ops.VIEW and new.src[0].op is Ops.VIEW and new.src[0].src[0].op is not Ops.CONST:
             new = UOp(Ops.VIEW, new.dtype, new.src[0].src, new.src[0].arg + new.arg)  # a max folded to a view
         memo[n] = new
@@ -114,7 +133,40 @@ def _split_reductions(roots: list[UOp]) -> list[UOp]:
             if base_of(memo[r]).op is Ops.BUFFER and base_of(r).op is not Ops.BUFFER else memo[r] for r in roots]
 
 
-def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> UOp | None:
+def _shared_inside(r: UOp, consumers: dict[UOp, list[UOp]], reads: dict[UOp, frozenset[UOp]]) -> list[UOp]:
+    """The elementwise values in the REDUCE_AXIS ``r``'s fused input that are also read outside it and read
+    enough to be worth storing (fusion rule 9 stores them once). ``reads`` memoizes :func:`_leaf_reads`."""
+    inside = toposort([r.src[0]], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH)
+    within = set(inside)
+    return [u for u in inside if u.op in GroupOp.Elementwise
+            and any(c is not r and c not in within for c in consumers.get(u, ()))
+            and _worth_storing(u, _leaf_reads(u, consumers, reads))]
+
+
+def _leaf_reads(u: UOp, consumers: dict[UOp, list[UOp]], memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
+    """What the elementwise value ``u`` is computed from, through its views: BUFFER nodes, computed values that
+    are not elementwise (reductions, copies ...) and the elementwise values read more than once that are stored
+    for reading enough (:func:`_worth_storing`); constants are not counted."""
+    passes = GroupOp.Elementwise | {Ops.VIEW, Ops.DETACH}
+
+    def read_as(s: UOp) -> frozenset[UOp]:
+        stored = s.op in GroupOp.Elementwise and len(consumers.get(s, ())) > 1 and _worth_storing(s, memo[s])
+        return frozenset((s,)) if stored else memo[s]
+
+    for n in toposort([u], stop=lambda x: x in memo or x.op not in passes):
+        if n in memo:
+            continue
+        if n.op in (Ops.CONST, Ops.DEVICE):
+            memo[n] = frozenset()
+        elif n.op in passes:
+            memo[n] = frozenset().union(*(read_as(s) for s in n.src))
+        else:
+            memo[n] = frozenset((n,))
+    return memo[u]
+
+
+def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None,
+                  keep: Any = None) -> UOp | None:
     """The REDUCE_AXIS ``r`` as two: one over blocks of one of its reduce axes (the block index an axis of its
     output, first, so its kernel computes all outputs of one block before the next), stored, and one over the
     blocks. None when ``r`` is short enough to stay whole. A float sum still longer than ACCUMULATE_MAX per
@@ -123,7 +175,8 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
     runs of a block's length, strided by the next level's). A tree keeps its partial results and the sums over
     them in :func:`_tree_dtype` (float64 for a narrower float where the device has it: a float32 sum of partials
     past 2**24 rounds at every add, so ones summed 2**31 + 5 times came to 2147483008); ``acc``: that dtype,
-    given to a part of a tree, whose result is then in it (else the result is cast back to ``r.dtype``)."""
+    given to a part of a tree, whose result is then in it (else the result is cast back to ``r.dtype``). ``keep``:
+    a function giving the values of the input to read through the split's view rather than rebuild under it."""
     op, axes = r.arg
     shape, out = shape_of(r.src[0]), shape_of(r)
     if not all(isinstance(d, int) for d in shape + out):
@@ -143,7 +196,8 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
     split = shape[:a] + (k, whole // k) + shape[a + 1:]
     front = (a, *range(a), *range(a + 1, len(split)))
     cut = tuple((0, whole) if i == a else (0, d) for i, d in enumerate(shape))
-    moved = _moved(r.src[0], lambda st: (st.shrink(cut) if whole != n else st).reshape(split).permute(front))
+    kept = keep() if keep is not None else frozenset()
+    moved = _moved(r.src[0], lambda st: (st.shrink(cut) if whole != n else st).reshape(split).permute(front), kept)
     if moved is None:
         return None
     inner = UOp(Ops.REDUCE_AXIS, r.dtype, (moved,), (op, tuple(i + 1 for i in axes)))
@@ -155,7 +209,7 @@ def _split_reduce(r: UOp, tree_only: bool = False, acc: DType | None = None) -> 
     top = UOp(Ops.REDUCE_AXIS, wide, (view,), (op, (a,)))
     if whole != n:
         rest_cut = tuple((whole, n) if i == a else (0, d) for i, d in enumerate(shape))
-        rest_src = _moved(r.src[0], lambda st: st.shrink(rest_cut))
+        rest_src = _moved(r.src[0], lambda st: st.shrink(rest_cut), kept)
         if rest_src is None:
             return None
         rest = UOp(Ops.REDUCE_AXIS, r.dtype, (rest_src,), (op, axes))
@@ -276,18 +330,22 @@ def _fold_broadcast_reduce(r: UOp) -> UOp | None:
     return UOp(Ops.MUL, wide, (one.cast(wide), times)).cast(dt)
 
 
-def _moved(value: UOp, move: Any) -> UOp | None:
+def _moved(value: UOp, move: Any, keep: frozenset[UOp] = frozenset()) -> UOp | None:
     """``value`` seen through the movement ``move`` (ShapeTracker -> ShapeTracker), pushed through its
     elementwise ops onto the views and nodes they read: a kernel then indexes its buffers through views (a view
-    of a computed value is indexed through / and %). None when a node it reads has another shape."""
+    of a computed value is indexed through / and %). The nodes in ``keep`` are viewed, not pushed through. None
+    when a node it reads has another shape."""
     shape = shape_of(value)
     memo: dict[UOp, UOp] = {}
-    for n in toposort([value], stop=lambda u: u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH):
+    def stop(u: UOp) -> bool:
+        return u in keep or (u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH)
+
+    for n in toposort([value], stop=stop):
         if shape_of(n) != shape:
             return None
         if n.op is Ops.VIEW:
             memo[n] = UOp(Ops.VIEW, n.dtype, n.src, move(n.arg))
-        elif n.op in GroupOp.Elementwise or n.op is Ops.DETACH:
+        elif n not in keep and (n.op in GroupOp.Elementwise or n.op is Ops.DETACH):
             memo[n] = UOp(n.op, n.dtype, tuple(memo[s] for s in n.src), n.arg)
         else:
             memo[n] = UOp(Ops.VIEW, n.dtype, (n,), move(ShapeTracker.from_shape(shape)))
@@ -318,14 +376,15 @@ def _copy_offset(src: UOp, base: UOp) -> int | None:
     return copy_range(assign_view(base) + src.arg if base.op is Ops.ASSIGN else src.arg)
 
 
-def _targets(roots: list[UOp]) -> list[UOp]:
-    """Decide which nodes become kernels, in dependency order."""
+def _targets(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
+    """Decide which nodes become kernels, in dependency order; ``shared``: values fusion rule 9 stores, found
+    when reductions were split (:func:`_split_reductions`)."""
     nodes = toposort(roots, stop=lambda u: u.op is Ops.BUFFER)
     consumers: dict[UOp, list[UOp]] = {n: [] for n in nodes}
     for n in nodes:
         for s in n.src:
             consumers[s].append(n)
-    targets: set[UOp] = set()
+    targets: set[UOp] = {n for n in shared or () if n in consumers}
     for r in roots:
         b = base_of(r)
         if b.op is Ops.BUFFER:
@@ -360,11 +419,71 @@ def _targets(roots: list[UOp]) -> list[UOp]:
             targets.add(n)
         has_reduce[n] = hr and n not in targets
         costly[n] = cost and n not in targets
+    _share_reduced_inputs(nodes, consumers, targets)
     _bound_kernels(nodes, targets)
     for n in nodes:
         if n.op is Ops.ASSIGN and _reads_target_elsewhere(n, targets):
             targets.add(n.src[1])  # compute the new value aside, then copy it in
     return [n for n in nodes if n in targets]
+
+
+#: fusion rule 9 stores an elementwise value computed in several places (one a reduction) when it reads this many
+#: buffers or more ...
+SHARED_MIN_INPUTS = 3
+#: ... holding together at least this many times as many elements as the value (an input broadcast to it counts
+#: for its own size): stored, the value costs one write and one read per place; fused, each place reads all its
+#: inputs again. A max-pool and relu gradient (the pre-activation, the pooled maxima, their counts and the incoming
+#: gradient: 1.75 times its size) read by every sum of a BatchNorm backward is stored; a LayerNorm backward's
+#: row of x and per-row statistics (one time its size), or a softmax gradient of two full inputs, is not
+SHARED_MIN_FOOTPRINT = 1.5
+
+
+def _worth_storing(n: UOp, reads: frozenset[UOp]) -> bool:
+    """Whether the elementwise value ``n``, computed from ``reads`` (BUFFER nodes and computed values), reads enough
+    to be stored once rather than computed in each of several places (fusion rule 9)."""
+    if len(reads) < SHARED_MIN_INPUTS:
+        return False
+    size = sprod(shape_of(n))
+    if not isinstance(size, int) or size == 0:
+        return False
+    footprint = 0.0
+    for u in reads:
+        elems = u.arg[2] if u.op is Ops.BUFFER else sprod(shape_of(u))
+        footprint += min(1.0, elems / size) if isinstance(elems, int) else 1.0
+    return footprint >= SHARED_MIN_FOOTPRINT
+
+
+def _share_reduced_inputs(nodes: list[UOp], consumers: dict[UOp, list[UOp]], targets: set[UOp]) -> None:
+    """Fusion rule 9: add to ``targets`` every elementwise value that would be computed, fused, in two or more
+    places (reduction loops or kernels), at least one a reduction, and that reads enough (:func:`_worth_storing`).
+    Each place would load all those buffers again and redo the arithmetic on every element; stored once,
+    each place loads one buffer. The largest such value is taken (consumers are visited first), so what it is
+    computed from is then read by its kernel alone."""
+    inputs: dict[UOp, frozenset[UOp]] = {}
+    none: frozenset[UOp] = frozenset()
+    for n in nodes:
+        if n.op not in (Ops.BUFFER, Ops.CONST, Ops.DEVICE):
+            inputs[n] = none.union(*(frozenset((s,)) if s in targets or s.op is Ops.BUFFER else inputs.get(s, none)
+                                     for s in n.src))
+    # where each node is computed: (reductions, other kernels) it is fused into, at most 2 of each (enough to decide)
+    places: dict[UOp, tuple[frozenset[UOp], frozenset[UOp]]] = {}
+    for n in reversed(nodes):
+        if n.op in (Ops.BUFFER, Ops.CONST, Ops.DEVICE):
+            continue
+        red: set[UOp] = set()
+        other: set[UOp] = set()
+        for c in consumers[n]:
+            if c.op is Ops.REDUCE_AXIS:
+                red.add(c)
+            elif c in targets:
+                other.add(c)
+            elif c in places:
+                red.update(places[c][0])
+                other.update(places[c][1])
+        if n not in targets and n.op in GroupOp.Elementwise and red and len(red) + len(other) >= 2 and \
+                _worth_storing(n, inputs[n]):
+            targets.add(n)
+        places[n] = (frozenset(list(red)[:2]), frozenset(list(other)[:2]))
 
 
 #: the longest chain of operations one kernel computes (fusion rule 8): a longer one is cut, its intermediate
@@ -569,8 +688,9 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     if any(type(device_of(r)) is tuple for r in roots):
         return _schedule_multi(roots)
     sub = _substitute_realized(roots)
-    new_roots = _split_reductions([sub[r] for r in roots])
-    targets = _targets(new_roots)
+    shared: set[UOp] = set()
+    new_roots = _split_reductions([sub[r] for r in roots], shared)
+    targets = _targets(new_roots, shared)
     target_bufs: dict[UOp, UOp] = {}
     items: list[tuple[UOp, ScheduleItem, set[UOp]]] = []  # (target, item, targets it reads)
     for t in targets:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ember import GlobalCounters, Tensor
+from ember.ir.lazy import base_of, buffers
 
 RNG = np.random.default_rng(5)
 
@@ -157,3 +158,44 @@ def test_costly_elementwise_padded_stays_fused(device, check):
     out = x.exp().pad(((0, 120), (0, 248))) * 2.0
     assert count_kernels(out) == 1
     check(out, np.pad(np.exp(a), ((0, 120), (0, 248))) * 2, rtol=1e-5)
+
+
+def _kernels_reading(items: list, t: Tensor) -> int:
+    """How many of the scheduled kernels read the realized tensor ``t``'s buffer."""
+    buf = buffers[base_of(t.lazydata)]
+    return sum(any(b is buf for b in si.bufs[1:]) for si in items)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (256, 2, 16, 16)])
+def test_value_read_by_several_reductions_is_stored_once(device, check, shape):
+    # a BatchNorm backward: a max-pool/relu-style gradient of four buffers read by two sums and the input
+    # gradient; fused, each of the three kernels would load all four buffers and recompute it. The second shape
+    # is long enough for the sums to be split in partial sums (fusion rule 6), which read it through a view
+    a, b, c = randf(*shape), randf(*shape), randf(*shape)
+    d = randf(1, shape[1], 1, 1)
+    x, gy, m, w = (realized(v, device) for v in (a, b, c, d))
+    g = (x > 0).where(gy * m, 0.0) * w
+    axes = (0, 2, 3)
+    s1, s2 = g.sum(axes), (g * x).sum(axes)
+    dx = g - s1.reshape(1, -1, 1, 1) * x
+    items = s1.schedule(s2, dx)
+    assert _kernels_reading(items, gy) == 1 and _kernels_reading(items, m) == 1
+    ref_g = np.where(a > 0, b * c, 0) * d
+    ref_s1 = ref_g.sum(axes, dtype=np.float64).astype(np.float32)
+    check(s1, ref_s1, rtol=1e-4, atol=1e-3)
+    check(s2, (ref_g * a).sum(axes, dtype=np.float64).astype(np.float32), rtol=1e-4, atol=1e-3)
+    check(dx, ref_g - ref_s1.reshape(1, -1, 1, 1) * a, rtol=1e-4, atol=1e-2)
+
+
+def test_value_read_by_a_reduction_stays_fused_when_its_inputs_are_small(device, check):
+    # a LayerNorm backward's normalized row: x and per-row and per-column statistics (four buffers, but together
+    # hardly more than x itself), read by a row sum and by the output: recomputing it costs a pass over x, storing
+    # it a write and a read back: no kernel of its own
+    a, mu, r, v = randf(8, 32), randf(8, 1), randf(8, 1), randf(1, 32)
+    x, mean, rstd, w = (realized(t, device) for t in (a, mu, r, v))
+    xhat = (x - mean) * rstd * w
+    s, out = (xhat * x).sum(1, keepdim=True), xhat * 2.0
+    assert count_kernels(s, out) == 2
+    ref = (a - mu) * r * v
+    check(s, (ref * a).sum(1, keepdims=True), rtol=1e-4, atol=1e-4)
+    check(out, ref * 2, rtol=1e-5, atol=1e-5)
