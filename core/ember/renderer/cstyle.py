@@ -43,7 +43,32 @@ class CStyleRenderer(Renderer):
 
     # --- hooks ---------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
+        if dt.count != 1:
+            return self.render_vector_dtype(dt)
         return self.type_map[dt]
+
+    # --- vectors (dialects that declare ``vector_widths``) ---------------------------------------
+    def render_vector_dtype(self, dt: DType) -> str:
+        """The name of the vector type ``dt`` (``float4``: the scalar's name and the lane count)."""
+        return f"{self.type_map[dt.scalar()]}{dt.count}"
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        """Reading the ``dt.count`` elements from ``buf[idx]`` on (``idx`` a multiple of the count) as one
+        ``dt`` value."""
+        raise NotImplementedError(f"{type(self).__name__} declares no vector loads")
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        """The statement writing the ``dt`` vector ``value`` to ``buf[idx]`` on (``idx`` a multiple of its
+        lane count)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no vector stores")
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        """A ``dt`` vector of the lanes ``vals`` (default: a C compound literal)."""
+        return f"(({self.render_dtype(dt)}){{{', '.join(vals)}}})"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        """Lane ``lane`` of the ``dt`` vector named ``vec`` (default: a subscript)."""
+        return f"{vec}[{lane}]"
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -290,6 +315,18 @@ class CStyleRenderer(Renderer):
             elif op is Ops.ASSIGN:
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
+            elif op is Ops.GEP:
+                r[u] = self.render_gep(r[u.src[0]], u.arg, u.src[0].value_dtype)
+            elif op is Ops.VECTORIZE:
+                r[u] = fresh("vec")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
+                     f"{self.render_vectorize([r[s] for s in u.src], u.value_dtype)};")
+            elif op is Ops.LOAD and u.value_dtype.count != 1:
+                if len(u.src) != 2:
+                    raise NotImplementedError(f"{type(self).__name__}: a gated vector load")
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
+                     f"{self.render_vector_load(r[u.src[0]], r[u.src[1]], u.value_dtype)};")
             elif op is Ops.LOAD:
                 # a BARRIER source only orders the load after it
                 ins = [s for s in u.src if s.op is not Ops.BARRIER]
@@ -304,7 +341,11 @@ class CStyleRenderer(Renderer):
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
-                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
+                vdt = u.src[2].dtype
+                if isinstance(vdt, DType) and vdt.count != 1:
+                    stmt = self.render_vector_store(buf, idx, val, vdt)
+                else:
+                    stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
             elif op is Ops.DEFINE_LOCAL:
                 r[u] = f"temp{u.arg[0]}"
