@@ -100,7 +100,7 @@ template <class V, int N, class T> static __device__ __forceinline__ void ember_
 _VECTOR_NAMES: dict[DType, str] = {
     dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort", dtypes.int32: "int",
     dtypes.uint32: "uint", dtypes.int64: "longlong", dtypes.uint64: "ulonglong", dtypes.float32: "float",
-    dtypes.float64: "double"}
+    dtypes.float64: "double", dtypes.float16: "half"}
 
 _BASE_TYPES: dict[DType, str] = {
     dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
@@ -229,7 +229,9 @@ class CUDARenderer(CStyleRenderer):
         self.supported_dtypes = frozenset(dtypes.fields().values())
         self.type_map = dict(_BASE_TYPES)
         # the built-in vector types of the types a buffer holds as they are computed, up to 16 bytes (one load)
-        self.vector_widths = {dt: tuple(n for n in (2, 4) if n * dt.itemsize <= 16) for dt in _VECTOR_NAMES}
+        # (half has half2 only: its lanes are converted to and from the float values are computed in)
+        self.vector_widths = {dt: (2,) if dt == dtypes.float16 else tuple(n for n in (2, 4) if n * dt.itemsize <= 16)
+                              for dt in _VECTOR_NAMES}
 
     @classmethod
     def from_attributes(cls, compute_capability: tuple[int, int], shared_max: int, max_threads_per_block: int,
@@ -358,9 +360,13 @@ class CUDARenderer(CStyleRenderer):
         return f"ember_vstore<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx}, {value});"
 
     def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        if dt.scalar() == dtypes.float16:  # the float values rounded as a store of each would
+            return f"__halves2half2({', '.join(f'ember_f32_to_f16({v})' for v in vals)})"
         return f"make_{self.render_dtype(dt)}({', '.join(vals)})"
 
     def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        if dt.scalar() == dtypes.float16:
+            return f"__half2float({vec}.{'xy'[lane]})"
         return f"{vec}.{'xyzw'[lane]}"
 
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
