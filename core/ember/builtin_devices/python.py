@@ -51,7 +51,6 @@ import json
 import operator
 import time
 from collections.abc import Callable, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -802,7 +801,7 @@ class PythonRenderer(Renderer):
     global_max = None
     local_max = None
     #: every dtype's vectors, so that the reference interprets the vector loads and stores GPU renderers get
-    vector_widths = MappingProxyType({dt: (2, 4, 8) for dt in DTYPES_ALL})
+    vector_widths = {dt: (2, 4, 8) for dt in DTYPES_ALL}
 
     def render(self, name: str, uops: list[UOp]) -> str:
         """The program text: :data:`FORMAT`, the kernel name and one ``[op, dtype, srcs, arg]`` per line."""

@@ -13,9 +13,7 @@ re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from ember.dtype import DType, dtypes
@@ -120,7 +118,7 @@ class Renderer:
     #: the vector loads and stores the target spells natively: for each element dtype, the lane counts it has
     #: (see :mod:`ember.codegen.vectorize`); empty: every access stays scalar. A renderer that declares widths
     #: renders LOAD and STORE of ``dt.vec(n)``, VECTORIZE and GEP. Read only, never written in place.
-    vector_widths: Mapping[DType, tuple[int, ...]] = MappingProxyType({})
+    vector_widths: dict[DType, tuple[int, ...]] = {}
     #: anything else that changes the rendered source for the same UOps (a dialect option such as
     #: how float16 is emulated); part of every cache key, like the capabilities above
     variant: str = ""
