@@ -48,19 +48,28 @@ class CStyleRenderer(Renderer):
         return self.type_map[dt]
 
     # --- vectors (dialects that declare ``vector_widths``) ---------------------------------------
+    # The defaults are C with the GCC/clang vector extension: a typedef per vector type at the top of the kernel,
+    # loads and stores through memcpy (any alignment; the compiler emits one vector move), lanes by subscript.
     def render_vector_dtype(self, dt: DType) -> str:
-        """The name of the vector type ``dt`` (``float4``: the scalar's name and the lane count)."""
-        return f"{self.type_map[dt.scalar()]}{dt.count}"
+        """The name of the vector type ``dt`` (C: ``ember_float4``, declared by :meth:`render_vector_typedef`;
+        dialects with built-in vector types name them, ``float4``)."""
+        return f"ember_{dt.scalar().name}{dt.count}"
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        """The declaration a kernel using the vector type ``dt`` starts with (None: the dialect has the type)."""
+        return f"typedef {self.type_map[dt.scalar()]} {self.render_vector_dtype(dt)} " \
+               f"__attribute__((vector_size({dt.itemsize})));"
 
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         """Reading the ``dt.count`` elements from ``buf[idx]`` on (``idx`` a multiple of the count) as one
         ``dt`` value."""
-        raise NotImplementedError(f"{type(self).__name__} declares no vector loads")
+        t = self.render_vector_dtype(dt)
+        return f"({{ {t} v_; __builtin_memcpy(&v_, {buf} + {idx}, sizeof(v_)); v_; }})"
 
     def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
         """The statement writing the ``dt`` vector ``value`` to ``buf[idx]`` on (``idx`` a multiple of its
         lane count)."""
-        raise NotImplementedError(f"{type(self).__name__} declares no vector stores")
+        return f"{{ {self.render_vector_dtype(dt)} v_ = {value}; __builtin_memcpy({buf} + {idx}, &v_, sizeof(v_)); }}"
 
     def render_vectorize(self, vals: list[str], dt: DType) -> str:
         """A ``dt`` vector of the lanes ``vals`` (default: a C compound literal)."""
@@ -251,6 +260,13 @@ class CStyleRenderer(Renderer):
         def line(s: str) -> None:
             body.append("  " * depth + s)
 
+        def declare_vector(dt: DType) -> None:
+            nonlocal locals_declared
+            decl = self.render_vector_typedef(dt)
+            if decl is not None and "  " + decl not in body[:locals_declared]:
+                body.insert(locals_declared, "  " + decl)
+                locals_declared += 1
+
         for u in uops:
             op = u.op
             if op in _VALUE_OPS:  # the most common uops first (the branches are exclusive)
@@ -318,12 +334,14 @@ class CStyleRenderer(Renderer):
             elif op is Ops.GEP:
                 r[u] = self.render_gep(r[u.src[0]], u.arg, u.src[0].value_dtype)
             elif op is Ops.VECTORIZE:
+                declare_vector(u.value_dtype)
                 r[u] = fresh("vec")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
                      f"{self.render_vectorize([r[s] for s in u.src], u.value_dtype)};")
             elif op is Ops.LOAD and u.value_dtype.count != 1:
                 if len(u.src) != 2:
                     raise NotImplementedError(f"{type(self).__name__}: a gated vector load")
+                declare_vector(u.value_dtype)
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
                      f"{self.render_vector_load(r[u.src[0]], r[u.src[1]], u.value_dtype)};")

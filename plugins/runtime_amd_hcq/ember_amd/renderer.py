@@ -349,6 +349,12 @@ class AMDRenderer(CStyleRenderer):
         return name, lines, ["EMBER_WMMA_SCRATCH;"]
 
     # --- loads and stores ---------------------------------------------------------------------
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         return f"*((__global const ember_u_{self.render_dtype(dt)}*)({buf} + {idx}))"
 

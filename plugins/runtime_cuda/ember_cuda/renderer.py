@@ -353,6 +353,9 @@ class CUDARenderer(CStyleRenderer):
     def render_vector_dtype(self, dt: DType) -> str:
         return f"{_VECTOR_NAMES[dt.scalar()]}{dt.count}"
 
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         return f"ember_vload<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx})"
 

@@ -175,6 +175,12 @@ class MetalRenderer(CStyleRenderer):
                                       f"{', '.join(sorted(d.name for d in self.supported_dtypes))})")
         return self.type_map[dt]
 
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         return f"{self.render_dtype(dt)}(*((device const packed_{self.render_dtype(dt)}*)({buf} + {idx})))"
 

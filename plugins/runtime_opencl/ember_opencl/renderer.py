@@ -189,6 +189,12 @@ class CLRenderer(CStyleRenderer):
             return f"ember_f32_to_f16({value})"
         return super().render_store_value(value, dt)
 
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         return f"vload{dt.count}(0, {buf} + {idx})"
 
