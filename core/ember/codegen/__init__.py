@@ -174,7 +174,7 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     opts = choose_opts(ast, renderer) if opts is None else list(opts)
     plan = apply_opts(ast, renderer, opts)
     sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
-    sink = vectorize_memory(sink, renderer.vector_widths)
+    sink = vectorize_memory(sink, renderer.vector_widths, renderer.vector_alu)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

@@ -15,8 +15,9 @@ constant too). ALU ops stay scalar.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
-from ember.dtype import DType, PtrDType
+from ember.dtype import DType, PtrDType, dtypes
 from ember.ir.symbolic import split_terms, term_coeff
 from ember.ir.uop import Ops, UOp, toposort
 
@@ -67,12 +68,23 @@ def _element(u: UOp) -> DType | None:
     return buf.dtype.base
 
 
-def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
+def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]],
+                     alu_ops: AbstractSet[Ops] = frozenset()) -> UOp:
     """``sink`` (a lowered kernel, see :func:`ember.codegen.lowerer.lower_ast`) with each aligned run of
     neighbouring global loads and stores (see the module docstring) made one vector access of a width in
-    ``widths[element dtype]``."""
+    ``widths[element dtype]``; with ``alu_ops``, the lanes' float arithmetic and reductions computed on vectors
+    too (see :func:`vectorize_alu`)."""
     if not widths:
         return sink
+    sink = _vectorize_loads(sink, widths)
+    if alu_ops:
+        sink = vectorize_alu(sink, alu_ops)
+    return _vectorize_stores(sink, widths)
+
+
+def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
+    """``sink`` with each aligned run of neighbouring ungated global loads made one vector load whose lanes its
+    users read through GEP."""
     nodes = toposort([sink])
     # loads: (buffer, variable part) -> offset -> load
     load_groups: dict[tuple[UOp, UOp | None], dict[int, UOp]] = {}
@@ -88,16 +100,21 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             vload = UOp(Ops.LOAD, dt.vec(n), (buf, by_off[first].src[1]))
             for k in range(n):
                 replace[by_off[first + k]] = UOp(Ops.GEP, dt, (vload,), k)
+    if not replace:
+        return sink
+    done: dict[UOp, UOp] = {}
+    for n in nodes:
+        if n in replace:
+            done[n] = replace[n]
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink]
+
+
+def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
+    """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store."""
     stores = list(sink.src)
-    if replace:
-        done: dict[UOp, UOp] = {}
-        for n in nodes:
-            if n in replace:
-                done[n] = replace[n]
-                continue
-            src = tuple(done.get(s, s) for s in n.src)
-            done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
-        stores = [done[s] for s in stores]
     # stores: (buffer, variable part, gate) -> offset -> position in the sink
     store_groups: dict[tuple[UOp, UOp | None, UOp | None], dict[int, int]] = {}
     for i, s in enumerate(stores):
@@ -116,9 +133,105 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             srcs = (buf, stores[at[0]].src[1], value) + ((gate,) if gate is not None else ())
             stores[min(at)] = UOp(Ops.STORE, None, srcs)
             drop.update(i for i in at if i != min(at))
-    if not replace and not drop:
+    if not drop:
         return sink
     return UOp(Ops.SINK, sink.dtype, tuple(s for i, s in enumerate(stores) if i not in drop), sink.arg)
+
+
+#: the float ops whose vector form every lane computes exactly as the scalar op would (C's vector extension and
+#: OpenCL's vector operators are lane-wise IEEE arithmetic), and the reductions an accumulator vector may make
+VECTOR_FLOAT_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV})
+_VECTOR_REDUCE_OPS = frozenset({Ops.ADD, Ops.MUL})
+_FLOATS = (dtypes.float32, dtypes.float64)
+
+
+def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
+    """``sink`` (its loads vectorized) with the lanes' arithmetic done on vectors: ``n`` float ops of one kind
+    (in ``ops``), one per lane of a vector, whose other sources are lane ``k`` of another such vector or one node
+    shared by all (broadcast), become one vector op; ``n`` such REDUCEs over the same loops become one vector
+    REDUCE (an accumulator vector). Each lane computes what its scalar op did, in the same order, so results are
+    bit for bit those of the scalar program. Users outside a group read its lanes through GEP."""
+    nodes = toposort([sink])
+    users: dict[UOp, list[UOp]] = {}
+    for n in nodes:
+        for s in dict.fromkeys(n.src):
+            users.setdefault(s, []).append(n)
+    # a pack: n scalar nodes, lane k the k-th; a load pack's vector is the load, a group's is built below
+    lane: dict[UOp, tuple[int, int]] = {}
+    packs: list[tuple[UOp, ...]] = []
+    pack_vector: dict[int, UOp] = {}
+    # each group's sources as its signature named them when it was made
+    sources: dict[int, tuple[tuple[str, object], ...]] = {}
+    for n in nodes:
+        if n.op is Ops.LOAD and isinstance(n.dtype, DType) and n.dtype.count > 1:
+            gs = {u.arg: u for u in users.get(n, []) if u.op is Ops.GEP}
+            if len(gs) == n.dtype.count:
+                pack_vector[len(packs)] = n
+                lane.update((gs[k], (len(packs), k)) for k in range(n.dtype.count))
+                packs.append(tuple(gs[k] for k in range(n.dtype.count)))
+
+    def sig(u: UOp, k: int) -> tuple:
+        # a source is lane k of a pack (named by the pack) or the same node in every lane (a broadcast)
+        return (u.op, u.dtype, u.arg, tuple(("L", lane[s][0]) if s in lane and lane[s][1] == k else ("S", s)
+                                            for s in u.src))
+
+    def groupable(u: UOp) -> bool:
+        if u in lane or u.dtype not in _FLOATS:
+            return False
+        return u.op in ops if u.op is not Ops.REDUCE else u.arg in _VECTOR_REDUCE_OPS and Ops.ADD in ops
+
+    work = list(range(len(packs)))
+    while work:
+        members = packs[work.pop()]
+        for u0 in users.get(members[0], []):
+            if not groupable(u0):
+                continue
+            want = sig(u0, 0)
+            group = [u0]
+            for k in range(1, len(members)):
+                found = [u for u in users.get(members[k], []) if groupable(u) and sig(u, k) == want]
+                if len(found) != 1 or found[0] in group:
+                    break
+                group.append(found[0])
+            if len(group) != len(members):
+                continue
+            lane.update((u, (len(packs), k)) for k, u in enumerate(group))
+            sources[len(packs)] = want[3]
+            work.append(len(packs))
+            packs.append(tuple(group))
+    if len(packs) == len(pack_vector):
+        return sink
+
+    done: dict[UOp, UOp] = {}
+
+    def vector(p: int) -> UOp:
+        if p in pack_vector:
+            return pack_vector[p]
+        u0, n = packs[p][0], len(packs[p])
+        srcs = []
+        for (kind, q), s in zip(sources[p], u0.src):
+            if kind == "L":
+                srcs.append(vector(q))  # type: ignore[arg-type]
+            elif u0.op is Ops.REDUCE and s.op is Ops.RANGE:
+                srcs.append(done.get(s, s))
+            else:
+                srcs.append(_broadcast(done.get(s, s), n))
+        pack_vector[p] = UOp(u0.op, u0.dtype.vec(n), tuple(srcs), u0.arg)
+        return pack_vector[p]
+
+    for n in nodes:
+        if n in lane and n.op is not Ops.GEP:
+            p, k = lane[n]
+            done[n] = UOp(Ops.GEP, n.dtype, (vector(p),), k)
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink]
+
+
+def _broadcast(s: UOp, n: int) -> UOp:
+    """The vector of ``n`` copies of the scalar ``s``."""
+    return UOp(Ops.VECTORIZE, s.dtype.vec(n), (s,) * n)
 
 
 def _vectorized(vals: tuple[UOp, ...], dt: DType) -> UOp:
@@ -131,4 +244,4 @@ def _vectorized(vals: tuple[UOp, ...], dt: DType) -> UOp:
     return UOp(Ops.VECTORIZE, dt, vals)
 
 
-__all__ = ["vectorize_memory"]
+__all__ = ["VECTOR_FLOAT_OPS", "vectorize_alu", "vectorize_memory"]

@@ -122,6 +122,8 @@ class CStyleRenderer(Renderer):
 
     # --- literals and ops -------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
+        if dt.count != 1:  # a vector constant (an accumulator vector's start): every lane the scalar's value
+            return self.render_vectorize([self.render_const(value, dt.scalar())] * dt.count, dt)
         if dt.kind == "b":
             return "1" if value else "0"
         if dt.kind == "f":
@@ -271,6 +273,8 @@ class CStyleRenderer(Renderer):
             op = u.op
             if op in _VALUE_OPS:  # the most common uops first (the branches are exclusive)
                 srcs = [r[s] for s in u.src]
+                if u.value_dtype.count != 1:
+                    declare_vector(u.value_dtype)
                 if op is Ops.CAST:
                     expr = self.render_cast(u, srcs[0])
                 elif op is Ops.BITCAST:
@@ -324,6 +328,8 @@ class CStyleRenderer(Renderer):
                         line(s)
                     r.update(zip(accs, names))
             elif op is Ops.DEFINE_ACC:
+                if u.value_dtype.count != 1:
+                    declare_vector(u.value_dtype)
                 self.open_accs.append(u)
                 r[u] = fresh("acc")
                 if u not in self._undeclared:
