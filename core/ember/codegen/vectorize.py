@@ -14,6 +14,7 @@ constant too). ALU ops stay scalar.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
@@ -76,15 +77,39 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]],
     too (see :func:`vectorize_alu`)."""
     if not widths:
         return sink
-    sink = _vectorize_loads(sink, widths)
-    if alu_ops:
-        sink = vectorize_alu(sink, alu_ops)
-    return _vectorize_stores(sink, widths)
+    sink, scalar_of = _vectorize_loads(sink, widths)
+    if not alu_ops:
+        return _vectorize_stores(sink, widths)
+    # with vector arithmetic, the vector accesses kept are those it reads or writes (or a copy's): a load whose
+    # lanes only scalar ops read, or a store of lanes computed one by one, stays scalar, as the target's own loop
+    # vectorizer regroups scalar work best (an unrolled row max read through a 2-lane load: 4x slower with gcc)
+    sink = _scalar_loads(vectorize_alu(sink, alu_ops), scalar_of)
+    return _vectorize_stores(sink, widths, gathers=False)
 
 
-def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
+def _scalar_loads(sink: UOp, scalar_of: dict[UOp, UOp]) -> UOp:
+    """``sink`` with each vector load that only GEPs read given back as the scalar loads it replaced
+    (``scalar_of``: each lane's GEP -> its load)."""
+    nodes = toposort([sink])
+    vector_use: set[UOp] = set()
+    for n in nodes:
+        if n.op is not Ops.GEP:
+            vector_use.update(s for s in n.src if s.op is Ops.LOAD and s.dtype.count > 1)
+    if not any(n in scalar_of and n.src[0] not in vector_use for n in nodes):
+        return sink
+    done: dict[UOp, UOp] = {}
+    for n in nodes:
+        if n in scalar_of and n.src[0] not in vector_use:
+            done[n] = scalar_of[n]
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink]
+
+
+def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> tuple[UOp, dict[UOp, UOp]]:
     """``sink`` with each aligned run of neighbouring ungated global loads made one vector load whose lanes its
-    users read through GEP."""
+    users read through GEP, and each such GEP's scalar load."""
     nodes = toposort([sink])
     # loads: (buffer, variable part) -> offset -> load
     load_groups: dict[tuple[UOp, UOp | None], dict[int, UOp]] = {}
@@ -101,7 +126,7 @@ def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             for k in range(n):
                 replace[by_off[first + k]] = UOp(Ops.GEP, dt, (vload,), k)
     if not replace:
-        return sink
+        return sink, {}
     done: dict[UOp, UOp] = {}
     for n in nodes:
         if n in replace:
@@ -109,11 +134,12 @@ def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             continue
         src = tuple(done.get(s, s) for s in n.src)
         done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
-    return done[sink]
+    return done[sink], {gep: load for load, gep in replace.items()}
 
 
-def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
-    """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store."""
+def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gathers: bool = True) -> UOp:
+    """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store;
+    without ``gathers``, only runs whose values are one vector's lanes in order."""
     stores = list(sink.src)
     # stores: (buffer, variable part, gate) -> offset -> position in the sink
     store_groups: dict[tuple[UOp, UOp | None, UOp | None], dict[int, int]] = {}
@@ -130,6 +156,8 @@ def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp
             at = [by_off[first + k] for k in range(n)]
             vals = tuple(stores[i].src[2] for i in at)
             value = _vectorized(vals, dt.vec(n))
+            if not gathers and value.op is Ops.VECTORIZE:
+                continue
             srcs = (buf, stores[at[0]].src[1], value) + ((gate,) if gate is not None else ())
             stores[min(at)] = UOp(Ops.STORE, None, srcs)
             drop.update(i for i in at if i != min(at))
@@ -138,19 +166,19 @@ def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp
     return UOp(Ops.SINK, sink.dtype, tuple(s for i, s in enumerate(stores) if i not in drop), sink.arg)
 
 
-#: the float ops whose vector form every lane computes exactly as the scalar op would (C's vector extension and
-#: OpenCL's vector operators are lane-wise IEEE arithmetic), and the reductions an accumulator vector may make
-VECTOR_FLOAT_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV})
-_VECTOR_REDUCE_OPS = frozenset({Ops.ADD, Ops.MUL})
+#: the float ops a vector may compute, each lane exactly as the scalar op would (C's vector extension and
+#: OpenCL's vector operators are lane-wise IEEE arithmetic; MAX keeps ember's nan rule, see
+#: :meth:`ember.renderer.cstyle.CStyleRenderer.render_vector_max`)
+VECTOR_FLOAT_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX})
 _FLOATS = (dtypes.float32, dtypes.float64)
 
 
 def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
     """``sink`` (its loads vectorized) with the lanes' arithmetic done on vectors: ``n`` float ops of one kind
     (in ``ops``), one per lane of a vector, whose other sources are lane ``k`` of another such vector or one node
-    shared by all (broadcast), become one vector op; ``n`` such REDUCEs over the same loops become one vector
-    REDUCE (an accumulator vector). Each lane computes what its scalar op did, in the same order, so results are
-    bit for bit those of the scalar program. Users outside a group read its lanes through GEP."""
+    shared by all (broadcast), become one vector op; ``n`` REDUCEs of an op in ``ops`` over the same loops become
+    one vector REDUCE (an accumulator vector). Each lane computes what its scalar op did, in the same order, so
+    results are bit for bit those of the scalar program. Users outside a group read its lanes through GEP."""
     nodes = toposort([sink])
     users: dict[UOp, list[UOp]] = {}
     for n in nodes:
@@ -170,34 +198,44 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
                 lane.update((gs[k], (len(packs), k)) for k in range(n.dtype.count))
                 packs.append(tuple(gs[k] for k in range(n.dtype.count)))
 
-    def sig(u: UOp, k: int) -> tuple:
-        # a source is lane k of a pack (named by the pack) or the same node in every lane (a broadcast)
-        return (u.op, u.dtype, u.arg, tuple(("L", lane[s][0]) if s in lane and lane[s][1] == k else ("S", s)
-                                            for s in u.src))
+    def sig(u: UOp, k: int, n: int) -> tuple:
+        # a source is lane k of a pack of n lanes (named by the pack) or the same node in every lane (a broadcast;
+        # a lane of a vector of another width is one too: an outer product's other factor)
+        return (u.op, u.dtype, u.arg, tuple(("L", lane[s][0]) if s in lane and lane[s][1] == k
+                                            and len(packs[lane[s][0]]) == n else ("S", s) for s in u.src))
 
     def groupable(u: UOp) -> bool:
         if u in lane or u.dtype not in _FLOATS:
             return False
-        return u.op in ops if u.op is not Ops.REDUCE else u.arg in _VECTOR_REDUCE_OPS and Ops.ADD in ops
+        # an accumulator vector is updated by its reduction's op (a product's by MUL)
+        return (u.op if u.op is not Ops.REDUCE else u.arg) in ops
 
-    work = list(range(len(packs)))
+    # the widest packs first: an op reading lanes of two vectors (an outer product) joins the wider one's group
+    work = [(-len(p), i) for i, p in enumerate(packs)]
+    heapq.heapify(work)
     while work:
-        members = packs[work.pop()]
+        members = packs[heapq.heappop(work)[1]]
+        n = len(members)
         for u0 in users.get(members[0], []):
             if not groupable(u0):
                 continue
-            want = sig(u0, 0)
+            want = sig(u0, 0, n)
             group = [u0]
-            for k in range(1, len(members)):
-                found = [u for u in users.get(members[k], []) if groupable(u) and sig(u, k) == want]
+            for k in range(1, n):
+                found = [u for u in users.get(members[k], []) if groupable(u) and sig(u, k, n) == want]
                 if len(found) != 1 or found[0] in group:
                     break
                 group.append(found[0])
-            if len(group) != len(members):
+            if len(group) != n:
+                continue
+            if u0.op is Ops.REDUCE and _combined(group, users):
+                # an unrolled reduction: its accumulators are one result's partial sums, combined after the loop;
+                # left as scalars (a single accumulator vector would be one dependency chain; the scalar
+                # accumulators are what a target's own loop vectorizer splits into several)
                 continue
             lane.update((u, (len(packs), k)) for k, u in enumerate(group))
             sources[len(packs)] = want[3]
-            work.append(len(packs))
+            heapq.heappush(work, (-n, len(packs)))
             packs.append(tuple(group))
     if len(packs) == len(pack_vector):
         return sink
@@ -227,6 +265,12 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
         src = tuple(done.get(s, s) for s in n.src)
         done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
     return done[sink]
+
+
+def _combined(group: list[UOp], users: dict[UOp, list[UOp]]) -> bool:
+    """Whether some node reads two members of ``group`` (the members are parts of one value)."""
+    members = set(group)
+    return any(sum(s in members for s in u.src) > 1 for m in group for u in users.get(m, []))
 
 
 def _broadcast(s: UOp, n: int) -> UOp:

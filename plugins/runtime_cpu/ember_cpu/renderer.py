@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from ember.codegen.vectorize import VECTOR_FLOAT_OPS
 from ember.renderer import (
     C_PREAMBLE,
     CStyleRenderer,
@@ -162,6 +163,13 @@ def host_vector_registers() -> tuple[int, int]:
     return 4, 16
 
 
+def host_vector_widths() -> dict[DType, tuple[int, ...]]:
+    """The float32 and float64 vector widths up to one vector register of the host (see
+    :func:`host_vector_registers`)."""
+    nbytes = host_vector_registers()[0] * 4
+    return {dt: tuple(n for n in (2, 4, 8, 16) if n * dt.itemsize <= nbytes) for dt in (dtypes.float32, dtypes.float64)}
+
+
 def _index_terms(idx: UOp) -> tuple[dict[UOp, int], set[UOp]]:
     """The loops an index walks affinely (with their coefficients) and the loops hidden in other terms."""
     affine: dict[UOp, int] = {}
@@ -273,6 +281,10 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     parallel_threads = os.cpu_count() or 1
     #: the register file register tiles are sized for (see :func:`ember.codegen.opts.heuristic_opts`)
     vector_floats, vector_registers = host_vector_registers()
+    #: float32 and float64 vectors up to one vector register: an upcast tile along a contiguous axis is vector loads,
+    #: arithmetic and accumulators in the IR itself (see :mod:`ember.codegen.vectorize`), GCC/clang vector code
+    vector_widths = host_vector_widths()
+    vector_alu = VECTOR_FLOAT_OPS
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
     #: a kernel of fewer steps than this (see :func:`_kernel_steps`) gets no ``omp simd``: an MLP's
