@@ -68,7 +68,8 @@ def has_symbolic_shape(ast: UOp) -> bool:
 
 
 def estimate(uops: list[UOp]) -> tuple[int, int]:
-    """(ALU ops, bytes of global memory) executed, counting loop trip counts."""
+    """(ALU ops, bytes of global memory) executed, counting loop trip counts (and a vector op's lanes: the same
+    count as the scalar program's)."""
     mult, ops = 1, 0
     stack: list[int] = []
     for u in uops:
@@ -79,7 +80,7 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
         elif u.op is Ops.ENDRANGE:
             mult = stack.pop()
         elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
-            ops += mult
+            ops += mult * getattr(u.dtype, "count", 1)  # a vector op does one op per lane
         elif u.op is Ops.WMMA:
             # each lane's share of one instruction's multiply-adds, split over the elements of D it holds
             (m, n, k), threads, counts = u.arg[1], u.arg[2], u.arg[3]
