@@ -207,8 +207,11 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
     def groupable(u: UOp) -> bool:
         if u in lane or u.dtype not in _FLOATS:
             return False
-        # an accumulator vector is updated by its reduction's op (a product's by MUL)
-        return (u.op if u.op is not Ops.REDUCE else u.arg) in ops
+        if u.op is not Ops.REDUCE:
+            return u.op in ops
+        # an accumulator vector is updated by its reduction's op (a product's by MUL); a reduction split over cores
+        # (a "thread" loop) keeps scalars, which every OpenMP-style combiner handles
+        return u.arg in ops and not any(r.op is Ops.RANGE and r.arg[1] == "thread" for r in u.src[1:])
 
     # the widest packs first: an op reading lanes of two vectors (an outer product) joins the wider one's group
     work = [(-len(p), i) for i, p in enumerate(packs)]
