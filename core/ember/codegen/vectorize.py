@@ -139,7 +139,7 @@ def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> tupl
 
 def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gathers: bool = True) -> UOp:
     """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store;
-    without ``gathers``, only runs whose values are one vector's lanes in order."""
+    without ``gathers``, only runs whose values are lanes of vectors (a tile stored across its vectors: a shuffle)."""
     stores = list(sink.src)
     # stores: (buffer, variable part, gate) -> offset -> position in the sink
     store_groups: dict[tuple[UOp, UOp | None, UOp | None], dict[int, int]] = {}
@@ -156,7 +156,7 @@ def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gather
             at = [by_off[first + k] for k in range(n)]
             vals = tuple(stores[i].src[2] for i in at)
             value = _vectorized(vals, dt.vec(n))
-            if not gathers and value.op is Ops.VECTORIZE:
+            if not gathers and value.op is Ops.VECTORIZE and not all(v.op is Ops.GEP for v in vals):
                 continue
             srcs = (buf, stores[at[0]].src[1], value) + ((gate,) if gate is not None else ())
             stores[min(at)] = UOp(Ops.STORE, None, srcs)
