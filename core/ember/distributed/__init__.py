@@ -1,0 +1,442 @@
+"""Training across processes and machines: ranks, a world, and collectives on tensors.
+
+Start the processes with the launcher (``python -m ember.distributed.run -n 4 train.py``), ``mpiexec`` or
+Slurm's ``srun``; in each, ``init()`` joins the job::
+
+    import ember.distributed as dist
+    dist.init()                                  # rank and world size from the launcher
+    t = Tensor([float(dist.rank())])
+    dist.all_reduce(t)                           # in place: t is the sum over the ranks
+    work = dist.all_reduce(g, op="avg", async_op=True)
+    ...                                          # other work while the bytes move
+    work.wait()
+
+Collectives change the tensor given to them (``all_reduce``, ``broadcast``) or return a new tensor
+(``all_gather``, ``reduce_scatter``); the tensor is realized first. On a backend for host memory (MPI) a tensor
+in host memory (CPU, PYTHON devices) is reduced in its own buffer; one on another device is copied to the
+host and back. A tensor on several devices of this process (``shard``/``to(devices)``) is gathered, reduced
+across the ranks and put back with the same placement.
+
+Every wait is bounded (``EMBER_DIST_TIMEOUT`` seconds, default 300): a peer that died or never reaches the
+collective raises :class:`DistributedTimeout` naming the operation instead of hanging the job.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ember.distributed.backend import (
+    ENTRY_POINT_GROUP,
+    REDUCE_OPS,
+    Backend,
+    BackendInfo,
+    DoneRequest,
+    Request,
+    backends,
+    get_backend,
+)
+from ember.dtype import dtypes, to_np_dtype
+from ember.helpers import getenv
+from ember.tensor import Tensor
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ember.helpers import lazy_numpy as np
+
+__all__ = ["ENTRY_POINT_GROUP", "Backend", "BackendInfo", "DataParallel", "DistributedError", "DistributedSampler",
+           "DistributedTimeout", "Request", "Work", "all_gather", "all_reduce", "backends", "barrier", "broadcast",
+           "get_backend", "init", "is_initialized", "local_rank", "rank", "reduce_scatter", "shutdown", "world_size"]
+
+#: Every op ``all_reduce`` and ``reduce_scatter`` take.
+OPS = (*REDUCE_OPS, "avg")
+
+#: (rank variable, size variable, what sets them), in the order they are looked for.
+_LAUNCH_ENV = (
+    ("EMBER_RANK", "EMBER_WORLD_SIZE", "EMBER_RANK/EMBER_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPICH's mpiexec"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+    ("PMIX_RANK", "PMIX_SIZE", "a PMIx launcher"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm's srun"),
+)
+_LOCAL_RANK_ENV = ("EMBER_LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+class DistributedError(RuntimeError):
+    """A collective could not be done (not initialized, a peer failed ...)."""
+
+
+class DistributedTimeout(DistributedError):
+    """A collective did not complete in time: a peer died, hangs, or called a different collective."""
+
+
+class _State:
+    backend: Backend | None = None
+    timeout: float = 300.0
+
+
+_state = _State()
+
+
+def launch_env() -> tuple[int, int, str] | None:
+    """(rank, world size, source) as the launcher's environment gives them, or None outside a launcher."""
+    for rank_var, size_var, source in _LAUNCH_ENV:
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                r, n = int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError as e:
+                raise ValueError(f"{rank_var}={os.environ[rank_var]!r} / {size_var}={os.environ[size_var]!r} "
+                                 f"(set by {source}) are not integers") from e
+            if n < 1 or not 0 <= r < n:
+                raise ValueError(f"{rank_var}={r} is not a rank of a world of {size_var}={n} (set by {source})")
+            return r, n, source
+    return None
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> Backend:
+    """Join the job: pick the backend (``backend``, else ``EMBER_DIST_BACKEND``, else ``"mpi"``) and check that
+    its rank and world size agree with the launcher's environment. Calling it again returns the same backend.
+
+    ``timeout`` (seconds; default ``EMBER_DIST_TIMEOUT`` or 300) bounds every wait on a collective.
+    """
+    name = (backend or os.environ.get("EMBER_DIST_BACKEND") or "mpi").lower()
+    if _state.backend is not None:
+        if _state.backend.name != name:
+            raise DistributedError(f"ember.distributed is already initialized with the {_state.backend.name!r} "
+                                   f"backend; cannot switch to {name!r} (call shutdown() first)")
+        return _state.backend
+    t = getenv("EMBER_DIST_TIMEOUT", 300.0) if timeout is None else timeout
+    if not t > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {t!r}")
+    env = launch_env()
+    b = get_backend(name)()
+    if env is not None and (env[0], env[1]) != (b.rank, b.world_size):
+        b.close()
+        raise DistributedError(
+            f"{env[2]} says rank {env[0]} of {env[1]}, but the {name} backend sees rank {b.rank} of {b.world_size}: "
+            f"start every rank with the launcher (python -m ember.distributed.run -n {env[1]} ...), mpiexec or srun")
+    _state.backend, _state.timeout = b, float(t)
+    rundir = os.environ.get("EMBER_DIST_RUNDIR")
+    if rundir:  # the launcher maps a process that died back to its rank through these files
+        try:
+            with open(os.path.join(rundir, f"rank{b.rank}.pid"), "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        except OSError:
+            pass
+    return b
+
+
+def shutdown() -> None:
+    """Leave the job (the backend is closed); ``init()`` may be called again."""
+    if _state.backend is not None:
+        _state.backend.close()
+        _state.backend = None
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` was called (and :func:`shutdown` was not)."""
+    return _state.backend is not None
+
+
+def _backend() -> Backend:
+    if _state.backend is None:
+        raise DistributedError("ember.distributed is not initialized: call ember.distributed.init() first")
+    return _state.backend
+
+
+def rank() -> int:
+    """This process's rank, 0 .. world_size() - 1."""
+    return _backend().rank
+
+
+def world_size() -> int:
+    """The number of processes in the job."""
+    return _backend().world_size
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its machine (from the launcher; 0 when it does not say)."""
+    for var in _LOCAL_RANK_ENV:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+# --- waiting -------------------------------------------------------------------------------------------------
+
+
+class Work:
+    """A collective in flight. ``wait()`` blocks until it is done (bounded by the timeout) and returns its
+    result tensor; ``is_completed()`` checks without blocking."""
+
+    def __init__(self, what: str, request: Request, finish: Callable[[], Tensor], timeout: float):
+        self.what, self._request, self._finish, self.timeout = what, request, finish, timeout
+        self._result: Tensor | None = None
+        self._started = time.monotonic()
+
+    def is_completed(self) -> bool:
+        """True once the data has arrived (the result is then written back by ``wait()``)."""
+        return self._result is not None or self._request.test()
+
+    def wait(self, timeout: float | None = None) -> Tensor:
+        """Block until the collective is done and return its result (the tensor itself for in-place ops)."""
+        if self._result is not None:
+            return self._result
+        limit = self.timeout if timeout is None else timeout
+        req = self._request
+        start = time.monotonic()
+        pause = 0.0
+        while not req.test():
+            now = time.monotonic()
+            if now - start > limit:
+                req.cancel()
+                raise DistributedTimeout(
+                    f"{self.what} on rank {_state.backend.rank if _state.backend else '?'} did not complete within "
+                    f"{limit:g} s (EMBER_DIST_TIMEOUT): another rank died, hangs, or called a different collective")
+            if now - start > 0.002:  # spin for the first 2 ms (small messages), then back off up to 1 ms
+                pause = min(max(pause * 2, 2e-5), 1e-3)
+                time.sleep(pause)
+        self._result = self._finish()
+        return self._result
+
+
+def _run(what: str, request: Request, finish: Callable[[], Tensor], async_op: bool) -> Any:
+    work = Work(what, request, finish, _state.timeout)
+    return work if async_op else work.wait()
+
+
+# --- staging tensors for a host backend ----------------------------------------------------------------------
+
+_UPCAST = (dtypes.float16, dtypes.bfloat16)  # no MPI reduction type: reduced as float32
+
+
+def _own_buffer(t: Tensor) -> Any:
+    """The realized buffer holding exactly ``t``'s elements, made ``t``'s own (a view is copied first)."""
+    t.realize()
+    c = t.contiguous()
+    if c is not t:
+        t.lazydata = c.realize().lazydata
+    return t._buffer()
+
+
+class _HostStage:
+    """``t``'s elements as a writable numpy array for a host backend, and how to put a result back.
+
+    Host memory is used in place (a view of the buffer); other devices get a host copy, written back by
+    ``commit()``. float16 and bfloat16 are reduced as float32 when ``reduce`` is set."""
+
+    def __init__(self, t: Tensor, reduce: bool):
+        from ember.device.registry import Device
+
+        self.buf = _own_buffer(t)
+        self.dtype = t.dtype
+        Device[self.buf.device].synchronize()
+        npdt = to_np_dtype(t.dtype)
+        self.copy = True
+        arr: Any = None
+        try:
+            arr = np.frombuffer(self.buf.allocator.as_buffer(self.buf.opaque), dtype=npdt)
+            self.copy = False
+        except NotImplementedError:
+            arr = np.frombuffer(self.buf.as_bytes(), dtype=npdt)
+        self.upcast = reduce and t.dtype in _UPCAST
+        if self.upcast:
+            from ember.dtype import bf16_to_f32
+
+            arr = bf16_to_f32(arr) if t.dtype == dtypes.bfloat16 else arr.astype(np.float32)
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+        self.arr: Any = arr
+
+    def divide(self, n: int) -> None:
+        self.arr /= n
+
+    def commit(self) -> None:
+        """Write ``self.arr`` back into the buffer when it is not the buffer's own memory."""
+        if self.upcast:
+            from ember.dtype import f32_to_bf16
+
+            out = f32_to_bf16(self.arr) if self.dtype == dtypes.bfloat16 else self.arr.astype(np.float16)
+            self.buf.copyin(memoryview(np.ascontiguousarray(out)).cast("B"))
+        elif self.copy:
+            self.buf.copyin(memoryview(self.arr).cast("B"))
+
+
+def _check_tensor(t: Any, what: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} takes a Tensor, got {type(t).__name__}")
+    if not all(isinstance(s, int) for s in t.shape):
+        raise ValueError(f"{what}: a tensor with symbolic shape {t.shape} cannot be sent (bind its variables first)")
+    return t
+
+
+def _check_op(op: str, t: Tensor, what: str) -> str:
+    if op not in OPS:
+        raise ValueError(f"{what}: unknown op {op!r}; expected one of {', '.join(OPS)}")
+    if op == "avg" and not dtypes.is_float(t.dtype):
+        raise TypeError(f"{what}: op 'avg' needs a floating-point tensor, got {t.dtype} (use 'sum')")
+    return op
+
+
+class _DeviceStage:
+    """``t``'s realized buffer, for a backend that works on its device's memory (NCCL on CUDA)."""
+
+    def __init__(self, t: Tensor, b: Backend, what: str):
+        from ember.device.registry import Device
+
+        kind = str(t.device).partition(":")[0]
+        if kind != b.memory:
+            raise ValueError(f"{what}: the {b.name} backend works on {b.memory} tensors; this one is on {t.device} "
+                             f"(move it with .to(...) or use a host backend such as mpi)")
+        self.t = t
+        self.arr: Any = _own_buffer(t)
+        Device[self.arr.device].synchronize()  # the kernels that wrote it have finished
+
+    def divide(self, n: int) -> None:
+        self.t.assign(self.t / n).realize()
+
+    def commit(self) -> None:
+        pass
+
+
+def _stage(t: Tensor, b: Backend, what: str, reduce: bool) -> Any:
+    if b.memory == "host":
+        return _HostStage(t, reduce)
+    return _DeviceStage(t, b, what)
+
+
+def _multi(t: Tensor) -> bool:
+    return isinstance(t.device, tuple)
+
+
+def _from_multi(t: Tensor) -> Tensor:
+    """A one-device tensor holding a multi-device tensor's (gathered) value, on its first device."""
+    return t.to(t.device[0]).contiguous().realize()
+
+
+def _to_multi(t: Tensor, value: Tensor) -> Tensor:
+    """Give the multi-device tensor ``t`` the value ``value`` (one device), with ``t``'s placement; returns ``t``."""
+    t.lazydata = value.shard_like(t).realize().lazydata
+    return t
+
+
+# --- collectives ---------------------------------------------------------------------------------------------
+
+
+def all_reduce(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
+    """Reduce ``t`` over every rank with ``op`` (sum, prod, max, min, avg) and leave the result in ``t``.
+
+    Returns ``t``, or a :class:`Work` whose ``wait()`` returns it when ``async_op``."""
+    t = _check_tensor(t, "all_reduce")
+    op = _check_op(op, t, "all_reduce")
+    b = _backend()
+    what = f"all_reduce({op}) of {t.shape} {t.dtype}"
+    if _multi(t):
+        # hierarchical: the value inside this process (replicas agree; shards are gathered), across ranks, put back
+        one = _from_multi(t)
+        inner = all_reduce(one, op, async_op=True)
+        return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
+    if t.numel() == 0 or b.world_size == 1:
+        return _run(what, DoneRequest(), lambda: t, async_op)
+    st = _stage(t, b, "all_reduce", reduce=True)
+    req = b.all_reduce(st.arr, "sum" if op == "avg" else op)
+
+    def finish() -> Tensor:
+        if op == "avg":
+            st.divide(b.world_size)
+        st.commit()
+        return t
+    return _run(what, req, finish, async_op)
+
+
+def broadcast(t: Tensor, src: int = 0, async_op: bool = False) -> Any:
+    """Give ``t`` on every rank the value it has on rank ``src`` (in place); returns ``t`` (or a :class:`Work`)."""
+    t = _check_tensor(t, "broadcast")
+    b = _backend()
+    if not isinstance(src, int) or not 0 <= src < b.world_size:
+        raise ValueError(f"broadcast: src={src!r} is not a rank of this world of {b.world_size}")
+    what = f"broadcast from rank {src} of {t.shape} {t.dtype}"
+    if _multi(t):
+        one = _from_multi(t)
+        inner = broadcast(one, src, async_op=True)
+        return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
+    if t.numel() == 0 or b.world_size == 1:
+        return _run(what, DoneRequest(), lambda: t, async_op)
+    st = _stage(t, b, "broadcast", reduce=False)
+    req = b.broadcast(st.arr, src)
+    return _run(what, req, lambda: (st.commit(), t)[1], async_op)
+
+
+def _new_like(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return Tensor.empty(*shape, dtype=t.dtype, device=t.device).contiguous().realize()
+
+
+def all_gather(t: Tensor, async_op: bool = False) -> Any:
+    """Every rank's ``t`` concatenated along axis 0 in rank order (shape ``(world * n, ...)``; a 0-d ``t``
+    gives shape ``(world,)``); a new tensor on ``t``'s device (or a :class:`Work` returning it)."""
+    t = _check_tensor(t, "all_gather")
+    b = _backend()
+    n = b.world_size
+    shape = (n,) if t.ndim == 0 else (n * t.shape[0], *t.shape[1:])
+    what = f"all_gather of {t.shape} {t.dtype}"
+    if _multi(t):
+        one = _from_multi(t)
+        inner = all_gather(one, async_op=True)
+        return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
+    if t.numel() == 0 or n == 1:
+        return _run(what, DoneRequest(), lambda: t.reshape(shape).contiguous().realize(), async_op)
+    src = _stage(t, b, "all_gather", reduce=False)
+    out = _new_like(t, shape)
+    dst = _stage(out, b, "all_gather", reduce=False)
+    req = b.all_gather(src.arr, dst.arr)
+    return _run(what, req, lambda: (dst.commit(), out)[1], async_op)
+
+
+def reduce_scatter(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
+    """Reduce ``t`` over the ranks and return this rank's part: axis 0 split into ``world_size`` equal chunks,
+    chunk ``rank()`` (shape ``(n // world, ...)``); a new tensor (or a :class:`Work` returning it)."""
+    t = _check_tensor(t, "reduce_scatter")
+    op = _check_op(op, t, "reduce_scatter")
+    b = _backend()
+    n = b.world_size
+    if t.ndim == 0 or t.shape[0] % n:
+        raise ValueError(f"reduce_scatter: axis 0 of shape {t.shape} does not split evenly over {n} ranks")
+    shape = (t.shape[0] // n, *t.shape[1:])
+    what = f"reduce_scatter({op}) of {t.shape} {t.dtype}"
+    if _multi(t):
+        one = _from_multi(t)
+        inner = reduce_scatter(one, op, async_op=True)
+        return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
+    if t.numel() == 0 or n == 1:
+        return _run(what, DoneRequest(), lambda: t.contiguous().realize(), async_op)
+    src = _stage(t, b, "reduce_scatter", reduce=True)
+    out = _new_like(t, shape)
+    dst = _stage(out, b, "reduce_scatter", reduce=True)
+    req = b.reduce_scatter(src.arr, dst.arr, "sum" if op == "avg" else op)
+
+    def finish() -> Tensor:
+        if op == "avg":
+            dst.divide(n)
+        dst.commit()
+        return out
+    return _run(what, req, finish, async_op)
+
+
+def barrier(async_op: bool = False) -> Any:
+    """Wait until every rank has reached this call (returns None, or a :class:`Work`)."""
+    b = _backend()
+    return _run("barrier", b.barrier() if b.world_size > 1 else DoneRequest(), lambda: None, async_op)  # type: ignore[arg-type,return-value]
+
+
+def __getattr__(name: str) -> Any:
+    # the training helpers import the optimizer and state modules: loaded on first use
+    if name in ("DataParallel", "DistributedSampler", "save_checkpoint"):
+        from ember.distributed import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'ember.distributed' has no attribute {name!r}")
