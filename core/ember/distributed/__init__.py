@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -119,14 +120,42 @@ def init(backend: str | None = None, timeout: float | None = None) -> Backend:
             f"{env[2]} says rank {env[0]} of {env[1]}, but the {name} backend sees rank {b.rank} of {b.world_size}: "
             f"start every rank with the launcher (python -m ember.distributed.run -n {env[1]} ...), mpiexec or srun")
     _state.backend, _state.timeout = b, float(t)
+    _write_rundir(f"rank{b.rank}.pid", f"{os.getpid()} {socket.gethostname()}\n")
+    if b.world_size > 1 and not isinstance(sys.excepthook, _AbortOnError):
+        sys.excepthook = _AbortOnError(sys.excepthook)
+    return b
+
+
+def _write_rundir(name: str, text: str) -> None:
+    """A file for the launcher (EMBER_DIST_RUNDIR): it maps a process that died back to its rank with these."""
     rundir = os.environ.get("EMBER_DIST_RUNDIR")
-    if rundir:  # the launcher maps a process that died back to its rank through these files
+    if rundir:
         try:
-            with open(os.path.join(rundir, f"rank{b.rank}.pid"), "w") as f:
-                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            with open(os.path.join(rundir, name), "w") as f:
+                f.write(text)
         except OSError:
             pass
-    return b
+
+
+class _AbortOnError:
+    """``sys.excepthook`` while a job runs: an uncaught exception on one rank stops every rank (MPI_Abort) instead
+    of leaving the others waiting in their next collective; the launcher is told which rank failed and why."""
+
+    def __init__(self, previous: Callable[..., Any]):
+        self.previous = previous
+
+    def __call__(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        self.previous(exc_type, exc, tb)
+        b = _state.backend
+        if b is None or b.world_size == 1:
+            return
+        _write_rundir(f"rank{b.rank}.error", f"{exc_type.__name__}: {exc}".splitlines()[0][:500])
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        b.abort(1)
 
 
 def shutdown() -> None:

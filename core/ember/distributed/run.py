@@ -185,6 +185,13 @@ class _Supervisor:
             who = f"rank {pids[pid]}" if pid in pids else "a rank"
             how = f"was killed by {_signal_name(code)}" if code in (6, 9, 11, 15) else f"exited with status {code}"
             parts.append(f"{who} (pid {pid} on {host}) {how}")
+        for name in sorted(os.listdir(self.rundir)):
+            if m := re.fullmatch(r"rank(\d+)\.error", name):
+                try:
+                    with open(os.path.join(self.rundir, name)) as f:
+                        parts.insert(0, f"rank {m.group(1)} failed: {f.read().strip()}")
+                except OSError:
+                    pass
         for task, why in self.slurm_failed:
             parts.append(f"rank {task}: {why}")
         if not parts:
