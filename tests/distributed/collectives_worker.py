@@ -1,6 +1,6 @@
 """One rank of the multi-process tests (started by ``python -m ember.distributed.run``): every collective on
-rank-dependent inputs, async handles, and DataParallel with and without buckets. Each rank saves what it got
-to ``OUT/rank<R>.npz``; the test compares it with numpy. ``OUT`` is the first argument."""
+rank-dependent inputs, async handles, and DataParallel with and without buckets and under TinyJit. Each rank
+saves what it got to ``OUT/rank<R>.npz``; the test compares it with numpy. ``OUT`` is the first argument."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 import ember.distributed as dist
-from ember import Tensor, dtypes
+from ember import Tensor, TinyJit, dtypes
 from ember.nn import Linear, get_parameters
 from ember.nn.optim import SGD, Adam
 
@@ -56,25 +56,32 @@ res["multi_sharded"] = sharded.numpy()
 res["multi_sharded_device"] = np.array([str(sharded.device)])
 
 
-def train(bucket_mb: float, overlap: bool, opt_cls: type, steps: int = 3) -> list[np.ndarray]:
+def train(bucket_mb: float, overlap: bool, opt_cls: type, jit: bool = False, steps: int = 3) -> list[np.ndarray]:
     """A few steps of a small MLP; each rank sees different data; the parameters start different per rank."""
     Tensor.manual_seed(100 + r)  # different initial weights on each rank: DataParallel broadcasts rank 0's
     l1, l2 = Linear(6, 40), Linear(40, 3)
     opt = dist.DataParallel(opt_cls(get_parameters([l1, l2]), lr=0.05), bucket_mb=bucket_mb, overlap=overlap)
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y).backward()
+        Tensor.realize_all(loss, *opt.schedule_step(loss))
+        return loss
+
+    run = TinyJit(step) if jit else step
     rng = np.random.default_rng(r)
     for _ in range(steps):
         x, y = rng.standard_normal((5, 6)).astype(np.float32), rng.integers(0, 3, 5)
-        opt.zero_grad()
-        loss = l2(l1(Tensor(x)).relu()).sparse_categorical_crossentropy(Tensor(y)).backward()
-        opt.step(loss)
-    res[f"messages_{bucket_mb}_{overlap}_{opt_cls.__name__}"] = np.array([opt.messages])
+        run(Tensor(x), Tensor(y))
+    res[f"messages_{bucket_mb}_{overlap}_{opt_cls.__name__}_{jit}"] = np.array([opt.messages])
     return [p.numpy() for p in get_parameters([l1, l2])]
 
 
 for opt_cls in (SGD, Adam):
-    for key, (mb, ov) in {"bucket0": (0.0, False), "bucket_small": (0.001, False), "bucket_big": (25.0, False),
-                          "overlap": (0.001, True)}.items():
-        for i, p in enumerate(train(mb, ov, opt_cls)):
+    for key, (mb, ov, jit) in {"bucket0": (0.0, False, False), "bucket_small": (0.001, False, False),
+                               "bucket_big": (25.0, False, False), "overlap": (0.001, True, False),
+                               "jit": (0.001, False, True)}.items():
+        for i, p in enumerate(train(mb, ov, opt_cls, jit, steps=4 if jit else 3)):
             res[f"dp_{opt_cls.__name__}_{key}_{i}"] = p
 
 np.savez(f"{out_dir}/rank{r}.npz", **res)

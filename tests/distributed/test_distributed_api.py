@@ -219,8 +219,8 @@ def test_nccl_backend_checks_without_a_gpu() -> None:
     assert nccl_dtype(dtypes.bfloat16) == "BFLOAT16" and nccl_op("max") == "MAX"
     with pytest.raises(TypeError, match="the nccl backend cannot send dtypes.bool tensors"):
         nccl_dtype(dtypes.bool)
-    with pytest.raises(ValueError, match="the nccl backend has no reduction 'avg'"):
-        nccl_op("avg")
+    with pytest.raises(ValueError, match="the nccl backend has no reduction 'mean'; expected one of sum, prod, max"):
+        nccl_op("mean")
     reason = NCCLBackend.probe()
     assert reason is None or "nccl4py" in reason or "CUDA" in reason, reason
     if reason is not None:

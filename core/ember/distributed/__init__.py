@@ -40,6 +40,8 @@ from ember.distributed.backend import (
     get_backend,
 )
 from ember.dtype import dtypes, to_np_dtype
+from ember.engine import realize
+from ember.engine.realize import ExecItem, Runner
 from ember.helpers import getenv
 from ember.tensor import Tensor
 
@@ -204,18 +206,20 @@ class Work:
     """A collective in flight. ``wait()`` blocks until it is done (bounded by the timeout) and returns its
     result tensor; ``is_completed()`` checks without blocking."""
 
-    def __init__(self, what: str, request: Request, finish: Callable[[], Tensor], timeout: float):
+    def __init__(self, what: str, request: Request, finish: Callable[[], Any], timeout: float):
         self.what, self._request, self._finish, self.timeout = what, request, finish, timeout
-        self._result: Tensor | None = None
+        self._result: Any = None
+        self._done = False
         self._started = time.monotonic()
 
     def is_completed(self) -> bool:
         """True once the data has arrived (the result is then written back by ``wait()``)."""
-        return self._result is not None or self._request.test()
+        return self._done or self._request.test()
 
-    def wait(self, timeout: float | None = None) -> Tensor:
-        """Block until the collective is done and return its result (the tensor itself for in-place ops)."""
-        if self._result is not None:
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the collective is done and return its result (the tensor itself for in-place ops, None
+        for a barrier)."""
+        if self._done:
             return self._result
         limit = self.timeout if timeout is None else timeout
         req = self._request
@@ -231,16 +235,16 @@ class Work:
             if now - start > 0.002:  # spin for the first 2 ms (small messages), then back off up to 1 ms
                 pause = min(max(pause * 2, 2e-5), 1e-3)
                 time.sleep(pause)
-        self._result = self._finish()
+        self._result, self._done = self._finish(), True
         return self._result
 
 
-def _run(what: str, request: Request, finish: Callable[[], Tensor], async_op: bool) -> Any:
+def _run(what: str, request: Request, finish: Callable[[], Any], async_op: bool) -> Any:
     work = Work(what, request, finish, _state.timeout)
     return work if async_op else work.wait()
 
 
-# --- staging tensors for a host backend ----------------------------------------------------------------------
+# --- staging buffers for a backend ---------------------------------------------------------------------------
 
 _UPCAST = (dtypes.float16, dtypes.bfloat16)  # no MPI reduction type: reduced as float32
 
@@ -255,30 +259,29 @@ def _own_buffer(t: Tensor) -> Any:
 
 
 class _HostStage:
-    """``t``'s elements as a writable numpy array for a host backend, and how to put a result back.
+    """A buffer's elements as a writable numpy array for a host backend, and how to put a result back.
 
     Host memory is used in place (a view of the buffer); other devices get a host copy, written back by
     ``commit()``. float16 and bfloat16 are reduced as float32 when ``reduce`` is set."""
 
-    def __init__(self, t: Tensor, reduce: bool):
+    def __init__(self, buf: Any, reduce: bool):
         from ember.device.registry import Device
 
-        self.buf = _own_buffer(t)
-        self.dtype = t.dtype
-        Device[self.buf.device].synchronize()
-        npdt = to_np_dtype(t.dtype)
+        self.buf, self.dtype = buf, buf.dtype
+        Device[buf.device].synchronize()  # the kernels that wrote it have finished
+        npdt = to_np_dtype(buf.dtype)
         self.copy = True
         arr: Any = None
         try:
-            arr = np.frombuffer(self.buf.allocator.as_buffer(self.buf.opaque), dtype=npdt)
+            arr = np.frombuffer(buf.allocator.as_buffer(buf.opaque), dtype=npdt)
             self.copy = False
         except NotImplementedError:
-            arr = np.frombuffer(self.buf.as_bytes(), dtype=npdt)
-        self.upcast = reduce and t.dtype in _UPCAST
+            arr = np.frombuffer(buf.as_bytes(), dtype=npdt)
+        self.upcast = reduce and buf.dtype in _UPCAST
         if self.upcast:
             from ember.dtype import bf16_to_f32
 
-            arr = bf16_to_f32(arr) if t.dtype == dtypes.bfloat16 else arr.astype(np.float32)
+            arr = bf16_to_f32(arr) if buf.dtype == dtypes.bfloat16 else arr.astype(np.float32)
             arr = np.ascontiguousarray(arr, dtype=np.float32)
         self.arr: Any = arr
 
@@ -294,6 +297,79 @@ class _HostStage:
             self.buf.copyin(memoryview(np.ascontiguousarray(out)).cast("B"))
         elif self.copy:
             self.buf.copyin(memoryview(self.arr).cast("B"))
+
+
+class _DeviceStage:
+    """A buffer handed as it is to a backend that works on its device's memory (NCCL on CUDA)."""
+
+    def __init__(self, buf: Any, b: Backend, what: str):
+        from ember.device.registry import Device
+
+        if str(buf.device).partition(":")[0] != b.memory:
+            raise ValueError(f"{what}: the {b.name} backend works on {b.memory} tensors; this one is on {buf.device} "
+                             f"(move it with .to(...) or use a host backend such as mpi)")
+        self.arr: Any = buf
+        Device[buf.device].synchronize()
+
+    def divide(self, n: int) -> None:
+        raise NotImplementedError("device backends are given op 'avg' itself (see Backend)")
+
+    def commit(self) -> None:
+        pass
+
+
+def _start(b: Backend, kind: str, bufs: list[Any], op: str | None, src: int) -> tuple[Request, Callable[[], None]]:
+    """Start collective ``kind`` on realized buffers (the output is the last); returns the request and what
+    completes it once the request is done (the average's division, the copy back)."""
+    reduce = kind in ("all_reduce", "reduce_scatter")
+    stages = [_HostStage(buf, reduce) if b.memory == "host" else _DeviceStage(buf, b, kind) for buf in bufs]
+    native = op != "avg" or b.memory != "host"  # device backends average themselves (NCCL's ncclAvg)
+    base_op = op if native or op is None else "sum"
+    arrs = [s.arr for s in stages]
+    if kind == "all_reduce":
+        req = b.all_reduce(arrs[0], base_op or "sum")
+    elif kind == "broadcast":
+        req = b.broadcast(arrs[0], src)
+    elif kind == "all_gather":
+        req = b.all_gather(arrs[0], arrs[1])
+    else:
+        req = b.reduce_scatter(arrs[0], arrs[1], base_op or "sum")
+
+    def finish() -> None:
+        if not native:
+            stages[-1].divide(b.world_size)
+        stages[-1].commit()
+    return req, finish
+
+
+class CollectiveRunner(Runner):
+    """A collective as a step of a captured :class:`~ember.TinyJit` graph: a replay runs it (blocking) on the
+    buffers it was recorded with, between the kernels that write them and those that read them."""
+
+    def __init__(self, kind: str, op: str | None, src: int, device: str, what: str):
+        self.kind, self.op, self.src, self.what, self.device = kind, op, src, what, device
+        self.display_name = f"<{kind}{'(' + op + ')' if op else ''}>"
+        self.estimated_ops = self.estimated_mem = 0
+
+    def __call__(self, bufs: list[Any], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
+        st = time.perf_counter()
+        req, finish = _start(_backend(), self.kind, bufs, self.op, self.src)
+        Work(self.what, req, finish, _state.timeout).wait()
+        return time.perf_counter() - st
+
+
+def _collective(kind: str, src_t: Tensor, out: Tensor | None, op: str | None, src: int, what: str,
+                async_op: bool) -> Any:
+    """Run ``kind`` from ``src_t`` into ``out`` (``src_t`` itself when None) and return the output tensor."""
+    b = _backend()
+    bufs = [_own_buffer(src_t)] + ([_own_buffer(out)] if out is not None else [])
+    result = src_t if out is None else out
+    req, finish = _start(b, kind, bufs, op, src)
+    if realize.capturing:  # inside TinyJit's capture: the replay runs the collective too
+        item = ExecItem(CollectiveRunner(kind, op, src, bufs[-1].device, what), bufs)
+        for capture in realize.capturing:
+            capture(item)
+    return _run(what, req, lambda: (finish(), result)[1], async_op)
 
 
 def _check_tensor(t: Any, what: str) -> Tensor:
@@ -312,39 +388,14 @@ def _check_op(op: str, t: Tensor, what: str) -> str:
     return op
 
 
-class _DeviceStage:
-    """``t``'s realized buffer, for a backend that works on its device's memory (NCCL on CUDA)."""
-
-    def __init__(self, t: Tensor, b: Backend, what: str):
-        from ember.device.registry import Device
-
-        kind = str(t.device).partition(":")[0]
-        if kind != b.memory:
-            raise ValueError(f"{what}: the {b.name} backend works on {b.memory} tensors; this one is on {t.device} "
-                             f"(move it with .to(...) or use a host backend such as mpi)")
-        self.t = t
-        self.arr: Any = _own_buffer(t)
-        Device[self.arr.device].synchronize()  # the kernels that wrote it have finished
-
-    def divide(self, n: int) -> None:
-        self.t.assign(self.t / n).realize()
-
-    def commit(self) -> None:
-        pass
-
-
-def _stage(t: Tensor, b: Backend, what: str, reduce: bool) -> Any:
-    if b.memory == "host":
-        return _HostStage(t, reduce)
-    return _DeviceStage(t, b, what)
-
-
 def _multi(t: Tensor) -> bool:
     return isinstance(t.device, tuple)
 
 
 def _from_multi(t: Tensor) -> Tensor:
     """A one-device tensor holding a multi-device tensor's (gathered) value, on its first device."""
+    if realize.capturing:
+        raise NotImplementedError("a collective on a tensor on several devices cannot be captured by TinyJit yet")
     return t.to(t.device[0]).contiguous().realize()
 
 
@@ -372,15 +423,7 @@ def all_reduce(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
         return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
     if t.numel() == 0 or b.world_size == 1:
         return _run(what, DoneRequest(), lambda: t, async_op)
-    st = _stage(t, b, "all_reduce", reduce=True)
-    req = b.all_reduce(st.arr, "sum" if op == "avg" else op)
-
-    def finish() -> Tensor:
-        if op == "avg":
-            st.divide(b.world_size)
-        st.commit()
-        return t
-    return _run(what, req, finish, async_op)
+    return _collective("all_reduce", t, None, op, 0, what, async_op)
 
 
 def broadcast(t: Tensor, src: int = 0, async_op: bool = False) -> Any:
@@ -396,9 +439,7 @@ def broadcast(t: Tensor, src: int = 0, async_op: bool = False) -> Any:
         return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
     if t.numel() == 0 or b.world_size == 1:
         return _run(what, DoneRequest(), lambda: t, async_op)
-    st = _stage(t, b, "broadcast", reduce=False)
-    req = b.broadcast(st.arr, src)
-    return _run(what, req, lambda: (st.commit(), t)[1], async_op)
+    return _collective("broadcast", t, None, None, src, what, async_op)
 
 
 def _new_like(t: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -419,11 +460,7 @@ def all_gather(t: Tensor, async_op: bool = False) -> Any:
         return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
     if t.numel() == 0 or n == 1:
         return _run(what, DoneRequest(), lambda: t.reshape(shape).contiguous().realize(), async_op)
-    src = _stage(t, b, "all_gather", reduce=False)
-    out = _new_like(t, shape)
-    dst = _stage(out, b, "all_gather", reduce=False)
-    req = b.all_gather(src.arr, dst.arr)
-    return _run(what, req, lambda: (dst.commit(), out)[1], async_op)
+    return _collective("all_gather", t, _new_like(t, shape), None, 0, what, async_op)
 
 
 def reduce_scatter(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
@@ -443,23 +480,13 @@ def reduce_scatter(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
         return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
     if t.numel() == 0 or n == 1:
         return _run(what, DoneRequest(), lambda: t.contiguous().realize(), async_op)
-    src = _stage(t, b, "reduce_scatter", reduce=True)
-    out = _new_like(t, shape)
-    dst = _stage(out, b, "reduce_scatter", reduce=True)
-    req = b.reduce_scatter(src.arr, dst.arr, "sum" if op == "avg" else op)
-
-    def finish() -> Tensor:
-        if op == "avg":
-            dst.divide(n)
-        dst.commit()
-        return out
-    return _run(what, req, finish, async_op)
+    return _collective("reduce_scatter", t, _new_like(t, shape), op, 0, what, async_op)
 
 
 def barrier(async_op: bool = False) -> Any:
     """Wait until every rank has reached this call (returns None, or a :class:`Work`)."""
     b = _backend()
-    return _run("barrier", b.barrier() if b.world_size > 1 else DoneRequest(), lambda: None, async_op)  # type: ignore[arg-type,return-value]
+    return _run("barrier", b.barrier() if b.world_size > 1 else DoneRequest(), lambda: None, async_op)
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,8 @@ from typing import Any, Callable
 #: The entry-point group third-party backends register under.
 ENTRY_POINT_GROUP = "ember.distributed.backends"
 
-#: Reductions every backend offers ("avg" is a sum divided by the world size, done by the front end).
+#: Reductions every backend offers. "avg" is one more: for host backends the front end sums and divides; device
+#: backends (``memory`` other than "host") are given "avg" itself (NCCL has it).
 REDUCE_OPS = ("sum", "prod", "max", "min")
 
 

@@ -22,7 +22,7 @@ NCCL_DTYPES: dict[DType, str] = {
     dtypes.int64: "INT64", dtypes.uint64: "UINT64", dtypes.float16: "FLOAT16", dtypes.float32: "FLOAT32",
     dtypes.float64: "FLOAT64", dtypes.bfloat16: "BFLOAT16",
 }
-NCCL_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
+NCCL_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN", "avg": "AVG"}
 
 
 def nccl_dtype(dt: DType) -> str:
