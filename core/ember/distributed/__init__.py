@@ -232,7 +232,7 @@ class Work:
                 raise DistributedTimeout(
                     f"{self.what} on rank {_state.backend.rank if _state.backend else '?'} did not complete within "
                     f"{limit:g} s (EMBER_DIST_TIMEOUT): another rank died, hangs, or called a different collective")
-            if now - start > 0.002:  # spin for the first 2 ms (small messages), then back off up to 1 ms
+            if now - start > 0.02:  # spin for 20 ms (as MPI's blocking calls do), then back off up to 1 ms
                 pause = min(max(pause * 2, 2e-5), 1e-3)
                 time.sleep(pause)
         self._result, self._done = self._finish(), True
