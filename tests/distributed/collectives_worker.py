@@ -1,9 +1,11 @@
 """One rank of the multi-process tests (started by ``python -m ember.distributed.run``): every collective on
-rank-dependent inputs, async handles, and DataParallel with and without buckets and under TinyJit. Each rank
+rank-dependent inputs, async handles, and DataParallel with and without buckets, under TinyJit
+and with sharded optimizer state (ZeRO-1). Each rank
 saves what it got to ``OUT/rank<R>.npz``; the test compares it with numpy. ``OUT`` is the first argument."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -56,16 +58,22 @@ res["multi_sharded"] = sharded.numpy()
 res["multi_sharded_device"] = np.array([str(sharded.device)])
 
 
-def train(bucket_mb: float, overlap: bool, opt_cls: type, jit: bool = False, steps: int = 3) -> list[np.ndarray]:
+def train(bucket_mb: float, overlap: bool, opt_cls: type, jit: bool = False, steps: int = 3,
+          zero: bool = False) -> list[np.ndarray]:
     """A few steps of a small MLP; each rank sees different data; the parameters start different per rank."""
     Tensor.manual_seed(100 + r)  # different initial weights on each rank: DataParallel broadcasts rank 0's
     l1, l2 = Linear(6, 40), Linear(40, 3)
-    opt = dist.DataParallel(opt_cls(get_parameters([l1, l2]), lr=0.05), bucket_mb=bucket_mb, overlap=overlap)
+    params = get_parameters([l1, l2])
+    opt: Any = (dist.ShardedOptimizer(params, opt_cls, lr=0.05) if zero else
+                dist.DataParallel(opt_cls(params, lr=0.05), bucket_mb=bucket_mb, overlap=overlap))
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
         loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y).backward()
-        Tensor.realize_all(loss, *opt.schedule_step(loss))
+        if zero:
+            opt.step(loss)
+        else:
+            Tensor.realize_all(loss, *opt.schedule_step(loss))
         return loss
 
     run = TinyJit(step) if jit else step
@@ -73,8 +81,13 @@ def train(bucket_mb: float, overlap: bool, opt_cls: type, jit: bool = False, ste
     for _ in range(steps):
         x, y = rng.standard_normal((5, 6)).astype(np.float32), rng.integers(0, 3, 5)
         run(Tensor(x), Tensor(y))
-    res[f"messages_{bucket_mb}_{overlap}_{opt_cls.__name__}_{jit}"] = np.array([opt.messages])
-    return [p.numpy() for p in get_parameters([l1, l2])]
+    if zero:
+        full = opt_cls(get_parameters([Linear(6, 40), Linear(40, 3)]), lr=0.05)
+        res[f"zero_state_bytes_{opt_cls.__name__}"] = np.array(
+            [opt.state_bytes(), sum(t.numel() * t.dtype.itemsize for t in full.state_dict().values())])
+    else:
+        res[f"messages_{bucket_mb}_{overlap}_{opt_cls.__name__}_{jit}"] = np.array([opt.messages])
+    return [p.numpy() for p in params]
 
 
 for opt_cls in (SGD, Adam):
@@ -83,6 +96,8 @@ for opt_cls in (SGD, Adam):
                                "jit": (0.001, False, True)}.items():
         for i, p in enumerate(train(mb, ov, opt_cls, jit, steps=4 if jit else 3)):
             res[f"dp_{opt_cls.__name__}_{key}_{i}"] = p
+    for i, p in enumerate(train(0, False, opt_cls, zero=True)):
+        res[f"dp_{opt_cls.__name__}_zero_{i}"] = p
 
 np.savez(f"{out_dir}/rank{r}.npz", **res)
 print(f"rank {r} of {n}: done")

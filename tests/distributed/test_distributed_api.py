@@ -265,3 +265,20 @@ def test_doctor_lists_the_backends() -> None:
     assert any(line.startswith("mpi ") for line in lines)
     nccl = next(line for line in lines if line.startswith("nccl "))
     assert "usable" in nccl
+
+
+def test_sharded_optimizer_refuses_what_it_cannot_shard(mirror: Any) -> None:
+    from ember.nn.optim import LAMB, Adam
+
+    w, h = Tensor.ones(3, 4, requires_grad=True), Tensor.ones(5, requires_grad=True, dtype=dtypes.float16)
+    with pytest.raises(ValueError, match="LAMB scales each tensor by its own norm"):
+        dist.ShardedOptimizer([w], LAMB)
+    with pytest.raises(TypeError, match=r"parameters of one dtype, got \['dtypes.float', 'dtypes.half'\]"):
+        dist.ShardedOptimizer([w, h], Adam)
+    with pytest.raises(TypeError, match="needs an ember optimizer class, got 3"):
+        dist.ShardedOptimizer([w], 3)  # type: ignore[arg-type]
+    z = dist.ShardedOptimizer([w, Tensor.ones(3, requires_grad=True)], Adam, lr=0.1)
+    assert (z.numel, z.chunk, z.shard.shape) == (15, 8, (8,))  # padded to 16, rank 0 of 2 owns 8
+    assert z.state_bytes() == 2 * 8 * 4 + 4 * 4  # m and v of 8 elements, lr, b1, b2 and the step count
+    with pytest.raises(RuntimeError, match=r"parameters \[0, 1\] have no gradient"):
+        z.step()

@@ -101,19 +101,26 @@ def test_every_collective_and_data_parallel(n: int, tmp_path: pathlib.Path) -> N
     # averages the ranks' gradients itself
     for opt in ("SGD", "Adam"):
         ref, ref4 = reference_training(n, opt), reference_training(n, opt, steps=4)
-        for key in ("bucket0", "bucket_small", "bucket_big", "overlap", "jit"):
+        for key in ("bucket0", "bucket_small", "bucket_big", "overlap", "jit", "zero"):
             for i, w in enumerate(ref if key != "jit" else ref4):  # the jitted run: 2 eager steps, 2 replays
                 for r in range(n):
                     got = res[r][f"dp_{opt}_{key}_{i}"]
                     np.testing.assert_array_equal(got, res[0][f"dp_{opt}_{key}_{i}"], err_msg=f"{opt} {key} {r}")
-                    if key != "jit":
+                    if key not in ("jit", "zero"):
                         np.testing.assert_array_equal(got, res[0][f"dp_{opt}_bucket0_{i}"], err_msg=f"{opt} {key}")
+                    if key == "zero":  # ZeRO-1 averages with a reduce-scatter: the same sums, maybe reassociated
+                        np.testing.assert_allclose(got, res[0][f"dp_{opt}_bucket0_{i}"], rtol=1e-6, atol=1e-7)
                     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6, err_msg=f"{opt} {key} vs one process")
         # 4 parameters: one message each per step; 1 KiB buckets: 2 per step; 25 MiB: 1 per step (3 steps); the
         # jitted step sends from Python in its first two calls only: its replays run the recorded collectives
         assert [int(res[0][f"messages_{mb}_{ov}_{opt}_{jit}"][0]) for mb, ov, jit in
                 ((0.0, False, False), (0.001, False, False), (25.0, False, False), (0.001, True, False),
                  (0.001, False, True))] == [12, 6, 3, 6, 4]
+        # ZeRO-1: each rank holds 1/n of the per-element state (SGD without momentum has none), plus the scalars
+        mine, whole = res[0][f"zero_state_bytes_{opt}"]
+        numel = 6 * 40 + 40 + 40 * 3 + 3
+        per_element = 0 if opt == "SGD" else 2 * 4  # Adam: m and v, float32
+        assert whole - mine == per_element * (numel - -(-numel // n)), (mine, whole)
     assert time.monotonic() - start < LAUNCH_TIMEOUT
 
 

@@ -51,8 +51,9 @@ else:
     from ember.helpers import lazy_numpy as np
 
 __all__ = ["ENTRY_POINT_GROUP", "Backend", "BackendInfo", "DataParallel", "DistributedError", "DistributedSampler",
-           "DistributedTimeout", "Request", "Work", "all_gather", "all_reduce", "backends", "barrier", "broadcast",
-           "get_backend", "init", "is_initialized", "local_rank", "rank", "reduce_scatter", "shutdown", "world_size"]
+           "DistributedTimeout", "Request", "ShardedOptimizer", "Work", "all_gather", "all_reduce", "backends",
+           "barrier", "broadcast", "get_backend", "init", "is_initialized", "local_rank", "rank", "reduce_scatter",
+           "shutdown", "world_size"]
 
 #: Every op ``all_reduce`` and ``reduce_scatter`` take.
 OPS = (*REDUCE_OPS, "avg")
@@ -491,7 +492,7 @@ def barrier(async_op: bool = False) -> Any:
 
 def __getattr__(name: str) -> Any:
     # the training helpers import the optimizer and state modules: loaded on first use
-    if name in ("DataParallel", "DistributedSampler", "save_checkpoint"):
+    if name in ("DataParallel", "DistributedSampler", "ShardedOptimizer", "save_checkpoint"):
         from ember.distributed import parallel
 
         return getattr(parallel, name)

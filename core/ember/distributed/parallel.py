@@ -198,3 +198,81 @@ def save_checkpoint(tensors: dict[str, Tensor], path: str, metadata: dict[str, s
         pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
         safe_save(tensors, path, metadata=metadata)
     barrier()
+
+
+class ShardedOptimizer:
+    """ZeRO stage 1: each rank keeps and updates the optimizer state of 1/N of the parameters.
+
+    The parameters (one dtype) are laid end to end in one flat vector, padded to a multiple of the world size,
+    and rank ``r`` owns slice ``r`` of it. A step reduce-scatters the gradients (averaged: each rank receives
+    the mean gradient of its slice only), updates its slice with its own ``optimizer_class`` instance (so
+    Adam's moments take 1/N of the memory), and all-gathers the updated slices into every parameter. The
+    parameters start as rank 0's. The updates equal :class:`DataParallel`'s with the same optimizer, since
+    every rule here is elementwise (LAMB/LARS' per-tensor norms would differ: they are refused)."""
+
+    def __init__(self, params: list[Tensor], optimizer_class: type, **kwargs: Any):
+        from ember.nn.optim import LAMB, LARS, Optimizer
+
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
+            raise TypeError(f"ShardedOptimizer needs an ember optimizer class, got {optimizer_class!r}")
+        params = [p for p in params if p.requires_grad is not False]
+        if not params:
+            raise ValueError("ShardedOptimizer got an empty parameter list")
+        if len({p.dtype for p in params}) != 1:
+            raise TypeError(f"ShardedOptimizer needs parameters of one dtype, got "
+                            f"{sorted({str(p.dtype) for p in params})}")
+        for p in params:
+            p.requires_grad = True
+        b = _backend()
+        self.params, self.world_size, self.rank = params, b.world_size, b.rank
+        for p in params:
+            broadcast(p, 0)
+        self.numel = sum(p.numel() for p in params)
+        self.chunk = -(-self.numel // self.world_size)
+        flat = _flat_padded([p.detach() for p in params], self.chunk * self.world_size)
+        lo = self.rank * self.chunk
+        self.shard = flat[lo:lo + self.chunk].contiguous().realize()
+        self.shard.requires_grad = True
+        self.inner: Optimizer = optimizer_class([self.shard], **kwargs)
+        if isinstance(self.inner, LARS) or (isinstance(self.inner, LAMB) and not self.inner.adam):
+            raise ValueError(f"{optimizer_class.__name__} scales each tensor by its own norm: a slice of the flat "
+                             f"parameters is not a tensor of the model (use DataParallel)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def zero_grad(self) -> None:
+        """Forget the parameters' gradients."""
+        for p in self.params:
+            p.grad = None
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (moments, step counters, hyperparameters)."""
+        return sum(t.numel() * t.dtype.itemsize for t in self.inner.state_dict().values())
+
+    def step(self, *also: Tensor) -> None:
+        """Reduce-scatter the gradients, update this rank's slice, all-gather the parameters; ``also`` (the loss)
+        is realized with the gradients."""
+        from ember.distributed import all_gather, reduce_scatter
+        from ember.tensor import no_grad
+
+        if any(p.grad is None for p in self.params):
+            missing = [i for i, p in enumerate(self.params) if p.grad is None]
+            raise RuntimeError(f"ShardedOptimizer.step: parameters {missing} have no gradient (call backward first)")
+        flat_grad = _flat_padded([_grad(p) for p in self.params], self.chunk * self.world_size)
+        Tensor.realize_all(flat_grad, *also)
+        self.shard.grad = reduce_scatter(flat_grad, "avg") if self.world_size > 1 else flat_grad
+        self.inner.step()
+        full = all_gather(self.shard.detach())
+        offset = 0
+        with no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.assign(full[offset:offset + n].reshape(p.shape))
+                offset += n
+        Tensor.realize_all(*self.params)
+
+
+def _flat_padded(ts: list[Tensor], size: int) -> Tensor:
+    flat = _flat(ts)
+    return flat.pad(((0, size - flat.numel()),)) if size > flat.numel() else flat
