@@ -4,7 +4,10 @@ On one machine (the default) the ranks are started by ``mpiexec`` from MPICH's w
 interpreter, else on ``PATH``); ``--hostfile FILE`` passes a host file to it for several machines; under
 Slurm (``--slurm``, or inside an allocation: ``SLURM_JOB_ID`` set) the job is forwarded to ``srun``.
 
-Every line a rank prints is prefixed with ``[rank R]``. When a rank dies (an exception, a signal such as
+Every line a rank prints is prefixed with ``[rank R]``. On one machine each rank gets ``OMP_NUM_THREADS`` =
+cores / ranks unless it is set (the CPU device's kernels would otherwise oversubscribe the cores).
+
+When a rank dies (an exception, a signal such as
 SIGKILL, the out-of-memory killer) the others are stopped at once and the launcher ends with an error naming
 that rank and how it ended. Ctrl-C (or SIGTERM to the launcher) stops every rank.
 """
@@ -285,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd, n = build_command(ns)
     rundir = tempfile.mkdtemp(prefix="ember-dist-")
     env = dict(os.environ, EMBER_DIST_RUNDIR=rundir, PYTHONUNBUFFERED="1")
+    if "OMP_NUM_THREADS" not in env and cmd[0] != shutil.which("srun") and ns.hostfile is None:
+        # n ranks on this machine, each with an OpenMP thread per core, would oversubscribe the cores n times
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
     try:
         return _Supervisor(cmd, env, rundir, n).run()
     finally:
