@@ -7,9 +7,9 @@ Slurm (``--slurm``, or inside an allocation: ``SLURM_JOB_ID`` set) the job is fo
 Every line a rank prints is prefixed with ``[rank R]``. On one machine each rank gets ``OMP_NUM_THREADS`` =
 cores / ranks unless it is set (the CPU device's kernels would otherwise oversubscribe the cores).
 
-When a rank dies (an exception, a signal such as
-SIGKILL, the out-of-memory killer) the others are stopped at once and the launcher ends with an error naming
-that rank and how it ended. Ctrl-C (or SIGTERM to the launcher) stops every rank.
+When a rank dies (an exception, a signal such as SIGKILL, the out-of-memory killer) the others are stopped at
+once and the launcher ends with an error naming that rank and how it ended. Ctrl-C (or SIGTERM to the
+launcher) stops every rank.
 """
 from __future__ import annotations
 
