@@ -124,6 +124,15 @@ def test_collectives_through_a_host_backend(mirror: Any, dev: str) -> None:
     assert type(mirror).calls == ["all_reduce"] * 4 + ["broadcast", "all_gather", "reduce_scatter", "barrier"]
 
 
+def test_results_computed_from_the_old_values_are_not_reused(mirror: Any) -> None:
+    t = Tensor([1.0, 2.0, 3.0])
+    later, now = t * 2, t * 2  # one graph node: realizing `now` remembers its result for `later`
+    now.realize()
+    dist.all_reduce(t)
+    assert now.numpy().tolist() == [2.0, 4.0, 6.0]  # realized before: keeps its value
+    assert later.numpy().tolist() == [4.0, 8.0, 12.0]  # lazy until now: reads t's new contents (as after assign)
+
+
 def test_async_handle_and_timeout(mirror: Any) -> None:
     t = Tensor([1.0, 2.0])
     work = dist.all_reduce(t, async_op=True)

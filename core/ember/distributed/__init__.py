@@ -43,6 +43,8 @@ from ember.dtype import dtypes, to_np_dtype
 from ember.engine import realize
 from ember.engine.realize import ExecItem, Runner
 from ember.helpers import getenv
+from ember.ir.lazy import base_of
+from ember.schedule import forget_readers
 from ember.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -365,12 +367,19 @@ def _collective(kind: str, src_t: Tensor, out: Tensor | None, op: str | None, sr
     b = _backend()
     bufs = [_own_buffer(src_t)] + ([_own_buffer(out)] if out is not None else [])
     result = src_t if out is None else out
-    req, finish = _start(b, kind, bufs, op, src)
+    req, finish_start = _start(b, kind, bufs, op, src)
+    written = base_of(result.lazydata)
+
+    def finish() -> Tensor:
+        finish_start()
+        # results computed earlier from the buffer's old contents must not be reused (as after an assign)
+        forget_readers({written})
+        return result
     if realize.capturing:  # inside TinyJit's capture: the replay runs the collective too
         item = ExecItem(CollectiveRunner(kind, op, src, bufs[-1].device, what), bufs)
         for capture in realize.capturing:
             capture(item)
-    return _run(what, req, lambda: (finish(), result)[1], async_op)
+    return _run(what, req, finish, async_op)
 
 
 def _check_tensor(t: Any, what: str) -> Tensor:
