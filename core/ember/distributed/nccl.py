@@ -50,10 +50,10 @@ def _gpu_count() -> tuple[int, str | None]:
     if reason is not None:
         return 0, reason
     try:
-        count = getattr(Device["CUDA"], "device_count", None)
-        return (int(count() if callable(count) else count) if count is not None else 1), None
-    except Exception as e:
-        return 0, f"{type(e).__name__}: {e}"
+        driver = importlib.import_module("ember_cuda.driver")
+        return int(driver.gpu_count()), None
+    except Exception as e:  # a CUDA device from another plugin: at least the one it probed
+        return 1, f"{type(e).__name__}: {e}"
 
 
 class _CudaArray:
@@ -130,7 +130,8 @@ class NCCLBackend(Backend):
         return _CudaArray(buf.opaque.ptr, buf.size, buf.dtype)
 
     def _stream(self) -> Any:
-        return getattr(self.device, "stream", None)
+        stream = getattr(self.device, "stream", None)  # the CUDA plugin's CUstream: NCCL takes its handle
+        return None if stream is None else int(stream)
 
     def all_reduce(self, buf: Any, op: str) -> Request:
         x = self._check(buf)
