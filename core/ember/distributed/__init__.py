@@ -238,6 +238,8 @@ class Work:
             if now - start > 0.02:  # spin for 20 ms (as MPI's blocking calls do), then back off up to 1 ms
                 pause = min(max(pause * 2, 2e-5), 1e-3)
                 time.sleep(pause)
+            else:  # let a peer rank sharing this core run (more ranks than cores)
+                os.sched_yield()
         self._result, self._done = self._finish(), True
         return self._result
 
