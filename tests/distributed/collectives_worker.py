@@ -56,6 +56,9 @@ sharded = Tensor(base((4, 2))).shard(("CPU:0", "CPU:1"), axis=0)
 dist.all_reduce(sharded)
 res["multi_sharded"] = sharded.numpy()
 res["multi_sharded_device"] = np.array([str(sharded.device)])
+replicated = Tensor(base((3,))).to(("CPU:0", "CPU:1"))
+dist.all_reduce(replicated, "max")
+res["multi_replicated"] = np.stack([replicated.to(d).numpy() for d in ("CPU:0", "CPU:1")])
 
 
 def train(bucket_mb: float, overlap: bool, opt_cls: type, jit: bool = False, steps: int = 3,

@@ -97,6 +97,8 @@ def test_every_collective_and_data_parallel(n: int, tmp_path: pathlib.Path) -> N
         np.testing.assert_allclose(got["reduce_scatter_avg"], rsa[r:r + 1], rtol=1e-6)
         np.testing.assert_array_equal(got["multi_sharded"], np.stack([base((4, 2), q) for q in range(n)]).sum(0))
         assert got["multi_sharded_device"][0] == "('CPU', 'CPU:1')"
+        maxes = np.stack([base((3,), q) for q in range(n)]).max(0)
+        np.testing.assert_array_equal(got["multi_replicated"], np.stack([maxes, maxes]))  # both replicas
     # data parallel: replicas equal on every rank, equal with and without buckets, equal to one process that
     # averages the ranks' gradients itself
     for opt in ("SGD", "Adam"):
