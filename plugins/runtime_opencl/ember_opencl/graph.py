@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ember_opencl.runtime import CLProgram, event_seconds, launch_sizes, set_kernel_args
+from ember_opencl.runtime import CLProgram, event_seconds, launch_sizes, set_kernel_args, set_val_args
 
 
 class CLGraph:
@@ -59,11 +59,16 @@ class CLGraph:
         queue = self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         start = time.perf_counter()
-        first = last = None
-        for kernel, gsize, lsize in self._launches:
-            last = enqueue(queue, kernel, gsize, lsize)
-            if first is None:
-                first = last
+        # The first kernel waits on a user event released once every kernel is queued: a driver running
+        # kernels on host threads (PoCL) then does not contend with the enqueueing thread for each launch.
+        gate = cl.UserEvent(self.device.context)
+        try:
+            kernel, gsize, lsize = self._launches[0]
+            first = last = enqueue(queue, kernel, gsize, lsize, wait_for=[gate])
+            for kernel, gsize, lsize in self._launches[1:]:
+                last = enqueue(queue, kernel, gsize, lsize)
+        finally:
+            gate.set_status(cl.command_execution_status.COMPLETE)
         if not wait:
             return None
         assert last is not None, "a graph with launches enqueued none"
@@ -87,9 +92,12 @@ class CLGraph:
         count = len(self.vals[call_index])
         if len(vals) != count:
             raise ValueError(f"call {call_index} takes {count} int variables, got {len(vals)}")
-        self.vals[call_index] = tuple(vals)
-        prg = self.programs[call_index]
-        set_kernel_args(self.kernels[call_index], prg.buffer_args(self.bufs[call_index], vals), vals)
+        vals = tuple(vals)
+        if vals == self.vals[call_index]:
+            return
+        self.vals[call_index] = vals
+        # the buffers stay bound: only the int parameters (after the used buffers) change
+        set_val_args(self.kernels[call_index], self.programs[call_index].num_args - count, vals)
 
     def __len__(self) -> int:
         return len(self.programs)

@@ -399,3 +399,56 @@ def test_device_synchronize_and_capabilities(dev):
 
     assert (dtypes.float64 in r.supported_dtypes) == ("cl_khr_fp64" in dev.cl_device.extensions.split())
     assert r.fp16 == ("cl_khr_fp16" in dev.cl_device.extensions.split())
+
+
+def test_graph_update_vals_binds_64_bit_values(dev):
+    """Only the int parameters change on update_vals (the buffers stay bound), as full 64-bit values."""
+    from ember_opencl.graph import CLGraph
+
+    scale = program(dev, "scale", SCALE_SRC)
+    n = 8
+    a = np.arange(n, dtype=np.float32)
+    ba, out = upload(dev, a), dev.allocator.alloc(n * 4)
+    graph = CLGraph([(scale, [out, ba], (n, 2), (n, 1, 1))])
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), a * 2)
+    # n = 2**32 + 4 as a 32-bit value would be 4: the kernel would write only the first 4 elements
+    graph.update_vals(0, (2 ** 32 + 4, 7))
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), a * 7)
+    graph.update_vals(0, (3, 7))  # the same k again, a smaller n: elements past 3 keep the last values
+    graph.update_buffer(0, 1, upload(dev, np.ones(n, np.float32)))
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), [7, 7, 7, *(a[3:] * 7)])
+    with pytest.raises(Exception, match="format requires|out of range|too large"):
+        graph.update_vals(0, (2 ** 64, 1))
+
+
+def test_small_copyin_is_queued_and_keeps_its_bytes(dev):
+    """A small copyin returns before the copy runs: the source may change at once, and work queued after it
+    (kernels, copies out) sees the copied bytes; a large one still blocks."""
+    from ember_opencl.allocator import QUEUED_COPYIN_MAX
+    from ember_opencl.device import MAX_PENDING
+
+    add = program(dev, "add", ADD_SRC)
+    n = 16
+    src = np.arange(n, dtype=np.float32)
+    a, out = dev.allocator.alloc(n * 4), dev.allocator.alloc(n * 4)
+    dev.allocator.copyin(a, memoryview(src).cast("B"))
+    assert dev._pending, "a small copyin is queued, its event held by the device"
+    src[:] = -1  # the copy was taken from a private copy of the bytes
+    add(out, a, a, global_size=(n, 1, 1))
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), np.arange(n) * 2)
+    dev.synchronize()
+    assert not dev._pending
+    # many queued copies into one buffer land in order; the device waits for them before holding too many
+    for i in range(MAX_PENDING + 3):
+        dev.allocator.copyin(a, memoryview(np.full(n, i, np.float32)).cast("B"))
+    assert len(dev._pending) < MAX_PENDING
+    np.testing.assert_array_equal(download(dev, a, n, np.float32), np.full(n, MAX_PENDING + 2))
+    big = np.arange(QUEUED_COPYIN_MAX // 4 + 1, dtype=np.float32)
+    b = dev.allocator.alloc(big.nbytes)
+    dev.synchronize()
+    dev.allocator.copyin(b, memoryview(big).cast("B"))
+    assert not dev._pending, "a copy larger than QUEUED_COPYIN_MAX blocks"
+    np.testing.assert_array_equal(download(dev, b, big.size, np.float32), big)
