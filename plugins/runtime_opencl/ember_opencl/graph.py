@@ -2,7 +2,8 @@
 
 Each call gets its own ``cl.Kernel`` object with its arguments bound once, at capture time, so
 a replay is only one ``clEnqueueNDRangeKernel`` per kernel: no argument setting, no size
-checks, no Python objects built.
+checks, no Python objects built. The kernels start together, once all are queued (see
+:meth:`CLGraph.__call__`); a new symbolic value rebinds only the int arguments.
 """
 from __future__ import annotations
 

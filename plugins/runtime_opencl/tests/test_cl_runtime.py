@@ -452,3 +452,35 @@ def test_small_copyin_is_queued_and_keeps_its_bytes(dev):
     dev.allocator.copyin(b, memoryview(big).cast("B"))
     assert not dev._pending, "a copy larger than QUEUED_COPYIN_MAX blocks"
     np.testing.assert_array_equal(download(dev, b, big.size, np.float32), big)
+
+
+def test_graph_replay_releases_its_gate_when_an_enqueue_fails(dev, monkeypatch: pytest.MonkeyPatch):
+    """A replay queues its kernels behind a user event; a failed enqueue must still release it, or the queue
+    would wait forever."""
+    import threading
+
+    import pyopencl as cl
+    from ember_opencl.graph import CLGraph
+
+    add = program(dev, "add", ADD_SRC)
+    n = 4
+    a, out = upload(dev, np.arange(n, dtype=np.float32)), dev.allocator.alloc(n * 4)
+    graph = CLGraph([(add, [out, a, a], (), (n, 1, 1)), (add, [out, out, a], (), (n, 1, 1))])
+    real, calls = cl.enqueue_nd_range_kernel, []
+
+    def failing(*args, **kwargs):
+        calls.append(kwargs.get("wait_for"))
+        if len(calls) == 2:
+            raise cl.Error("enqueue failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", failing)
+    with pytest.raises(cl.Error, match="enqueue failed"):
+        graph()
+    assert calls[0] and isinstance(calls[0][0], cl.UserEvent), "the first kernel waits on the gate"
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", real)
+    done = threading.Thread(target=dev.synchronize, daemon=True)
+    done.start()
+    done.join(timeout=30)
+    assert not done.is_alive(), "the queue still waits on the replay's gate"
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), np.arange(n) * 2)  # the first kernel ran
