@@ -70,4 +70,8 @@ class CLDevice(Compiled):
     def synchronize(self) -> None:
         """Wait until every command queued on this device has finished."""
         self.queue.finish()
+        self.release_finished()
+
+    def release_finished(self) -> None:
+        """Drop the events of queued copies once the queue has run past them (after a wait on it)."""
         self._pending.clear()

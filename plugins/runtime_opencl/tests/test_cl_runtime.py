@@ -484,3 +484,24 @@ def test_graph_replay_releases_its_gate_when_an_enqueue_fails(dev, monkeypatch: 
     done.join(timeout=30)
     assert not done.is_alive(), "the queue still waits on the replay's gate"
     np.testing.assert_array_equal(download(dev, out, n, np.float32), np.arange(n) * 2)  # the first kernel ran
+
+
+def test_reading_a_result_waits_once(dev, monkeypatch: pytest.MonkeyPatch):
+    """Buffer.copyout on CL queues its blocking read behind the kernels instead of waiting for the queue first:
+    the result is complete all the same."""
+    from ember.device import Device
+    from ember.device.buffer import Buffer
+    from ember.dtype import dtypes
+
+    add = program(dev, "add", ADD_SRC)
+    n = 1 << 16
+    a = Buffer("CL", n, dtypes.float32).copyin(memoryview(np.ones(n, np.float32)).cast("B"))
+    out = Buffer("CL", n, dtypes.float32).allocate()
+    for _ in range(20):  # a queue of work the read must wait for
+        add(out._buf, a._buf, a._buf, global_size=(n, 1, 1))
+        add(a._buf, out._buf, a._buf, global_size=(n, 1, 1))
+    waits = []
+    monkeypatch.setattr(Device["CL"], "synchronize", lambda: waits.append(1))
+    got = np.frombuffer(a.as_bytes(), np.float32)
+    assert not waits, "the read itself waits for the queue"
+    np.testing.assert_array_equal(got, np.full(n, 3.0 ** 20, np.float32))
