@@ -2,8 +2,8 @@
 
 Each call gets its own ``cl.Kernel`` object with its arguments bound once, at capture time, so
 a replay is only one ``clEnqueueNDRangeKernel`` per kernel: no argument setting, no size
-checks, no Python objects built. The kernels start together, once all are queued (see
-:meth:`CLGraph.__call__`); a new symbolic value rebinds only the int arguments.
+checks, no Python objects built. On a CPU device the kernels start once all are queued
+(``CLGraph.gated``); a new symbolic value rebinds only the int arguments.
 """
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ class CLGraph:
         self.device = self.programs[0].device if self.programs else None
         # empty grids are skipped when replaying
         self._launches = [(k, g, lsz) for k, (g, lsz) in zip(self.kernels, self.sizes) if 0 not in g]
+        #: hold the kernels until all are queued: on a CPU device (PoCL) the kernels run on host threads that
+        #: would otherwise contend with the enqueueing thread for each launch; a GPU gains from starting early
+        self.gated = self.device is not None and bool(self.device.cl_device.type & self.programs[0].cl.device_type.CPU)
 
     def __call__(self, wait: bool = False) -> float | None:
         """Enqueue every call in order; with ``wait``, wait and return the device time in seconds."""
@@ -60,16 +63,16 @@ class CLGraph:
         queue = self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         start = time.perf_counter()
-        # The first kernel waits on a user event released once every kernel is queued: a driver running
-        # kernels on host threads (PoCL) then does not contend with the enqueueing thread for each launch.
-        gate = cl.UserEvent(self.device.context)
+        # when gated, the first kernel waits on a user event released once every kernel is queued
+        gate = cl.UserEvent(self.device.context) if self.gated else None
         try:
             kernel, gsize, lsize = self._launches[0]
-            first = last = enqueue(queue, kernel, gsize, lsize, wait_for=[gate])
+            first = last = enqueue(queue, kernel, gsize, lsize, wait_for=None if gate is None else [gate])
             for kernel, gsize, lsize in self._launches[1:]:
                 last = enqueue(queue, kernel, gsize, lsize)
         finally:
-            gate.set_status(cl.command_execution_status.COMPLETE)
+            if gate is not None:
+                gate.set_status(cl.command_execution_status.COMPLETE)
         if not wait:
             return None
         assert last is not None, "a graph with launches enqueued none"

@@ -370,6 +370,12 @@ def test_graph_replays_in_order_and_updates(dev):
     # the program objects themselves are unaffected by the graph's bound arguments
     add(tmp, ba, ba, global_size=(n, 1, 1), wait=True)
     np.testing.assert_array_equal(download(dev, tmp, n, np.float32), a * 2)
+    # the same replays with and without holding the kernels until all are queued (GPU and CPU devices)
+    for gated in (False, True):
+        graph.gated = gated
+        graph.update_vals(1, (n, 2 + gated))
+        assert graph(wait=True) >= 0
+        np.testing.assert_array_equal(download(dev, out, n, np.float32), (a + 10) * (2 + gated))
 
 
 def test_graph_checks_its_calls(dev):
@@ -466,6 +472,8 @@ def test_graph_replay_releases_its_gate_when_an_enqueue_fails(dev, monkeypatch: 
     n = 4
     a, out = upload(dev, np.arange(n, dtype=np.float32)), dev.allocator.alloc(n * 4)
     graph = CLGraph([(add, [out, a, a], (), (n, 1, 1)), (add, [out, out, a], (), (n, 1, 1))])
+    assert graph.gated == bool(dev.cl_device.type & cl.device_type.CPU)
+    graph.gated = True  # what a CPU device (PoCL) does; the ungated replay is test_graph_replays_in_order_and_updates
     real, calls = cl.enqueue_nd_range_kernel, []
 
     def failing(*args, **kwargs):
