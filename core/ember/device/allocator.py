@@ -67,6 +67,9 @@ class Allocator(abc.ABC):
     #: the device object this allocator serves (a :class:`~ember.device.Compiled`, set by its ``__init__``
     #: when left ``None``); typed loosely so a plugin's allocator can use its own device class's attributes
     device: Any = None
+    #: ``copyout`` itself waits for all work queued on the device before it (a blocking read on an in-order
+    #: queue): :meth:`~ember.device.Buffer.copyout` then skips ``synchronize``, one wait for the driver instead of two
+    copyout_waits: bool = False
 
     def alloc(self, nbytes: int, options: BufferSpec | None = None) -> Any:
         """Allocate ``nbytes`` bytes (0 is allowed) and return an opaque handle.
