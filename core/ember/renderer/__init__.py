@@ -9,7 +9,8 @@ This module is also the public facade for renderer authors: besides :class:`Rend
 re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`,
 :func:`toposort`, and :func:`split_terms` / :func:`term_coeff` to read an index as a sum of
 ``coefficient * variable`` terms) and the dtypes (:class:`DType`, :class:`PtrDType`,
-:data:`dtypes`). Plugins import these from here, not from ``ember.ir.*`` submodules.
+:data:`dtypes`), and :func:`round_result` (with :data:`EXACT_OPS`) for targets that compute 16-bit floats in
+float. Plugins import these from here, not from ``ember.ir.*`` submodules.
 """
 from __future__ import annotations
 
@@ -234,6 +235,7 @@ from ember.dtype import PtrDType  # noqa: E402
 from ember.ir.symbolic import split_terms, term_coeff  # noqa: E402
 from ember.ir.uop import GroupOp, Ops, toposort  # noqa: E402
 from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer  # noqa: E402
+from ember.renderer.rounding import EXACT_OPS, ROUND_FNS, round_result  # noqa: E402
 
-__all__ = ["C_PREAMBLE", "CStyleRenderer", "DType", "GroupOp", "Ops", "PtrDType", "Renderer", "TensorCore", "UOp",
-           "dtypes", "split_terms", "term_coeff", "toposort"]
+__all__ = ["C_PREAMBLE", "CStyleRenderer", "DType", "EXACT_OPS", "GroupOp", "Ops", "PtrDType", "ROUND_FNS", "Renderer",
+           "TensorCore", "UOp", "dtypes", "round_result", "split_terms", "term_coeff", "toposort"]

@@ -31,6 +31,7 @@ from ember.renderer import (
     PtrDType,
     UOp,
     dtypes,
+    round_result,
     split_terms,
     term_coeff,
     toposort,
@@ -103,8 +104,6 @@ static inline float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32
 #: the unroll; gcc deinterleaves them into one vector per accumulator)
 MAX_SIMD_UNROLL = 8
 
-#: ops whose float16 result needs no rounding (it is one of the inputs, or exact)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
 #: gcc's -O2 vectorizer cost model ("very cheap") leaves a register tile scalar when its loop body does more than
@@ -336,7 +335,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
 
     def render_alu(self, u: UOp, a: list[str]) -> str:
         expr = super().render_alu(u, a)
-        return f"ember_f16_round({expr})" if self._is_soft_half(u.dtype) and u.op not in _EXACT_OPS else expr
+        return round_result(u.dtype, expr, (dtypes.float16,) if self.emulated_half else (), u.op)
 
     def render_cast(self, u: UOp, x: str) -> str:
         dt, sdt = u.dtype, u.src[0].dtype
