@@ -12,6 +12,10 @@ before each candidate's checked run). A candidate whose output differs from the 
 sample is rejected. The ``N`` fastest survive to the next round; the search stops when a round finds nothing
 faster or its time budget (``BEAM_BUDGET`` seconds, default 1.5) is spent.
 
+Candidates are lowered by :func:`~ember.codegen.program.lower_program` and run through the runner factory the
+caller hands in (the engine passes its ``CompiledRunner``; without one, :class:`ProgramRunner` loads each on
+the device's runtime): the search imports nothing of the engine.
+
 The result is cached on disk under :func:`~ember.codegen.cachekey.lowering_key` (the AST, the knobs and the
 renderer's full identity), so a second process searches nothing.
 """
