@@ -445,7 +445,7 @@ def _search_and_compile(si: ScheduleItem) -> None:
     device = si.bufs[0].device
     corpus.record(si.ast)
     renderer = Device[device].renderer
-    opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs))
+    opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs), runner=CompiledRunner)
     spec = get_program(si.ast, renderer, opts=opts)
     _store_lowered(_lowered_entry(renderer, si.ast), spec)
     method_cache[(device, si.ast)] = CompiledRunner(device, spec, var_names=ast_var_names(si.ast))
