@@ -15,6 +15,7 @@ Run it on a recorded corpus::
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -174,7 +175,7 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
         start = time.perf_counter()
         srcs = _distinct(render_corpus(asts, renderer))
         rendered = time.perf_counter()
-        built = compile_batches(srcs, batch, workers, lambda group, r=renderer: _compile_group(group, r))
+        built = compile_batches(srcs, batch, workers, functools.partial(_compile_group, renderer=renderer))
         infos = [k for group in built for k in group]
         done = time.perf_counter()
         results.append(ArchResult(arch, len(srcs), len(built),

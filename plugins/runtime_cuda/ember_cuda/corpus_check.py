@@ -14,6 +14,7 @@ Run it on a recorded corpus::
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -115,8 +116,8 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
             rendered = time.perf_counter()
             render_s = rendered - start
             # NVRTC releases the GIL and ptxas is a process: programs compile in parallel
-            ptxas_s = sum(compile_batches(srcs, batch, workers,
-                                          lambda group, arch=arch: _compile_group(group, arch, assembler, workdir)))
+            build = functools.partial(_compile_group, arch=arch, ptxas=assembler, workdir=workdir)
+            ptxas_s = sum(compile_batches(srcs, batch, workers, build))
             done = time.perf_counter()
             results.append(ArchResult(arch, len(srcs), -(-len(srcs) // batch), "ptxas" if assembler else "nvrtc",
                                       render_s, done - rendered - ptxas_s / workers, ptxas_s / workers))
