@@ -391,8 +391,10 @@ def _targets(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
             continue
         targets.add(r if b.op in (Ops.CONST, Ops.DEVICE) else b)
     for n in nodes:
-        if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN):
+        if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.ALLREDUCE):
             targets.add(n)
+        if n.op is Ops.ALLREDUCE:  # a collective combines whole stored partials (ember.ir.multi makes them so)
+            targets.update(b for b in map(base_of, n.src[:-1]) if b.op is not Ops.BUFFER)
         if n.op is Ops.COPY:
             src = n.src[0]
             sb = base_of(src)
@@ -696,6 +698,10 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     for t in targets:
         # a symbolic size: the buffer holds the largest the variables allow
         size = sint_max(sprod(shape_of(t)))
+        if t.op is Ops.ALLREDUCE:
+            if t not in target_bufs:  # the first of its group: one item for all of them
+                items.append(_collective_item(t, size, target_bufs))
+            continue
         if t.op is Ops.COPY:
             src = t.src[0]
             sb = base_of(src)
@@ -725,6 +731,20 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     for orig, new in zip(roots, new_roots):
         becomes[orig] = _replacement(new, target_bufs)
     return schedule, becomes
+
+
+def _collective_item(t: UOp, size: int, target_bufs: dict[UOp, UOp]) -> tuple[UOp, ScheduleItem, set[UOp]]:
+    """The one item of the native allreduce ``t`` belongs to (``t`` is the result on one device of its group):
+    a buffer for the result on every device of the group (its nodes made here), then the partials it reads."""
+    parts, (op, _) = t.src[:-1], t.arg
+    group = [UOp(Ops.ALLREDUCE, t.dtype, parts + (UOp(Ops.DEVICE, None, (), device_of(p)),), (op, j))
+             for j, p in enumerate(parts)]
+    for g in group:
+        target_bufs[g] = new_buffer(device_of(g), size, t.value_dtype)
+    srcs = [target_bufs.get(p) or target_bufs.get(base_of(p)) or base_of(p) for p in parts]
+    reads = {n for p in parts for n in (p, base_of(p)) if n in target_bufs or n.op is Ops.BUFFER}
+    bufs = tuple(buffers[target_bufs[g]] for g in group) + tuple(buffers[b] for b in srcs)
+    return t, ScheduleItem(UOp(Ops.ALLREDUCE, t.dtype, (), (op, len(parts))), bufs), reads
 
 
 def _schedule_multi(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:

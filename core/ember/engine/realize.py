@@ -27,6 +27,7 @@ from ember import diskcache
 from ember.codegen import ProgramSpec, get_program, search
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
+from ember.device.collective import reduce_through_host
 from ember.device.registry import Device
 from ember.engine import corpus, runtime_consts, tiers
 from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, gc_paused, getenv
@@ -125,6 +126,36 @@ class BufferCopy(Runner):
             _copy_through_host(dest, src, dest_dev, self.src_offset)
         if wait:
             Device[dest.device].synchronize()
+            return time.perf_counter() - st
+        return None
+
+
+class CollectiveRunner(Runner):
+    """An allreduce by the devices' native collective (:mod:`ember.device.collective`): the buffers are the n
+    outputs (one per device of the group, in order), then the n partials. A driver that raises
+    ``NotImplementedError`` (a dtype or op it lacks) has the buffers combined through host memory instead."""
+
+    def __init__(self, op: str, devices: list[str], nbytes: int):
+        self.op, self.devices, self.device = op, devices, devices[0]
+        self.display_name = f"allreduce {op} {nbytes:8d} over {len(devices)}"
+        self.estimated_mem = 2 * nbytes * len(devices)
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
+        n = len(self.devices)
+        dests, srcs = bufs[:n], bufs[n:]
+        st = time.perf_counter()
+        devs = [Device[d] for d in self.devices]
+        for b in bufs:
+            b.allocate()
+        for d in devs:
+            d.synchronize()
+        try:
+            devs[0].allreduce([b.opaque for b in srcs], [b.opaque for b in dests], devs, srcs[0].dtype, self.op)
+        except NotImplementedError:
+            reduce_through_host(srcs, dests, srcs[0].dtype, self.op)
+        if wait:
+            for d in devs:
+                d.synchronize()
             return time.perf_counter() - st
         return None
 
@@ -248,7 +279,8 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
     The device compiler gets the sources as they are rendered
     (:meth:`~ember.device.compiler.Compiler.compile_cached_stream`): one that builds in other
     processes starts on the first kernels while Python renders the rest."""
-    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule if si.ast.op is not Ops.COPY)
+    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule
+                           if si.ast.op not in (Ops.COPY, Ops.ALLREDUCE))
     pending = [key for key in new_keys if key not in method_cache]
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
@@ -360,7 +392,8 @@ class ExecItem:
         if DEBUG >= 2:
             t = et or 1e-9
             name = self.prg.display_name
-            color = "yellow" if isinstance(self.prg, BufferCopy) else ("green" if name.startswith("r_") else "cyan")
+            moves = isinstance(self.prg, (BufferCopy, CollectiveRunner))
+            color = "yellow" if moves else ("green" if name.startswith("r_") else "cyan")
             print(f"*** {self.prg.device[:7]:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:32s}', color)} "
                   f"arg {len(self.bufs):2d} mem {GlobalCounters.mem_used / 1e9:5.2f} GB "
                   f"tm {t * 1e6:9.2f}us/{GlobalCounters.time_sum_s * 1e3:9.2f}ms "
@@ -371,6 +404,9 @@ class ExecItem:
 def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     """Turn one ScheduleItem into an ExecItem (compiling on first sight)."""
     bufs = list(si.bufs)
+    if si.ast.op is Ops.ALLREDUCE:
+        op, n = si.ast.arg
+        return ExecItem(CollectiveRunner(op, [b.device for b in bufs[:n]], bufs[0].nbytes), bufs)
     if si.ast.op is Ops.COPY:
         offset = si.ast.arg[1] if isinstance(si.ast.arg, tuple) else 0
         return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device, offset * bufs[1].dtype.itemsize),
@@ -416,7 +452,8 @@ def run_schedule_searching(schedule: Sequence[ScheduleItem], wait: bool = False)
     if tiers.pending:
         tiers.apply()
     items = [runtime_consts.parameterize(si) for si in schedule]
-    to_search = {(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY and _needs_search(si)}
+    to_search = {(si.bufs[0].device, si.ast) for si in items
+                 if si.ast.op not in (Ops.COPY, Ops.ALLREDUCE) and _needs_search(si)}
     _compile_new_kernels([si for si in items if (si.bufs[0].device, si.ast) not in to_search])
     for si in items:
         if (si.bufs[0].device, si.ast) in to_search and (si.bufs[0].device, si.ast) not in method_cache:

@@ -53,8 +53,8 @@ def device_of(u: UOp) -> Any:
         out = u.arg
     elif u.op is Ops.BUFFER:
         out = u.arg[1]
-    elif u.op is Ops.COPY:
-        out = u.src[1].arg
+    elif u.op in (Ops.COPY, Ops.ALLREDUCE):
+        out = u.src[-1].arg
     elif u.op is Ops.CONST:
         out = u.src[0].arg
     elif u.op is Ops.MULTI:

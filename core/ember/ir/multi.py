@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import weakref
 
+from ember.device.collective import native_allreduce_of
 from ember.dtype import dtypes
 from ember.helpers import prod
 from ember.ir.lazy import base_of, device_of, realized, shape_of
@@ -107,9 +108,8 @@ def _lower_one(n: UOp) -> UOp:
         return multi(tuple(copy_to(n, d) for d in devices), None)
     if n.op is Ops.COPY:  # a single-device value broadcast to every device (``to(devices)``)
         x = n.src[0]
-        if is_multi(x):
-            raise NotImplementedError(f"copying a tensor {describe(lower(x).arg, device_of(x))} to the devices "
-                                      f"{devices} (resharding is not supported)")
+        if is_multi(x):  # another tuple of devices: every one gathers the whole (replicated), as tinygrad does
+            return gather_to(lower(x), devices)
         return multi(tuple(copy_to(x, d) for d in devices), None)
     if n.op is Ops.REDUCE_AXIS:
         m = lower(n.src[0])
@@ -138,26 +138,59 @@ def _lower_one(n: UOp) -> UOp:
 
 def common_axis(what: str, ms: list[UOp]) -> int | None:
     """The sharding of an elementwise op on the lowered operands ``ms``: their common axis (replicated operands
-    fit any), or a :class:`ShardingError` naming two that differ."""
-    sharded = [m for m in ms if m.arg is not None]
-    for m in sharded[1:]:
-        if m.arg != sharded[0].arg:
-            raise ShardingError(f"{what}: operands {describe(sharded[0].arg, device_of(sharded[0]))} and "
-                                f"{describe(m.arg, device_of(m))}; resharding is not supported")
-    devices = {device_of(m) for m in ms}
-    if len(devices) > 1:
-        raise ShardingError(f"{what}: operands on different device tuples {sorted(devices)}")
-    return sharded[0].arg if sharded else None
+    fit any). Operands sharded on different axes are resharded to the axis sharded last among the distinct ones
+    in operand order (tinygrad 0.14's choice: ``x0 + x1`` is sharded on 1, ``x1 + x0`` on 0); operands on
+    different device tuples are a :class:`ShardingError` naming both."""
+    for m in ms[1:]:
+        if device_of(m) != device_of(ms[0]):
+            raise ShardingError(f"{what}: operands {describe(ms[0].arg, device_of(ms[0]))} and "
+                                f"{describe(m.arg, device_of(m))}: different devices; move one with .to(devices)")
+    axes = list(dict.fromkeys(m.arg for m in ms if m.arg is not None))
+    return axes[-1] if axes else None
 
 
 def match_sharding(m: UOp, axis: int | None) -> tuple[UOp, ...]:
     """The shards of the lowered value ``m`` for an op sharded on ``axis``: a replicated value is cut into each
-    device's slice (a view: nothing is copied)."""
+    device's slice (a view: nothing is copied); a value sharded on another axis is resharded (:func:`reshard`)."""
     if m.arg == axis or axis is None:
         return m.src
     if m.arg is not None:
-        raise ShardingError(f"a value {describe(m.arg, device_of(m))} where {describe(axis, device_of(m))} is needed")
+        return reshard(m, axis).src
     return tuple(shard_slice(s, axis, i, len(m.src)) for i, s in enumerate(m.src))
+
+
+def reshard(m: UOp, axis: int | None) -> UOp:
+    """The lowered value ``m``, sharded on ``m.arg``, sharded on ``axis`` instead (None: replicated, an
+    allgather). Device i fetches from every shard only the part it will hold (the slice ``i`` of ``axis``; with
+    None all of it) and joins the parts along the old axis, so each element crosses at most one link."""
+    old, devices, n = m.arg, device_of(m), len(m.src)
+    if old is None or old == axis:
+        return m if axis is None or old == axis else multi(match_sharding(m, axis), axis)
+    local = shape_of(m.src[0])
+    whole = shape_of(m)
+    if axis is not None and whole[axis] % n:
+        raise ShardingError(f"resharding a tensor of shape {whole} {describe(old, devices)} to "
+                            f"{describe(axis, devices)}: axis {axis} (size {whole[axis]}) does not split evenly over "
+                            f"{n} devices")
+    out = []
+    for i, device in enumerate(devices):
+        keep = tuple((i * (s // n), (i + 1) * (s // n)) if k == axis else (0, s) for k, s in enumerate(local))
+        pieces = [(copy_to(view_of(s, ShapeTracker.from_shape(local).shrink(keep)), device), j * local[old])
+                  for j, s in enumerate(m.src)]
+        out_shape = tuple(e - b if k != old else whole[old] for k, (b, e) in enumerate(keep))
+        out.append(join(pieces, old, out_shape, device))
+    return multi(tuple(out), axis)
+
+
+def gather_to(m: UOp, devices: tuple[str, ...]) -> UOp:
+    """The lowered value ``m`` replicated on ``devices`` (another tuple): each gathers every shard (a replicated
+    ``m`` is fetched from the same device where it has one, else from its first)."""
+    if m.arg is None:
+        here = {device_of(s): s for s in m.src}
+        return multi(tuple(copy_to(here.get(d, m.src[0]), d) for d in devices), None)
+    size = shape_of(m.src[0])[m.arg]
+    return multi(tuple(join([(copy_to(s, d), j * size) for j, s in enumerate(m.src)], m.arg, shape_of(m), d)
+                       for d in devices), None)
 
 
 def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
@@ -165,8 +198,14 @@ def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
     total. Each element of the total is computed once, on one device, and copied to the others, so replicas
     stay identical (an allreduce where each device combined in its own order would not).
 
-    Two devices (or fewer elements than devices): reduce onto the first device, then broadcast. More: a ring
-    (:func:`ring_allreduce`), which moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    When every device offers a native collective (:func:`ember.device.collective.native_allreduce_of`), one
+    ALLREDUCE node per device, scheduled as one item that calls it. Otherwise, two devices (or fewer elements
+    than devices): reduce onto the first device, then broadcast. More: a ring (:func:`ring_allreduce`), which
+    moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    if op in _NATIVE_OPS and native_allreduce_of(tuple(device_of(p) for p in parts)) is not None:
+        whole = tuple(_whole(p) for p in parts)
+        return tuple(UOp(Ops.ALLREDUCE, p.dtype, whole + (UOp(Ops.DEVICE, None, (), device_of(p)),),
+                         (_NATIVE_OPS[op], i)) for i, p in enumerate(parts))
     if len(parts) > 2 and prod(shape_of(parts[0])) >= len(parts):
         return ring_allreduce(parts, op)
     home = device_of(parts[0])
@@ -214,6 +253,20 @@ def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
             back = back.shrink(((0, total),))
         out.append(view_of(whole, back.reshape(shape)))
     return tuple(out)
+
+
+#: the collective's name of each op an allreduce combines with
+_NATIVE_OPS = {Ops.ADD: "add", Ops.MAX: "max", Ops.MUL: "mul"}
+
+
+def _whole(x: UOp) -> UOp:
+    """``x`` as a node whose buffer holds exactly its elements in order (a collective reads whole buffers)."""
+    base = base_of(x)
+    size = base.arg[2] if base.op is Ops.BUFFER else prod(shape_of(base))
+    if base.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY) and (x is base or x.arg.contiguous) \
+            and prod(shape_of(x)) == size:
+        return x
+    return UOp(Ops.CONTIGUOUS, x.dtype, (x,))
 
 
 def stored(x: UOp) -> UOp:

@@ -94,6 +94,8 @@ class Ops(Enum):
                            # element of this lane's D = A @ B of a tensor-core instruction
     MULTI = auto()         # tensor graph: src=one graph per device (its shard), arg=the sharded axis or None
                            # (replicated); see ember.ir.multi
+    ALLREDUCE = auto()     # tensor graph: src=(partial on each device of a group..., DEVICE), arg=(op, i): the
+                           # combined partials on device i, by the devices' native collective (ember.ir.multi)
 
 
 class GroupOp:
