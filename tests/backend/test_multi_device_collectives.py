@@ -195,3 +195,37 @@ def test_resharding_under_jit():
         got = f(Tensor(a).shard(D2, axis=0), Tensor(b).shard(D2, axis=1))
         np.testing.assert_allclose(got.numpy(), ((a + b) * 2).sum(0), rtol=1e-5)
     assert f.captured is not None
+
+
+@pytest.fixture(params=[("CPU:0", "CPU:1"), ("CPU", "CL")], ids=["cpu-cpu", "cpu-cl"])
+def devs(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    for d in request.param:
+        if d.split(":")[0] not in Device.available():
+            pytest.skip(f"device {d} is not usable here: {Device.probe(d.split(':')[0])}")
+    return request.param
+
+
+def test_a_summed_gradient_meeting_a_sharded_parameter_is_a_reduce_scatter(devs):
+    """A parameter sharded on axis 0 updated with a gradient summed over a sharded batch (ZeRO's optimizer
+    sharding): each device needs only its slice of the sum, so it fetches only that slice of every other
+    device's partial (a reduce-scatter): no allreduce, and each device computes only its slice of the update."""
+    x, p = _data(8, 6, seed=13), _data(6, seed=14)
+    xs, ps = Tensor(x).shard(devs, axis=0).realize(), Tensor(p).shard(devs, axis=0).realize()
+    new = ps - (xs * 2).sum(0) * 0.1
+    items = new.schedule()
+    copies = [si for si in items if si.ast.op is Ops.COPY]
+    assert Ops.ALLREDUCE not in [si.ast.op for si in items]
+    assert len(copies) == 2 and all(si.bufs[0].size == 3 for si in copies)  # half of the sum each way
+    np.testing.assert_allclose(new.numpy(), p - (x * 2).sum(0) * 0.1, rtol=1e-5, atol=1e-6)
+    g = (xs * 2).sum(0)  # used whole, it stays an allreduce
+    assert lower(g.lazydata).arg is None
+    np.testing.assert_allclose((g + 1).numpy(), (x * 2).sum(0) + 1, rtol=1e-5, atol=1e-6)
+
+
+def test_resharding_and_gathering_across_device_kinds(devs):
+    a, b = _data(4, 6, seed=15), _data(4, 6, seed=16)
+    x0, x1 = Tensor(a).shard(devs, axis=0), Tensor(b).shard(devs, axis=1)
+    np.testing.assert_allclose((x0 * x1).numpy(), a * b, rtol=1e-6)
+    np.testing.assert_allclose((x1 - x0).sum(1).numpy(), (b - a).sum(1), rtol=1e-5, atol=1e-5)
+    back = x0.to(tuple(reversed(devs)))
+    np.testing.assert_array_equal(back.numpy(), a)

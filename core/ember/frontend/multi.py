@@ -25,6 +25,7 @@ from ember.ir.multi import (
     shard_slice,
     shrink_across,
     view_of,
+    view_replicated,
 )
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
@@ -149,7 +150,8 @@ class MultiMixin(TensorBase):
         fn(recorder)  # (it records the calls a ShapeTracker would get)
         moves = recorder.calls
         if m.arg is None:
-            shards, axis = tuple(view_of(s, fn(ShapeTracker.from_shape(shape_of(s)))) for s in m.src), None
+            out = type(self)(view_replicated(m, fn(ShapeTracker.from_shape(shape_of(m.src[0])))))
+            return out._record((self,), lambda g, o, p: (backward(g),), "view")
         elif len(moves) == 1 and moves[0][0] == "shrink" and tuple(moves[0][1][m.arg]) != (0, self.shape[m.arg]):
             out = type(self)(shrink_across(m, tuple(moves[0][1])))
             return out._record((self,), lambda g, o, p: (backward(g),), "view")

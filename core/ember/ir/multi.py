@@ -118,12 +118,14 @@ def _lower_one(n: UOp) -> UOp:
                       else UOp(Ops.REDUCE_AXIS, n.dtype, (s,), n.arg) for s in m.src)
         if m.arg is None or m.arg not in n.arg[1]:
             return multi(local, m.arg)
-        return multi(allreduce(local, n.arg[0]), None)
+        total = multi(allreduce(local, n.arg[0]), None)
+        _partials[total] = (local, n.arg[0])
+        return total
     if n.op is Ops.VIEW:  # views of sharded values are pushed down as they are built; a replicated one may remain
         m = lower(n.src[0])
         if m.arg is not None:
             raise AssertionError("a view of a sharded value must have been pushed down to its shards")
-        return multi(tuple(view_of(s, n.arg) for s in m.src), None)
+        return view_replicated(m, n.arg)
     if n.op in GroupOp.Elementwise or n.op in (Ops.CONTIGUOUS, Ops.DETACH):
         ms = []
         for s in n.src:
@@ -132,7 +134,10 @@ def _lower_one(n: UOp) -> UOp:
             ms.append(lower(s))
         axis = common_axis(n.op.name, ms)
         shards = [match_sharding(m, axis) for m in ms]
-        return multi(tuple(UOp(n.op, n.dtype, srcs, n.arg) for srcs in zip(*shards)), axis)
+        out = multi(tuple(UOp(n.op, n.dtype, srcs, n.arg) for srcs in zip(*shards)), axis)
+        if axis is None and any(m in _partials or m in _recipes for m in ms):
+            _recipes[out] = (n.op, n.dtype, n.arg, tuple(ms))
+        return out
     raise NotImplementedError(f"{n.op.name} is not supported on a multi-device tensor (devices {devices})")
 
 
@@ -151,12 +156,68 @@ def common_axis(what: str, ms: list[UOp]) -> int | None:
 
 def match_sharding(m: UOp, axis: int | None) -> tuple[UOp, ...]:
     """The shards of the lowered value ``m`` for an op sharded on ``axis``: a replicated value is cut into each
-    device's slice (a view: nothing is copied); a value sharded on another axis is resharded (:func:`reshard`)."""
+    device's slice (a view: nothing is copied); a value sharded on another axis is resharded (:func:`reshard`);
+    the replicated result of an allreduce is a reduce-scatter instead (each device combines only its slice)."""
     if m.arg == axis or axis is None:
         return m.src
     if m.arg is not None:
         return reshard(m, axis).src
+    if (combined := _partials.get(m)) is not None:
+        return reduce_scatter(*combined, axis)
+    if (recipe := _recipes.get(m)) is not None:  # computed on each device from its slices of the operands
+        op, dtype, arg, ms = recipe
+        if op is Ops.VIEW:  # a reshape adding or removing axes of 1: the same slice of the source, reshaped
+            src_shape, shape, n = shape_of(ms[0]), shape_of(m), len(m.src)
+            k = [i for i, s in enumerate(src_shape) if s != 1][[i for i, s in enumerate(shape) if s != 1].index(axis)]
+            local = tuple(s // n if i == axis else s for i, s in enumerate(shape))
+            return tuple(view_of(p, ShapeTracker.from_shape(shape_of(p)).reshape(local))
+                         for p in match_sharding(ms[0], k))
+        return tuple(UOp(op, dtype, srcs, arg) for srcs in zip(*(match_sharding(x, axis) for x in ms)))
     return tuple(shard_slice(s, axis, i, len(m.src)) for i, s in enumerate(m.src))
+
+
+#: the per-device partials and the op of each allreduce result lowered so far (weak keys, as ``_lowered``): an
+#: op that needs only each device's slice of the total reduce-scatters them instead (the allreduce, left unused,
+#: is never scheduled)
+_partials: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Ops]] = weakref.WeakKeyDictionary()
+
+
+#: how each replicated elementwise result computed from an allreduce result was made (op, dtype, arg, lowered
+#: operands), so that an op needing only each device's slice of it computes only that slice, from a
+#: reduce-scatter (an optimizer update of a sharded parameter from a gradient summed over a sharded batch)
+_recipes: weakref.WeakKeyDictionary[UOp, tuple[Ops, object, object, tuple[UOp, ...]]] = weakref.WeakKeyDictionary()
+
+
+def view_replicated(m: UOp, st: ShapeTracker) -> UOp:
+    """The replicated lowered value ``m`` seen through ``st`` on every device."""
+    out = multi(tuple(view_of(s, st) for s in m.src), None)
+    if (m in _partials or m in _recipes) and _squeeze_only(shape_of(m), st):
+        _recipes[out] = (Ops.VIEW, None, st, (m,))
+    return out
+
+
+def _squeeze_only(src_shape: tuple[int, ...], st: ShapeTracker) -> bool:
+    """Whether the view ``st`` of a value of ``src_shape`` only adds or removes axes of size 1."""
+    return st.contiguous and st.size == prod(src_shape) and \
+        [s for s in src_shape if s != 1] == [s for s in st.shape if s != 1]
+
+
+def reduce_scatter(parts: tuple[UOp, ...], op: Ops, axis: int) -> tuple[UOp, ...]:
+    """Device i's slice along ``axis`` of the combination of the per-device partials ``parts`` with ``op``: it
+    fetches slice i of every other partial (the part a ring's reduce-scatter would bring it: (n-1)/n of the
+    data) and combines them in device order, so each element is computed once, on its owner."""
+    n = len(parts)
+    parts = tuple(stored(p) for p in parts)  # (computed once; a slice that is a range of it is copied straight out)
+    out = []
+    for i, p in enumerate(parts):
+        device = device_of(p)
+        acc: UOp | None = None
+        for q in parts:
+            piece = copy_to(shard_slice(q, axis, i, n), device)
+            acc = piece if acc is None else UOp(op, acc.dtype, (acc, piece))
+        assert acc is not None
+        out.append(acc)
+    return tuple(out)
 
 
 def reshard(m: UOp, axis: int | None) -> UOp:
