@@ -395,8 +395,7 @@ def _targets(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
             targets.add(n)
         if n.op is Ops.ALLREDUCE:  # a collective combines whole stored partials (ember.ir.multi makes them so)
             targets.update(b for b in map(base_of, n.src[:-1]) if b.op is not Ops.BUFFER)
-        if n.op is Ops.COPY:
-            src = n.src[0]
+        for src in n.src[:-1] if n.op is Ops.COPY else ():  # (a gathering copy has several sources)
             sb = base_of(src)
             # a copy moves a contiguous range of a buffer: materialize any other source first (a range of a node
             # that is stored anyway is read where it is stored)
@@ -703,18 +702,22 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
                 items.append(_collective_item(t, size, target_bufs))
             continue
         if t.op is Ops.COPY:
-            src = t.src[0]
-            sb = base_of(src)
-            src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
-            # the first element copied: where a view of a stored node starts in its buffer
-            offset = 0 if src in target_bufs else _copy_offset(src, sb)
-            assert offset is not None, "a copy's source must be a contiguous range of a buffer"
             out = new_buffer(device_of(t), size, t.value_dtype)
             target_bufs[t] = out
-            if size:
-                reads = {n for n in (src, sb) if (n in target_bufs and n is not t) or n.op is Ops.BUFFER}
-                items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), (size, offset)),
-                                              (buffers[out], buffers[src_buf])), reads))
+            into = 0  # a gathering copy places its sources one after another
+            for src in t.src[:-1]:
+                sb = base_of(src)
+                src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
+                # the first element copied: where a view of a stored node starts in its buffer
+                offset = 0 if src in target_bufs else _copy_offset(src, sb)
+                assert offset is not None, "a copy's source must be a contiguous range of a buffer"
+                n = size if len(t.src) == 2 else sprod(shape_of(src))
+                if n:
+                    reads = {r for r in (src, sb) if (r in target_bufs and r is not t) or r.op is Ops.BUFFER}
+                    arg = (n, offset) if len(t.src) == 2 else (n, offset, into)
+                    items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), arg),
+                                                  (buffers[out], buffers[src_buf])), reads))
+                into += n
             continue
         out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.value_dtype)
         target_bufs[t] = out

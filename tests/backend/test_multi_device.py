@@ -325,8 +325,8 @@ D4 = ("CPU:0", "CPU:1", "CPU:2", "CPU:3")
 
 
 @pytest.mark.parametrize("shape, axis, n_copies", [
-    ((8, 5), 0, 18),   # 5 results in chunks of 2, 2, 1: each goes 3 hops around the ring, then to 3 other devices
-    ((4, 12), 1, 24),  # 4 chunks of 1
+    ((8, 5), 0, 21),   # 5 results in chunks of 2, 2, 1: each goes 3 hops around the ring, then into place on all 4
+    ((4, 12), 1, 28),  # 4 chunks of 1
     ((8, 2), 0, 6),    # fewer results than devices: reduced onto the first device (3 copies), broadcast (3)
 ])
 def test_ring_allreduce_on_four_devices(shape, axis, n_copies):
@@ -431,14 +431,45 @@ def test_copy_of_a_contiguous_range_reads_the_buffer_in_place(dest):
 
 def test_ring_hops_copy_chunks_out_of_the_partials():
     """The ring's first hop of every chunk copies it straight from the partial result's buffer: no kernel
-    stores a chunk only to be copied, so a sum of realized one-row shards is copies plus one add per hop and one
-    join per device."""
+    stores a chunk only to be copied; the allgather copies every chunk into its place in each device's result
+    (a gathering copy: no kernel joins them). So a sum of realized one-row shards is copies plus one add per
+    hop."""
     a = _data(4, 8, seed=22)
     s = Tensor(a).shard(D4, axis=0).realize()
     with Context(NATIVE_ALLREDUCE=0):
         total = s.sum(0)
         items = total.schedule()
     copies = [si for si in items if si.ast.op is Ops.COPY]
-    assert sorted({si.ast.arg[1] for si in copies}) == [0, 2, 4, 6]  # the first hops start inside the partials
-    assert len(items) - len(copies) == 4 * 3 + 4  # an add on each of the 3 later devices per chunk, 4 joins
+    hops = [si for si in copies if len(si.ast.arg) == 2]
+    assert sorted({si.ast.arg[1] for si in hops}) == [0, 2, 4, 6]  # the first hops start inside the partials
+    placed = sorted((si.bufs[0].device, si.ast.arg[2]) for si in copies if len(si.ast.arg) == 3)
+    assert placed == sorted((d, off) for d in ("CPU", "CPU:1", "CPU:2", "CPU:3") for off in (0, 2, 4, 6))
+    assert len(items) - len(copies) == 4 * 3  # an add on each of the 3 later devices per chunk, no joins
     np.testing.assert_allclose(total.numpy(), a.sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_copy_into_a_range_without_offset_views_patches_through_the_host():
+    """A gathering copy's piece lands in a range of its destination through the allocator's offset view; an
+    allocator that cannot make one for that range has the destination patched through host memory."""
+    from ember.device.buffer import Buffer
+    from ember.dtype import dtypes
+    from ember.engine.realize import BufferCopy
+
+    dest, src = Buffer("CPU:1", 6, dtypes.float32).allocate(), Buffer("CPU", 4, dtypes.float32).allocate()
+    dest.copyin(memoryview(np.zeros(6, np.float32)).cast("B"))
+    src.copyin(memoryview(np.arange(4, dtype=np.float32)).cast("B"))
+    BufferCopy(8, "CPU:1", "CPU", 4, 12)([dest, src])
+    np.testing.assert_array_equal(np.frombuffer(dest.as_bytes(), np.float32), [0, 0, 0, 1, 2, 0])
+    real = dest.allocator.offset
+
+    def refuse(*args):
+        raise NotImplementedError("no views here")
+
+    dest.allocator.offset = refuse
+    try:
+        BufferCopy(4, "CPU:1", "CPU", 12, 0)([dest, src])
+    finally:
+        dest.allocator.offset = real
+    np.testing.assert_array_equal(np.frombuffer(dest.as_bytes(), np.float32), [3, 0, 0, 1, 2, 0])
+    with pytest.raises(ValueError, match="to offset 16 of a 24-byte buffer"):
+        BufferCopy(12, "CPU:1", "CPU", 0, 16)([dest, src])

@@ -229,3 +229,29 @@ def test_resharding_and_gathering_across_device_kinds(devs):
     np.testing.assert_allclose((x1 - x0).sum(1).numpy(), (b - a).sum(1), rtol=1e-5, atol=1e-5)
     back = x0.to(tuple(reversed(devs)))
     np.testing.assert_array_equal(back.numpy(), a)
+
+
+@pytest.mark.parametrize("devs, axis", [(D2, 0), (D2, 1), (D2, None), (("CPU", "CL"), 0)],
+                         ids=["cpu-cpu-axis0", "cpu-cpu-axis1", "cpu-cpu-replicated", "cpu-cl-axis0"])
+def test_op_families_under_jit(devs, axis):
+    """Elementwise, a reduction along each axis, movement, matmul and a resharded operand in one jitted function
+    of a tensor sharded on ``axis`` (or replicated): each replay equals numpy on new values."""
+    if "CL" in devs and "CL" not in Device.available():
+        pytest.skip(f"device CL is not usable here: {Device.probe('CL')}")
+    w = _data(6, 4, seed=17)
+    wt = Tensor(w).to(devs)
+
+    @TinyJit
+    def f(x: Tensor, y: Tensor) -> tuple[Tensor, ...]:
+        e = (x * 2 - y).relu() + x.exp() * 0.5
+        return tuple(t.realize() for t in (e, e.sum(0), e.max(1), e.permute(1, 0)[1:5].sum(1), x @ wt, x[1:3] + 1))
+
+    for seed in range(3):
+        a, b = _data(4, 6, seed=20 + seed), _data(4, 6, seed=30 + seed)
+        x = Tensor(a).shard(devs, axis=axis)
+        y = Tensor(b).shard(devs, axis=1 - axis if axis is not None else 0)  # a different sharding: resharded
+        e = np.maximum(a * 2 - b, 0) + np.exp(a) * 0.5
+        want = (e, e.sum(0), e.max(1), e.T[1:5].sum(1), a @ w, a[1:3] + 1)
+        for got, ref in zip(f(x, y), want):
+            np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)
+    assert f.captured is not None

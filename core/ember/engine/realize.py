@@ -29,6 +29,7 @@ from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
 from ember.device.collective import reduce_through_host
 from ember.device.registry import Device
+from ember.dtype import dtypes
 from ember.engine import corpus, runtime_consts, tiers
 from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, gc_paused, getenv
 from ember.ir.shapetracker import ShapeTracker
@@ -98,7 +99,8 @@ class CompiledRunner(Runner):
 
 
 class BufferCopy(Runner):
-    """Copy between devices: the whole destination buffer, from ``src_offset`` bytes into the source buffer.
+    """Copy between devices: ``nbytes`` from ``src_offset`` bytes into the source buffer, to ``dest_offset`` bytes
+    into the destination (the whole destination unless a gathering copy places several sources in it).
 
     Between two devices of one plugin (``CL`` and ``CL:1``) the destination allocator's ``transfer``
     copies without the host when it can (from a range of the source through the source allocator's
@@ -106,26 +108,40 @@ class BufferCopy(Runner):
     host view of whichever side has one (``as_buffer``), and through a staging copy only when neither has.
     """
 
-    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int = 0):
+    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int = 0, dest_offset: int = 0):
         self.nbytes, self.device, self.src_device, self.src_offset = nbytes, dest_device, src_device, src_offset
+        self.dest_offset = dest_offset
         at = f"@{src_offset}" if src_offset else ""
-        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]}{at:7s}"
+        into = f"@{dest_offset}" if dest_offset else ""
+        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s}{into} <- {src_device[:7]}{at:7s}"
         self.estimated_mem = nbytes
         self.same_plugin = Device.origin(dest_device) == Device.origin(src_device)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         dest, src = bufs
-        if self.src_offset + dest.nbytes > src.nbytes:
-            raise ValueError(f"copy of {dest.nbytes} bytes from offset {self.src_offset} of a {src.nbytes}-byte buffer "
-                             f"on {src.device}")
+        n = self.nbytes
+        if self.src_offset + n > src.nbytes or self.dest_offset + n > dest.nbytes:
+            raise ValueError(f"copy of {n} bytes from offset {self.src_offset} of a {src.nbytes}-byte buffer on "
+                             f"{src.device} to offset {self.dest_offset} of a {dest.nbytes}-byte buffer on "
+                             f"{dest.device}")
         st = time.perf_counter()
         dest.allocate()
         src_dev, dest_dev = Device[src.device], Device[dest.device]
         src_dev.synchronize()
-        if not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev, self.src_offset)):
+        whole = dest
+        if self.dest_offset or n != dest.nbytes:  # a range of the destination: through a view of it
+            try:
+                dest = Buffer(dest.device, n, dtypes.uint8, dest.allocator.offset(dest.opaque, self.dest_offset, n))
+            except NotImplementedError:  # (no view of that range: patch the whole buffer through the host)
+                data = bytearray(whole.as_bytes())
+                data[self.dest_offset:self.dest_offset + n] = memoryview(src.as_bytes())[self.src_offset:
+                                                                                         self.src_offset + n]
+                whole.copyin(memoryview(data))
+                dest = None
+        if dest is not None and not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev, self.src_offset)):
             _copy_through_host(dest, src, dest_dev, self.src_offset)
         if wait:
-            Device[dest.device].synchronize()
+            Device[whole.device].synchronize()
             return time.perf_counter() - st
         return None
 
@@ -409,9 +425,10 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
         op, n = si.ast.arg
         return ExecItem(CollectiveRunner(op, [b.device for b in bufs[:n]], bufs[0].nbytes), bufs)
     if si.ast.op is Ops.COPY:
-        offset = si.ast.arg[1] if isinstance(si.ast.arg, tuple) else 0
-        return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device, offset * bufs[1].dtype.itemsize),
-                        bufs)
+        # (size, src_offset) or, for a piece of a gathering copy, (size, src_offset, dest_offset), in elements
+        size, offset, into = (*si.ast.arg, 0)[:3] if isinstance(si.ast.arg, tuple) else (bufs[0].size, 0, 0)
+        item = bufs[1].dtype.itemsize
+        return ExecItem(BufferCopy(size * item, bufs[0].device, bufs[1].device, offset * item, into * item), bufs)
     return ExecItem(get_runner(bufs[0].device, si.ast), bufs, var_vals=dict(si.var_vals))
 
 

@@ -249,8 +249,12 @@ def gather_to(m: UOp, devices: tuple[str, ...]) -> UOp:
     if m.arg is None:
         here = {device_of(s): s for s in m.src}
         return multi(tuple(copy_to(here.get(d, m.src[0]), d) for d in devices), None)
-    size = shape_of(m.src[0])[m.arg]
-    return multi(tuple(join([(copy_to(s, d), j * size) for j, s in enumerate(m.src)], m.arg, shape_of(m), d)
+    local, whole = shape_of(m.src[0]), shape_of(m)
+    # (shards that are flat ranges of the whole, in order, are copied into place)
+    if prod(local[:m.arg]) == 1 and gathers_into(devices, prod(local) * m.src[0].value_dtype.itemsize):
+        flat = ShapeTracker.from_shape((prod(whole),)).reshape(whole)
+        return multi(tuple(view_of(gathered(list(m.src), d), flat) for d in devices), None)
+    return multi(tuple(join([(copy_to(s, d), j * local[m.arg]) for j, s in enumerate(m.src)], m.arg, whole, d)
                        for d in devices), None)
 
 
@@ -306,14 +310,38 @@ def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
         owned[c] = acc
     out = []
     for device in devices:
-        row = ShapeTracker.from_shape((step,)).reshape((1, step))
-        pieces = [(view_of(copy_to(owned[c], device), row), c) for c in live]
-        whole = join(pieces, 0, (n, step), device)
-        back = ShapeTracker.from_shape((n, step)).reshape((n * step,))
-        if step * n != total:
+        if gathers_into(devices, step * dtype.itemsize):  # every chunk copied into its place: no join kernel
+            whole = gathered([owned[c] for c in live], device)
+            back = ShapeTracker.from_shape((len(live) * step,))
+        else:
+            row = ShapeTracker.from_shape((step,)).reshape((1, step))
+            pieces = [(view_of(copy_to(owned[c], device), row), c) for c in live]
+            whole = join(pieces, 0, (n, step), device)
+            back = ShapeTracker.from_shape((n, step)).reshape((n * step,))
+        if len(live) * step != total:
             back = back.shrink(((0, total),))
         out.append(view_of(whole, back.reshape(shape)))
     return tuple(out)
+
+
+def gathers_into(devices: list[str] | tuple[str, ...], piece_bytes: int) -> bool:
+    """Whether copies can write pieces of ``piece_bytes`` into ranges of a buffer on each of ``devices`` (their
+    allocators make offset views), so a gather is copies into one buffer rather than copies then a kernel
+    joining them. Device memory often views only ranges aligned to some bytes (OpenCL's base address
+    alignment, up to 128 bytes): other pieces are joined by a kernel there, not patched through the host."""
+    from ember.device.allocator import Allocator
+    from ember.device.registry import Device
+
+    allocators = [type(Device[d].allocator) for d in devices]
+    if any(a.offset is Allocator.offset for a in allocators):
+        return False
+    return piece_bytes % 256 == 0 or all(a.as_buffer is not Allocator.as_buffer for a in allocators)
+
+
+def gathered(pieces: list[UOp], device: str) -> UOp:
+    """The pieces (nodes on any devices) one after another, flat, in one buffer on ``device``: a gathering copy,
+    each piece copied into its place (a piece already on ``device`` is copied there too)."""
+    return UOp(Ops.COPY, pieces[0].dtype, tuple(pieces) + (UOp(Ops.DEVICE, None, (), device),))
 
 
 #: the collective's name of each op an allreduce combines with
