@@ -95,7 +95,7 @@ class CollectiveDevice(CPUDevice):
 class CollectivePlugin:
     @hookimpl
     def ember_devices(self) -> list[DeviceSpec]:
-        return [DeviceSpec("COLL", factory=f"{__name__}:CollectiveDevice")]
+        return [DeviceSpec("COLL", factory=f"{__name__}:CollectiveDevice", priority=-100)]  # never the default
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_gradient_flows_back_through_a_gather():
     np.testing.assert_allclose(w.grad.numpy(), np.full((4, 3), 3.0))
 
 
-@pytest.mark.parametrize("src_axis, dst_axis", [(0, 1), (1, 0), (0, 2), (2, 1)])
+@pytest.mark.parametrize("src_axis, dst_axis", [(0, 1), (2, 0)])
 def test_resharding_on_four_devices(src_axis, dst_axis):
     a, b = _data(4, 8, 4, seed=9), _data(4, 8, 4, seed=10)
     x, y = Tensor(a).shard(D4, axis=src_axis), Tensor(b).shard(D4, axis=dst_axis)
