@@ -25,19 +25,26 @@ else:
 
 @dataclass(frozen=True, eq=True)
 class DType:
-    """A scalar element type. ``kind`` is one of ``b`` (bool), ``i``, ``u``, ``f``."""
+    """An element type. ``kind`` is one of ``b`` (bool), ``i``, ``u``, ``f``.
+
+    A scalar type has ``count`` 1. ``dt.vec(n)`` is the type of ``n`` lanes of the scalar ``dt`` held together
+    (a register of a vector load, store or VECTORIZE): its ``name`` is the scalar's with ``n`` appended
+    (``float4``), ``itemsize`` covers all lanes, and ``scalar()`` gives the lane type back. ``kind``, ``fmt``
+    and the value range (``min``/``max``) are those of one lane.
+    """
 
     name: str
     itemsize: int
     kind: str
     fmt: str | None  # struct / memoryview format character; None where Python has none (bfloat16)
+    count: int = 1
 
     # every UOp is interned by a key holding its dtype, and rewrite rules are looked up by it: hash once, and
     # compare the common case (the same object) without building tuples
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt)))
+        object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt, self.count)))
         # the range of values a node of this dtype may hold before anything is known about it (symbolic bounds)
-        object.__setattr__(self, "_lo_hi", _value_range(self.kind, self.itemsize))
+        object.__setattr__(self, "_lo_hi", _value_range(self.kind, self.itemsize // self.count))
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
@@ -49,23 +56,46 @@ class DType:
             return NotImplemented
         assert isinstance(other, DType)
         return self.name == other.name and self.itemsize == other.itemsize and self.kind == other.kind and \
-            self.fmt == other.fmt
+            self.fmt == other.fmt and self.count == other.count
 
     def __reduce__(self) -> tuple:
         # rebuilt through __init__: the cached hash of strings differs between processes
+        if self.count != 1:
+            return DType, (self.name, self.itemsize, self.kind, self.fmt, self.count)
         return DType, (self.name, self.itemsize, self.kind, self.fmt)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a pickle written before __reduce__ existed restores the fields only: hash them here
         state = {k: v for k, v in state.items() if k not in ("_hash", "_lo_hi")}
+        state.setdefault("count", 1)
         self.__dict__.update(state)
         self.__post_init__()
 
     def __repr__(self) -> str:
+        if self.count != 1:
+            return f"dtypes.{self.scalar().name}.vec({self.count})"
         return f"dtypes.{self.name}"
 
     def __lt__(self, other: DType) -> bool:
         return (self.kind, self.itemsize, self.name) < (other.kind, other.itemsize, other.name)
+
+    def vec(self, n: int) -> DType:
+        """The vector of ``n`` lanes of this scalar type (``n == 1``: the type itself).
+
+        Raises ``ValueError`` for a vector of vectors or a count below 1."""
+        if self.count != 1:
+            raise ValueError(f"vec({n}) of {self!r}: only a scalar dtype has vectors")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"vec() needs a lane count of at least 1, got {n!r}")
+        if n == 1:
+            return self
+        return DType(f"{self.name}{n}", self.itemsize * n, self.kind, self.fmt, n)
+
+    def scalar(self) -> DType:
+        """The type of one lane (a scalar type is its own)."""
+        if self.count == 1:
+            return self
+        return DType(self.name[:-len(str(self.count))], self.itemsize // self.count, self.kind, self.fmt)
 
     @property
     def bitsize(self) -> int:
@@ -74,10 +104,6 @@ class DType:
     def ptr(self) -> PtrDType:
         """The pointer type to a buffer of this dtype (used by kernel parameters)."""
         return PtrDType(self)
-
-    @property
-    def scalar(self) -> DType:
-        return self
 
     @property
     def min(self) -> Any:

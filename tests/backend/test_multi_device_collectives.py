@@ -71,7 +71,7 @@ def test_cpu_allreduce_in_a_jitted_training_step_keeps_replicas_identical():
     want = [step(ref, Tensor(x), Tensor(y)).item() for _ in range(4)]
     got = [jitted(Tensor(x).shard(D4, axis=0), Tensor(y).shard(D4, axis=0)).item() for _ in range(4)]
     assert jitted.captured is not None
-    assert any(type(ei.prg).__name__ == "CollectiveRunner" for ei in jitted.captured.exec_items)
+    assert any(type(ei.prg).__name__ == "AllreduceRunner" for ei in jitted.captured.exec_items)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     reps = _replicas(w)
     assert all(np.array_equal(reps[0], r) for r in reps[1:])

@@ -11,6 +11,8 @@ It is slow and complete. :class:`PythonRenderer` writes the linear program (the 
   n-1-d of the n grid axes) cuts the grid into work-groups, and a LOAD or STORE of local memory reaches its
   own work-group's array. Every instruction runs for the whole grid before the next, so a BARRIER holds by
   construction; a BARRIER source of a LOAD only orders it.
+* a vector register (a LOAD, STORE or VECTORIZE of ``dtype.vec(n)``) is a tuple of its lanes' values; a vector
+  LOAD or STORE is one scalar access per lane, at an index checked to be a multiple of ``n``; GEP picks a lane.
 * WMMA (a tensor-core instruction, see :mod:`ember.codegen.tc`) gathers the lanes' elements of A and B along
   the last grid axis into tiles by the layout its arg carries, multiplies them in float32 and hands each lane
   its element of D.
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -75,7 +78,7 @@ def _encode_dtype(dt: DType | PtrDType | None) -> str | None:
     if isinstance(dt, PtrDType):
         return dt.base.name + "*"
     if isinstance(dt, DType):
-        return dt.name
+        return dt.name if dt.count == 1 else f"{dt.scalar().name}:{dt.count}"
     raise TypeError(f"can't encode dtype {dt!r}")
 
 
@@ -84,6 +87,9 @@ def _decode_dtype(s: str | None) -> DType | PtrDType | None:
         return None
     if s.endswith("*"):
         return _DTYPE_BY_NAME[s[:-1]].ptr()
+    if ":" in s:  # a vector: the lane's dtype and the lane count
+        name, count = s.split(":")
+        return _DTYPE_BY_NAME[name].vec(int(count))
     return _DTYPE_BY_NAME[s]
 
 
@@ -357,7 +363,7 @@ def _const_value(dt: DType, value: Any) -> Any:
 
 # instruction kinds
 (_K_ALU, _K_ALU1, _K_ALU2, _K_LOAD, _K_STORE, _K_ACC, _K_ASSIGN, _K_LOOP, _K_ENDLOOP, _K_GRID, _K_NOP,
- _K_SINK, _K_LOCAL, _K_LLOAD, _K_LSTORE, _K_WMMA) = range(16)
+ _K_SINK, _K_LOCAL, _K_LLOAD, _K_LSTORE, _K_WMMA, _K_VLOAD, _K_VSTORE) = range(18)
 
 _NOP_OPS = frozenset({Ops.BARRIER})
 
@@ -460,7 +466,14 @@ class PythonProgram:
                 base: DType = dts[srcs[0]].base
                 label = f"buffer {params[srcs[0]]}" if srcs[0] in params else "a buffer"
                 conv: Callable[[Any], Any] | None
-                if op is Ops.LOAD:
+                vdt = dt if op is Ops.LOAD else dts[srcs[2]] if len(srcs) > 2 else None
+                if isinstance(vdt, DType) and vdt.count != 1:
+                    # a vector access: its lanes are the buffer's elements from the index on
+                    if vdt.scalar() != base:
+                        raise fail(i, f"a vector {op.name} of {vdt!r} on a buffer of {base!r}")
+                    self._code.append((_K_VLOAD if op is Ops.LOAD else _K_VSTORE, i, rs, None,
+                                       (vdt.count, base == dtypes.bfloat16, None, prog_name, label)))
+                elif op is Ops.LOAD:
                     conv = None if dt == base else functools.partial(cast_value, src=base, dst=value_dt(i, dt))
                     self._code.append((_K_LOAD, i, rs, None, (base == dtypes.bfloat16, conv, prog_name, label)))
                 else:
@@ -473,6 +486,16 @@ class PythonProgram:
                     raise fail(i, f"BITCAST between sizes {sdt.itemsize} and {ddt.itemsize}")
                 convert = cast_value if op is Ops.CAST else bitcast_value
                 self._code.append((_K_ALU, i, rs, functools.partial(convert, src=sdt, dst=ddt), None))
+            elif op is Ops.VECTORIZE:
+                if not isinstance(dt, DType) or dt.count != len(srcs) or any(dts[s] != dt.scalar() for s in srcs):
+                    raise fail(i, f"VECTORIZE to {dt!r} of {[dts[s] for s in srcs]}")
+                self._code.append((_K_ALU, i, rs, _lanes, None))
+            elif op is Ops.GEP:
+                vdt = dts[srcs[0]]
+                if not (isinstance(vdt, DType) and isinstance(arg, int) and 0 <= arg < vdt.count
+                        and dt == vdt.scalar()):
+                    raise fail(i, f"GEP {arg!r} to {dt!r} of {vdt!r}")
+                self._code.append((_K_ALU, i, rs, operator.itemgetter(arg), None))
             elif op in GroupOp.ALU:
                 try:
                     fn = _make_alu(op, value_dt(i, dt), tuple(dts[s] for s in srcs))
@@ -595,6 +618,10 @@ class PythonProgram:
                 regs[out] = _wmma([regs[s] for s in srcs], ndim, *aux)
             elif kind == _K_SINK:
                 return
+            elif kind == _K_VLOAD:
+                regs[out] = _vload(regs, srcs, *aux)
+            elif kind == _K_VSTORE:
+                _vstore(regs, srcs, *aux)
 
 
 def _wmma(vals: list[Any], ndim: int, _intrinsic: str, dims: tuple[int, int, int], threads: int,
@@ -719,6 +746,44 @@ def _store(regs: list[Any], srcs: tuple[int, ...], is_bf16: bool, conv: Callable
     buf[idx_f] = val_f
 
 
+def _lanes(*vals: Any) -> tuple[Any, ...]:
+    """A vector register: its lanes' values, in order."""
+    return vals
+
+
+def _aligned_index(idx: Any, n: int, what: str, kernel: str, label: str) -> Any:
+    """``idx`` of a vector access of ``n`` lanes, checked to be a multiple of ``n`` (the IR's promise)."""
+    if np.any(np.asarray(idx) % n != 0):
+        raise ValueError(f"kernel {kernel}: {what} of {n} lanes on {label} at an index that is not a multiple of "
+                         f"{n}")
+    return idx
+
+
+def _vload(regs: list[Any], srcs: tuple[int, ...], n: int, is_bf16: bool, conv: Callable[[Any], Any] | None,
+           kernel: str, label: str) -> tuple[Any, ...]:
+    """A vector LOAD: each lane a LOAD of the next element (gated alike)."""
+    idx = _aligned_index(regs[srcs[1]], n, "vector LOAD", kernel, label)
+    lane_regs = [regs[srcs[0]], idx, regs[srcs[2]] if len(srcs) > 2 else None]
+    out = []
+    for k in range(n):
+        lane_regs[1] = idx + k
+        out.append(_load(lane_regs, (0, 1) if len(srcs) == 2 else (0, 1, 2), is_bf16, conv, kernel, label))
+    return tuple(out)
+
+
+def _vstore(regs: list[Any], srcs: tuple[int, ...], n: int, is_bf16: bool, conv: Callable[[Any], Any] | None,
+            kernel: str, label: str) -> None:
+    """A vector STORE: each lane a STORE to the next element (gated alike)."""
+    idx = _aligned_index(regs[srcs[1]], n, "vector STORE", kernel, label)
+    vals = regs[srcs[2]]
+    if not isinstance(vals, tuple) or len(vals) != n:
+        raise ValueError(f"kernel {kernel}: vector STORE of {n} lanes on {label} got a value that is not one")
+    lane_regs = [regs[srcs[0]], idx, None, regs[srcs[3]] if len(srcs) > 3 else None]
+    for k in range(n):
+        lane_regs[1], lane_regs[2] = idx + k, vals[k]
+        _store(lane_regs, (0, 1, 2) if len(srcs) == 3 else (0, 1, 2, 3), is_bf16, conv, kernel, label)
+
+
 # ---------------------------------------------------------------------------------------------
 # the device
 # ---------------------------------------------------------------------------------------------
@@ -735,6 +800,8 @@ class PythonRenderer(Renderer):
     shared_max = 1 << 20
     global_max = None
     local_max = None
+    #: every dtype's vectors, so that the reference interprets the vector loads and stores GPU renderers get
+    vector_widths = {dt: (2, 4, 8) for dt in DTYPES_ALL}
 
     def render(self, name: str, uops: list[UOp]) -> str:
         """The program text: :data:`FORMAT`, the kernel name and one ``[op, dtype, srcs, arg]`` per line."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ember.codegen.linearize import linearize
 from ember.codegen.lowerer import global_dims, lower_ast
 from ember.codegen.opts import Opt, apply_opts, local_size
+from ember.codegen.vectorize import vectorize_memory
 from ember.dtype import PtrDType
 from ember.helpers import BEAM, DEBUG, NOOPT, prod
 from ember.ir.pattern import keep_rewrites
@@ -173,6 +174,7 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     opts = choose_opts(ast, renderer) if opts is None else list(opts)
     plan = apply_opts(ast, renderer, opts)
     sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
+    sink = vectorize_memory(sink, renderer.vector_widths)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

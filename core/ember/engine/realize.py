@@ -146,7 +146,7 @@ class BufferCopy(Runner):
         return None
 
 
-class CollectiveRunner(Runner):
+class AllreduceRunner(Runner):
     """An allreduce by the devices' native collective (:mod:`ember.device.collective`): the buffers are the n
     outputs (one per device of the group, in order), then the n partials. A driver that raises
     ``NotImplementedError`` (a dtype or op it lacks) has the buffers combined through host memory instead."""
@@ -409,7 +409,7 @@ class ExecItem:
         if DEBUG >= 2:
             t = et or 1e-9
             name = self.prg.display_name
-            moves = isinstance(self.prg, (BufferCopy, CollectiveRunner))
+            moves = isinstance(self.prg, (BufferCopy, AllreduceRunner))
             color = "yellow" if moves else ("green" if name.startswith("r_") else "cyan")
             print(f"*** {self.prg.device[:7]:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:32s}', color)} "
                   f"arg {len(self.bufs):2d} mem {GlobalCounters.mem_used / 1e9:5.2f} GB "
@@ -423,7 +423,7 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     bufs = list(si.bufs)
     if si.ast.op is Ops.ALLREDUCE:
         op, n = si.ast.arg
-        return ExecItem(CollectiveRunner(op, [b.device for b in bufs[:n]], bufs[0].nbytes), bufs)
+        return ExecItem(AllreduceRunner(op, [b.device for b in bufs[:n]], bufs[0].nbytes), bufs)
     if si.ast.op is Ops.COPY:
         # (size, src_offset) or, for a piece of a gathering copy, (size, src_offset, dest_offset), in elements
         size, offset, into = (*si.ast.arg, 0)[:3] if isinstance(si.ast.arg, tuple) else (bufs[0].size, 0, 0)

@@ -94,6 +94,12 @@ class Ops(Enum):
                            # element of this lane's D = A @ B of a tensor-core instruction
     MULTI = auto()         # tensor graph: src=one graph per device (its shard), arg=the sharded axis or None
                            # (replicated); see ember.ir.multi
+    # vectors (linear program; see ember.codegen.vectorize): a value whose dtype has ``count`` n > 1 holds n lanes.
+    # A LOAD of such a dtype reads elements idx .. idx+n-1 of its buffer and a STORE of such a value writes them;
+    # idx is a multiple of n (aligned: the address is a multiple of the vector's size where the buffer's start is),
+    # and a gate, if any, holds for every lane.
+    VECTORIZE = auto()     # src=n scalars of one dtype, dtype=that dtype.vec(n): lane i is src[i]
+    GEP = auto()           # src=(vector,), arg=lane, dtype=the lane's scalar dtype
     ALLREDUCE = auto()     # tensor graph: src=(partial on each device of a group..., DEVICE), arg=(op, i): the
                            # combined partials on device i, by the devices' native collective (ember.ir.multi)
 

@@ -115,6 +115,10 @@ class Renderer:
     #: them (see :func:`ember.codegen.opts.heuristic_opts`)
     vector_floats: int = 4
     vector_registers: int = 16
+    #: the vector loads and stores the target spells natively: for each element dtype, the lane counts it has
+    #: (see :mod:`ember.codegen.vectorize`); empty: every access stays scalar. A renderer that declares widths
+    #: renders LOAD and STORE of ``dt.vec(n)``, VECTORIZE and GEP. Read only, never written in place.
+    vector_widths: dict[DType, tuple[int, ...]] = {}
     #: anything else that changes the rendered source for the same UOps (a dialect option such as
     #: how float16 is emulated); part of every cache key, like the capabilities above
     variant: str = ""

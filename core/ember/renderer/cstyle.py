@@ -43,7 +43,41 @@ class CStyleRenderer(Renderer):
 
     # --- hooks ---------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
+        if dt.count != 1:
+            return self.render_vector_dtype(dt)
         return self.type_map[dt]
+
+    # --- vectors (dialects that declare ``vector_widths``) ---------------------------------------
+    # The defaults are C with the GCC/clang vector extension: a typedef per vector type at the top of the kernel,
+    # loads and stores through memcpy (any alignment; the compiler emits one vector move), lanes by subscript.
+    def render_vector_dtype(self, dt: DType) -> str:
+        """The name of the vector type ``dt`` (C: ``ember_float4``, declared by :meth:`render_vector_typedef`;
+        dialects with built-in vector types name them, ``float4``)."""
+        return f"ember_{dt.scalar().name}{dt.count}"
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        """The declaration a kernel using the vector type ``dt`` starts with (None: the dialect has the type)."""
+        return f"typedef {self.type_map[dt.scalar()]} {self.render_vector_dtype(dt)} " \
+               f"__attribute__((vector_size({dt.itemsize})));"
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        """Reading the ``dt.count`` elements from ``buf[idx]`` on (``idx`` a multiple of the count) as one
+        ``dt`` value."""
+        t = self.render_vector_dtype(dt)
+        return f"({{ {t} v_; __builtin_memcpy(&v_, {buf} + {idx}, sizeof(v_)); v_; }})"
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        """The statement writing the ``dt`` vector ``value`` to ``buf[idx]`` on (``idx`` a multiple of its
+        lane count)."""
+        return f"{{ {self.render_vector_dtype(dt)} v_ = {value}; __builtin_memcpy({buf} + {idx}, &v_, sizeof(v_)); }}"
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        """A ``dt`` vector of the lanes ``vals`` (default: a C compound literal)."""
+        return f"(({self.render_dtype(dt)}){{{', '.join(vals)}}})"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        """Lane ``lane`` of the ``dt`` vector named ``vec`` (default: a subscript)."""
+        return f"{vec}[{lane}]"
 
     def render_kernel(self, name: str, params: list[tuple[str, DType | PtrDType]], body: list[str],
                       uops: list[UOp]) -> str:
@@ -226,6 +260,13 @@ class CStyleRenderer(Renderer):
         def line(s: str) -> None:
             body.append("  " * depth + s)
 
+        def declare_vector(dt: DType) -> None:
+            nonlocal locals_declared
+            decl = self.render_vector_typedef(dt)
+            if decl is not None and "  " + decl not in body[:locals_declared]:
+                body.insert(locals_declared, "  " + decl)
+                locals_declared += 1
+
         for u in uops:
             op = u.op
             if op in _VALUE_OPS:  # the most common uops first (the branches are exclusive)
@@ -290,6 +331,20 @@ class CStyleRenderer(Renderer):
             elif op is Ops.ASSIGN:
                 line(f"{r[u.src[0]]} = {r[u.src[1]]};")
                 r[u] = r[u.src[0]]
+            elif op is Ops.GEP:
+                r[u] = self.render_gep(r[u.src[0]], u.arg, u.src[0].value_dtype)
+            elif op is Ops.VECTORIZE:
+                declare_vector(u.value_dtype)
+                r[u] = fresh("vec")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
+                     f"{self.render_vectorize([r[s] for s in u.src], u.value_dtype)};")
+            elif op is Ops.LOAD and u.value_dtype.count != 1:
+                if len(u.src) != 2:
+                    raise NotImplementedError(f"{type(self).__name__}: a gated vector load")
+                declare_vector(u.value_dtype)
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
+                     f"{self.render_vector_load(r[u.src[0]], r[u.src[1]], u.value_dtype)};")
             elif op is Ops.LOAD:
                 # a BARRIER source only orders the load after it
                 ins = [s for s in u.src if s.op is not Ops.BARRIER]
@@ -304,7 +359,11 @@ class CStyleRenderer(Renderer):
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {val};")
             elif op is Ops.STORE:
                 buf, idx, val = r[u.src[0]], r[u.src[1]], r[u.src[2]]
-                stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
+                vdt = u.src[2].dtype
+                if isinstance(vdt, DType) and vdt.count != 1:
+                    stmt = self.render_vector_store(buf, idx, val, vdt)
+                else:
+                    stmt = f"{buf}[{idx}] = {self.render_store_value(val, u.src[0].pointer_dtype.base)};"
                 line(f"if ({r[u.src[3]]}) {stmt}" if len(u.src) > 3 else stmt)
             elif op is Ops.DEFINE_LOCAL:
                 r[u] = f"temp{u.arg[0]}"

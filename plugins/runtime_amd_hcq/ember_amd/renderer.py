@@ -57,6 +57,12 @@ _BASE_TYPES: dict[DType, str] = {
     dtypes.uint64: "ulong", dtypes.float16: "float", dtypes.bfloat16: "float", dtypes.float32: "float",
     dtypes.float64: "double"}
 
+#: the element types with vector loads and stores, and their alignment
+_VECTOR_ALIGN: dict[DType, int] = {dt: dt.itemsize for dt in (
+    dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64,
+    dtypes.float32, dtypes.float64)}
+_VECTOR_ALIGN_BY_NAME = {_BASE_TYPES[dt]: n for dt, n in _VECTOR_ALIGN.items()}
+
 #: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
 _EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 #: math computed by the double-precision helpers of :mod:`ember_amd.kernel_lib` (float32 rounded once)
@@ -218,6 +224,8 @@ class AMDRenderer(CStyleRenderer):
         self.variant = f"{arch}:w{self.wave_size}:wg{self.max_workgroup}"
         self.supported_dtypes = frozenset(dtypes.fields().values())
         self.type_map = dict(_BASE_TYPES)
+        # OpenCL C's vectors of the types a buffer holds as they are computed, up to 16 bytes (one load)
+        self.vector_widths = {dt: tuple(n for n in (2, 4) if n * dt.itemsize <= 16) for dt in _VECTOR_ALIGN}
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, int], device: str = "AMD") -> AMDRenderer:
@@ -286,6 +294,11 @@ class AMDRenderer(CStyleRenderer):
         parts = [_ids_block(True, self.max_workgroup)]
         if "EMBER_WMMA" in code:
             parts.append(_wmma_block(True))
+        # the vector types loads and stores go through, aligned like one element (a view into a buffer may
+        # start anywhere); where the address is aligned the load is still one instruction
+        for name in sorted(set(re.findall(r"ember_u_([a-z]+)(\d+)\b", code))):
+            t = "".join(name)
+            parts.append(f"typedef {t} ember_u_{t} __attribute__((aligned({_VECTOR_ALIGN_BY_NAME[name[0]]})));")
         helpers = helpers_for(code)
         if "double" in code or "double" in helpers:
             parts.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
@@ -336,6 +349,24 @@ class AMDRenderer(CStyleRenderer):
         return name, lines, ["EMBER_WMMA_SCRATCH;"]
 
     # --- loads and stores ---------------------------------------------------------------------
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        return f"*((__global const ember_u_{self.render_dtype(dt)}*)({buf} + {idx}))"
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        return f"*((__global ember_u_{self.render_dtype(dt)}*)({buf} + {idx})) = {value};"
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        return f"(({self.render_dtype(dt)})({', '.join(vals)}))"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        return f"{vec}.s{lane:x}"
+
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         if dt == dtypes.float16:
             return f"ember_f16_to_f32({buf}[{idx}])"

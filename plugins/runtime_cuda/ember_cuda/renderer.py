@@ -83,6 +83,25 @@ static __device__ __forceinline__ unsigned ember_pack_bf16x2(float lo, float hi)
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); return *reinterpret_cast<unsigned*>(&h); }
 #endif"""
 
+#: a vector access: one instruction where the buffer's start is aligned to the vector (the index is a multiple of
+#: the lane count, so then the address is), else one access per lane (a view into a buffer may start anywhere)
+_VECTOR_HELPERS = """#ifndef EMBER_CUDA_VECTOR
+#define EMBER_CUDA_VECTOR
+template <class V, int N, class T> static __device__ __forceinline__ V ember_vload(const T* base, long long i) {
+  if (((unsigned long long)base & (sizeof(V) - 1)) == 0) return *reinterpret_cast<const V*>(base + i);
+  T l[N]; for (int k = 0; k < N; k++) l[k] = base[i + k];
+  V v; memcpy(&v, l, sizeof(V)); return v; }
+template <class V, int N, class T> static __device__ __forceinline__ void ember_vstore(T* base, long long i, V v) {
+  if (((unsigned long long)base & (sizeof(V) - 1)) == 0) { *reinterpret_cast<V*>(base + i) = v; return; }
+  T l[N]; memcpy(l, &v, sizeof(V)); for (int k = 0; k < N; k++) base[i + k] = l[k]; }
+#endif"""
+
+#: CUDA's vector type of each element type it has them for (``float4``, ``longlong2``)
+_VECTOR_NAMES: dict[DType, str] = {
+    dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort", dtypes.int32: "int",
+    dtypes.uint32: "uint", dtypes.int64: "longlong", dtypes.uint64: "ulonglong", dtypes.float32: "float",
+    dtypes.float64: "double", dtypes.float16: "half"}
+
 _BASE_TYPES: dict[DType, str] = {
     dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
@@ -209,6 +228,10 @@ class CUDARenderer(CStyleRenderer):
         self.variant = arch
         self.supported_dtypes = frozenset(dtypes.fields().values())
         self.type_map = dict(_BASE_TYPES)
+        # the built-in vector types of the types a buffer holds as they are computed, up to 16 bytes (one load)
+        # (half has half2 only: its lanes are converted to and from the float values are computed in)
+        self.vector_widths = {dt: (2,) if dt == dtypes.float16 else tuple(n for n in (2, 4) if n * dt.itemsize <= 16)
+                              for dt in _VECTOR_NAMES}
 
     @classmethod
     def from_attributes(cls, compute_capability: tuple[int, int], shared_max: int, max_threads_per_block: int,
@@ -272,6 +295,8 @@ class CUDARenderer(CStyleRenderer):
             parts.append(_BF16_HELPERS)
         if "ember_bitcast" in code:
             parts.append(_BITCAST_HELPER)
+        if "ember_vload<" in code or "ember_vstore<" in code:
+            parts.append(_VECTOR_HELPERS)
         if "ember_pack_" in code:
             parts += [p for p in (_F16_HELPERS, _BF16_HELPERS) if p not in parts] + [_PACK_HELPERS]
         return "\n".join(parts) + "\n" if parts else ""
@@ -325,6 +350,28 @@ class CUDARenderer(CStyleRenderer):
                       f": {inputs});"], []
 
     # --- loads and stores ---------------------------------------------------------------------
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{_VECTOR_NAMES[dt.scalar()]}{dt.count}"
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        return f"ember_vload<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx})"
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        return f"ember_vstore<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx}, {value});"
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        if dt.scalar() == dtypes.float16:  # the float values rounded as a store of each would
+            return f"__halves2half2({', '.join(f'ember_f32_to_f16({v})' for v in vals)})"
+        return f"make_{self.render_dtype(dt)}({', '.join(vals)})"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        if dt.scalar() == dtypes.float16:
+            return f"__half2float({vec}.{'xy'[lane]})"
+        return f"{vec}.{'xyzw'[lane]}"
+
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         if dt == dtypes.float16:
             return f"__half2float({buf}[{idx}])"

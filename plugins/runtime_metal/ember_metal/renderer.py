@@ -33,6 +33,10 @@ from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp
 #: (indices 0-30), so a kernel has at most 30 tensor buffers
 VALS_INDEX = 30
 
+#: the element types MSL has packed vectors of (``packed_float4``)
+_PACKED = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.float16,
+           dtypes.float32)
+
 _BASE_TYPES: dict[DType, str] = {
     dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short",
     dtypes.uint16: "ushort", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long",
@@ -156,15 +160,39 @@ class MetalRenderer(CStyleRenderer):
         self.supports_float16 = True
         self.supported_dtypes = frozenset(dt for dt in dtypes.fields().values() if dt != dtypes.float64)
         self.type_map = dict(_BASE_TYPES)
+        # the packed vectors (aligned like one element: a view into a buffer may start anywhere) of the types a
+        # buffer holds as they are computed, up to 16 bytes
+        self.vector_widths = {dt: tuple(n for n in (2, 4) if n * dt.itemsize <= 16) for dt in _PACKED}
         self.tensor_cores = tensor_cores(bfloat_tensor_cores) if simdgroup_matrix else ()
         self.variant = "msl-bf16tc" if bfloat_tensor_cores and simdgroup_matrix else "msl"
 
     # --- types --------------------------------------------------------------------------------
     def render_dtype(self, dt: DType) -> str:
+        if dt.count != 1:
+            return self.render_vector_dtype(dt)
         if dt not in self.type_map:
             raise NotImplementedError(f"Metal has no {dt.name} (supported: "
                                       f"{', '.join(sorted(d.name for d in self.supported_dtypes))})")
         return self.type_map[dt]
+
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        return f"{self.render_dtype(dt)}(*((device const packed_{self.render_dtype(dt)}*)({buf} + {idx})))"
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        t = self.render_dtype(dt)
+        return f"*((device packed_{t}*)({buf} + {idx})) = packed_{t}({value});"
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        return f"{self.render_dtype(dt)}({', '.join(vals)})"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        return f"{vec}.{'xyzw'[lane]}"
 
     def storage_type(self, dt: DType) -> str:
         """The element type of a buffer of ``dt``."""

@@ -96,6 +96,11 @@ class CLRenderer(CStyleRenderer):
         self.type_map = dict(_BASE_TYPES)
         if not fp16:
             self.type_map[dtypes.float16] = "float"
+        # vloadN/vstoreN of the types a buffer holds as they are computed (not bool, bfloat16 or emulated half),
+        # up to 16 bytes (the widest load of most devices); they need only the element's alignment
+        self.vector_widths = {dt: tuple(n for n in (2, 4, 8) if n * dt.itemsize <= 16)
+                              for dt in self.supported_dtypes
+                              if dt.kind != "b" and dt != dtypes.bfloat16 and not self._emulated_half(dt)}
 
     # --- types --------------------------------------------------------------------------------
     def storage_type(self, dt: DType) -> str:
@@ -183,6 +188,24 @@ class CLRenderer(CStyleRenderer):
         if self._emulated_half(dt):
             return f"ember_f32_to_f16({value})"
         return super().render_store_value(value, dt)
+
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        return f"vload{dt.count}(0, {buf} + {idx})"
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        return f"vstore{dt.count}({value}, 0, {buf} + {idx});"
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        return f"(({self.render_dtype(dt)})({', '.join(vals)}))"
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        return f"{vec}.s{lane:x}"
 
     # --- literals and ops ---------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
