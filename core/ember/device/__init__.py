@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ember import diskcache
 from ember.device.allocator import Allocator, LRUAllocator, copyin_source, copyout_dest
 from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_sources
+from ember.device.collective import host_allreduce
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
@@ -106,6 +107,7 @@ __all__ = [
     "Wait",
     "profiled_copy",
     "profiled_exec",
+    "host_allreduce",
     "DEBUG",
     "sha256",
     "PLUGIN_API",

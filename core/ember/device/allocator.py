@@ -123,7 +123,11 @@ class Allocator(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no direct transfer; copy through the host instead")
 
     def offset(self, opaque: Any, byte_offset: int, nbytes: int) -> Any:
-        """A handle to ``nbytes`` bytes starting ``byte_offset`` into ``opaque``, sharing its memory."""
+        """A handle to ``nbytes`` bytes starting ``byte_offset`` into ``opaque``, sharing its memory.
+
+        Core reads ranges through it (a copy out of a slice) and writes them (a multi-device gather copies each
+        piece into its range of one buffer); raise ``NotImplementedError`` for a range the device cannot view.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not support sub-buffers (offset views)")
 
 

@@ -292,7 +292,9 @@ class CapturedJit:
 
     def __post_init__(self) -> None:
         #: ids of the buffers the recorded kernels write (besides the inputs')
-        self.written = {id(ei.bufs[0]) for ei in self.exec_items if ei.bufs} - {id(b) for b in self.input_buffers}
+        # (a collective writes its first n_outputs buffers, one per device)
+        self.written = {id(b) for ei in self.exec_items for b in ei.bufs[:getattr(ei.prg, "n_outputs", 1)]} - \
+            {id(b) for b in self.input_buffers}
         #: kernels (not copies) per replay
         self.kernel_count = sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
         self._ops = sum(ei.prg.estimated_ops for ei in self.exec_items)
