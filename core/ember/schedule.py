@@ -711,7 +711,7 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
                 # the first element copied: where a view of a stored node starts in its buffer
                 offset = 0 if src in target_bufs else _copy_offset(src, sb)
                 assert offset is not None, "a copy's source must be a contiguous range of a buffer"
-                n = size if len(t.src) == 2 else sprod(shape_of(src))
+                n = size if len(t.src) == 2 else sint_max(sprod(shape_of(src)))
                 if n:
                     reads = {r for r in (src, sb) if (r in target_bufs and r is not t) or r.op is Ops.BUFFER}
                     arg = (n, offset) if len(t.src) == 2 else (n, offset, into)

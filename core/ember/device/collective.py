@@ -108,8 +108,8 @@ def reduce_through_host(srcs: Sequence[Any], dests: Sequence[Any], dtype: DType,
     memory (the fallback when a device's native collective raises ``NotImplementedError``)."""
     import numpy as np
 
-    raw = [np.frombuffer(s.as_bytes(), dtype=np.uint16 if dtype == dtypes.bfloat16 else to_np_dtype(dtype))
-           for s in srcs]
+    np_dtype = np.uint16 if dtype == dtypes.bfloat16 else to_np_dtype(dtype)
+    raw: list[np.ndarray] = [np.frombuffer(s.as_bytes(), dtype=np_dtype) for s in srcs]
     if dtype == dtypes.bfloat16:  # widen to float32 (exact), combine there, round back to nearest even
         wide = [(r.astype(np.uint32) << 16).view(np.float32) for r in raw]
         total = np.empty_like(wide[0])

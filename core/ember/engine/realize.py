@@ -129,17 +129,19 @@ class BufferCopy(Runner):
         src_dev, dest_dev = Device[src.device], Device[dest.device]
         src_dev.synchronize()
         whole = dest
+        target: Buffer | None = dest
         if self.dest_offset or n != dest.nbytes:  # a range of the destination: through a view of it
             try:
-                dest = Buffer(dest.device, n, dtypes.uint8, dest.allocator.offset(dest.opaque, self.dest_offset, n))
+                target = Buffer(dest.device, n, dtypes.uint8, dest.allocator.offset(dest.opaque, self.dest_offset, n))
             except NotImplementedError:  # (no view of that range: patch the whole buffer through the host)
                 data = bytearray(whole.as_bytes())
                 data[self.dest_offset:self.dest_offset + n] = memoryview(src.as_bytes())[self.src_offset:
                                                                                          self.src_offset + n]
                 whole.copyin(memoryview(data))
-                dest = None
-        if dest is not None and not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev, self.src_offset)):
-            _copy_through_host(dest, src, dest_dev, self.src_offset)
+                target = None
+        if target is not None and not (self.same_plugin
+                                       and _transfer(target, src, src_dev, dest_dev, self.src_offset)):
+            _copy_through_host(target, src, dest_dev, self.src_offset)
         if wait:
             Device[whole.device].synchronize()
             return time.perf_counter() - st

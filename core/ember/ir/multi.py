@@ -27,7 +27,7 @@ from __future__ import annotations
 import weakref
 
 from ember.device.collective import native_allreduce_of
-from ember.dtype import dtypes
+from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
 from ember.ir.lazy import base_of, device_of, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
@@ -185,7 +185,8 @@ _partials: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Ops]] = weakref
 #: how each replicated elementwise result computed from an allreduce result was made (op, dtype, arg, lowered
 #: operands), so that an op needing only each device's slice of it computes only that slice, from a
 #: reduce-scatter (an optimizer update of a sharded parameter from a gradient summed over a sharded batch)
-_recipes: weakref.WeakKeyDictionary[UOp, tuple[Ops, object, object, tuple[UOp, ...]]] = weakref.WeakKeyDictionary()
+_Recipe = tuple[Ops, DType | PtrDType | None, object, tuple[UOp, ...]]
+_recipes: weakref.WeakKeyDictionary[UOp, _Recipe] = weakref.WeakKeyDictionary()
 
 
 def view_replicated(m: UOp, st: ShapeTracker) -> UOp:

@@ -51,7 +51,8 @@ def test_shard_gather_and_copies_between_devices(group: tuple[str, ...]) -> None
     a = _data(2 * n, 3 * n)
     for axis in (0, 1, None):
         s = Tensor(a).shard(group, axis=axis)
-        assert s.device == group and lower(s.lazydata).arg == axis
+        where: object = s.device
+        assert where == group and lower(s.lazydata).arg == axis
         np.testing.assert_array_equal(s.numpy(), a)
     np.testing.assert_array_equal(Tensor(a).to(group[0]).to(group[1]).numpy(), a)
     back = Tensor(a).shard(group, axis=0).to(tuple(reversed(group)))  # an allgather onto another tuple
@@ -104,6 +105,7 @@ def test_data_and_tensor_parallel_matmul_with_gradients(group: tuple[str, ...]) 
         h = (xt @ (a.shard(group, axis=1) if place else a)).relu()      # column parallel
         out = h @ (b.shard(group, axis=0) if place else b)              # row parallel: an allreduce
         (out * out).mean().backward()
+        assert a.grad is not None and b.grad is not None
         results.append((out.numpy(), a.grad.numpy(), b.grad.numpy()))
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
