@@ -95,3 +95,47 @@ def test_tiny_gpt_50_steps_match_noopt(monkeypatch):
     monkeypatch.setattr(NOOPT, "value", 1)
     plain = _losses(50)
     np.testing.assert_allclose(got, plain, rtol=2e-4, atol=2e-4)
+
+
+def _attention_case(tq: int, tk: int, mask: str, causal: bool, gqa: bool):
+    torch = pytest.importorskip("torch")
+    heads, kv_heads, d = 4, (2 if gqa else 4), 8
+    qs = RNG.standard_normal((2, heads, tq, d)).astype(np.float32)
+    ks = RNG.standard_normal((2, kv_heads, tk, d)).astype(np.float32)
+    vs = RNG.standard_normal((2, kv_heads, tk, d)).astype(np.float32)
+    gs = RNG.standard_normal((2, heads, tq, d)).astype(np.float32)
+    ms = None
+    if mask == "bool":
+        ms = RNG.random((tq, tk)) < 0.7
+        ms[:, 0] = True  # every query keeps a key (a row with none is nan in both)
+    elif mask == "float":
+        ms = (RNG.standard_normal((2, 1, tq, tk)) * 2).astype(np.float32)
+    kw = {"is_causal": causal, "enable_gqa": gqa}
+    ts = [Tensor(a, requires_grad=True) for a in (qs, ks, vs)]
+    out = ts[0].scaled_dot_product_attention(ts[1], ts[2], attn_mask=None if ms is None else Tensor(ms), **kw)
+    (out * Tensor(gs)).sum().backward()
+    rs = [torch.tensor(a, requires_grad=True) for a in (qs, ks, vs)]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *rs, attn_mask=None if ms is None else torch.tensor(ms), **kw)
+    (want * torch.tensor(gs)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    for t, r in zip(ts, rs):
+        np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tq,tk,mask,causal,gqa", [
+    (7, 7, "none", True, False), (5, 9, "bool", False, False), (9, 4, "float", False, False),
+    (6, 6, "none", True, True), (3, 11, "bool", False, True), (1, 13, "none", False, False)])
+def test_attention_matches_torch_with_masks_and_lengths(tq, tk, mask, causal, gqa):
+    _attention_case(tq, tk, mask, causal, gqa)
+
+
+def test_attention_gradient_takes_fewer_kernels():
+    q, k, v = (Tensor(RNG.standard_normal((2, 2, 16, 8)).astype(np.float32), requires_grad=True) for _ in range(3))
+    out = q.scaled_dot_product_attention(k, v, is_causal=True)
+    out.sum().backward()
+    out.realize()
+    kernels = [si for si in q.grad.schedule(k.grad, v.grad) if si.ast.op is Ops.SINK]
+    # rowsum(g * out), dS (g v^T with the softmax's gradient as its epilogue), dQ, dK, dV; through the softmax's
+    # own gradient dS alone took three kernels over (queries x keys)
+    assert len(kernels) <= 5, len(kernels)
