@@ -14,7 +14,10 @@ that process (compiling included), then eager steps, then steps under ``TinyJit`
 one by one, its top kernels with GFLOPS); torch gives eager steps. Both start from the same weights and data and
 the first losses must agree. Rows give the median warm step (synced: the loss is read back each step).
 
-Run: ``python bench/bench_transformer.py [--gpt2] [--rounds 10] [--top 12] [--repeat 1]``.
+``--baseline DIR`` adds ember rows from another checkout (its ``core`` and ``plugins/runtime_cpu`` on the path):
+before and after a change in one run.
+
+Run: ``python bench/bench_transformer.py [--gpt2] [--rounds 10] [--top 12] [--repeat 1] [--baseline DIR]``.
 """
 from __future__ import annotations
 
@@ -217,8 +220,10 @@ def child_torch(cfg: dict, rounds: int, top: int, data_dir: Path) -> dict:
     return {"first_s": first_s, "eager": warm, "losses": losses, "version": torch.__version__}
 
 
-def _spawn(name: str, args: argparse.Namespace, data_dir: str, cache: str) -> dict | None:
+def _spawn(name: str, args: argparse.Namespace, data_dir: str, cache: str, root: str | None = None) -> dict | None:
     env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(os.path.join(root, p) for p in ("core", "plugins/runtime_cpu"))
     env["EMBER_CACHE_DIR"] = cache
     env.setdefault("DEV", "CPU")
     if name == "torch":
@@ -240,6 +245,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="warm steps timed (default 10, 3 with --gpt2)")
     parser.add_argument("--top", type=int, default=12, help="kernels listed")
     parser.add_argument("--repeat", type=int, default=1, help="alternating passes over the frameworks")
+    parser.add_argument("--baseline", default=None, help="another checkout whose ember runs too (rows 'baseline')")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", default=None, help=argparse.SUPPRESS)
@@ -256,9 +262,11 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(Path(tmp) / "weights.npz", **init_weights(cfg))
+        names = ["ember", "torch"] + (["baseline"] if args.baseline else [])
         for rep in range(args.repeat):
-            for name in (("ember", "torch") if rep % 2 == 0 else ("torch", "ember")):
-                r = _spawn(name, args, tmp, tempfile.mkdtemp(dir=tmp))
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                root = args.baseline if name == "baseline" else None
+                r = _spawn("ember" if root else name, args, tmp, tempfile.mkdtemp(dir=tmp), root)
                 if r is not None:
                     results.setdefault(name, []).append(r)
     print(f"config {cfg_name}: {cfg}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
@@ -273,21 +281,26 @@ def main() -> None:
     if "torch" in results:
         rows.append((f"torch {results['torch'][0]['version']} eager, 2 threads", med("torch", "eager"),
                      first("torch")))
-    if "ember" in results:
-        rows.append(("ember, step under TinyJit", med("ember", "jit"), first("ember")))
-        rows.append(("ember eager", med("ember", "eager"), first("ember")))
-    print(f"{'':<34} {'step ms':>9} {'first s':>8} {'x torch':>8}")
+    for name, label in (("baseline", "baseline ember"), ("ember", "ember")):
+        if name in results:
+            rows.append((f"{label}, step under TinyJit", med(name, "jit"), first(name)))
+            rows.append((f"{label} eager", med(name, "eager"), first(name)))
+    print(f"{'':<40} {'step ms':>9} {'first s':>8} {'x torch':>8}")
     base = med("torch", "eager") if "torch" in results else None
     for label, ms, fs in rows:
-        print(f"{label:<34} {ms:9.2f} {fs:8.2f} {ms / base if base else float('nan'):8.2f}")
+        print(f"{label:<40} {ms:9.2f} {fs:8.2f} {ms / base if base else float('nan'):8.2f}")
     if "ember" in results and "torch" in results:
         le, lt = results["ember"][0]["losses"], results["torch"][0]["losses"]
         print(f"losses: ember first {le[0]:.5f} last {le[-1]:.5f} ({len(le)} steps); torch first {lt[0]:.5f} last "
               f"{lt[-1]:.5f} ({len(lt)} steps); first losses differ by {abs(le[0] - lt[0]):.2e}")
-    if "ember" in results:
-        e = results["ember"][0]
-        print(f"ember jitted step: {e['kernels']} kernels in {e['launches']} launches; kernels alone sum to "
-              f"{e['kernel_sum_s'] * 1e3:.2f} ms")
+    for which in ("baseline", "ember"):
+        if which not in results:
+            continue
+        e = results[which][0]
+        print(f"{which} jitted step: {e['kernels']} kernels in {e['launches']} launches; kernels alone sum to "
+              f"{e['kernel_sum_s'] * 1e3:.2f} ms; losses first {e['losses'][0]:.5f} last {e['losses'][-1]:.5f}")
+        if which == "baseline":
+            continue
         print(f"{'kernel':<40} {'us':>9} {'GFLOPS':>8}")
         for name, ops, t in e["top"]:
             print(f"{name:<40} {t * 1e6:9.1f} {ops / t / 1e9:8.2f}")
