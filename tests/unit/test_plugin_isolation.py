@@ -140,12 +140,12 @@ def test_the_crash_check_sees_a_child_end_at_once_and_stops_waiting_at_its_limit
     assert waited < 20.0, f"a child that ended after 30 ms was noticed after {waited:.2f} s"
     pid = os.fork()
     if pid == 0:
-        time.sleep(10)
+        time.sleep(600)
         os._exit(0)
     try:
         start = time.monotonic()
         assert _wait_child(pid, 0.2) is None
-        assert time.monotonic() - start < 5.0
+        assert time.monotonic() - start < 60.0  # (the limit, not the child's 600 s, however loaded the machine)
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
