@@ -214,6 +214,126 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
     return Tensor(ggml_dequantize(src.view, ggml_type, n), device=src.host_device())
 
 
+# ---------------------------------------------------------------------------------------------
+# dequantization as graph ops: the raw blocks stay on the device, and the arithmetic below is ordinary
+# elementwise ops, so a matmul reading a dequantized weight fuses the unpacking into its own kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def _g_f16(b: Tensor, at: int) -> Tensor:
+    """The little-endian float16 at byte ``at`` of every block, as float32 (..., blocks, 1)."""
+    lo, hi = b[..., at:at + 1].cast(dtypes.uint16), b[..., at + 1:at + 2].cast(dtypes.uint16)
+    return (lo | (hi << 8)).bitcast(dtypes.float16).cast(dtypes.float32)
+
+
+def _g_split(q: Tensor, parts: int, bits: int, mask: int, axis: int) -> Tensor:
+    """``q`` repeated ``parts`` times on a new axis before ``axis`` (counted from the end), each copy shifted
+    right by ``bits`` more than the last and masked: the packed fields of every byte, in order."""
+    shape = q.shape
+    at = len(shape) + axis
+    q = q.reshape(*shape[:at], 1, *shape[at:]).expand(*shape[:at], parts, *shape[at:])
+    shifts = (Tensor.arange(parts, device=q.device) * bits).cast(q.dtype).reshape(parts, *([1] * (len(shape) - at)))
+    return (q >> shifts) & mask
+
+
+def _g_nibbles(qs: Tensor) -> Tensor:
+    """(..., blocks, 16) bytes -> (..., blocks, 32): the low nibbles, then the high ones."""
+    return _g_split(qs, 2, 4, 0x0F, -1).reshape(*qs.shape[:-1], 2 * qs.shape[-1])
+
+
+def _g_bits32(qh: Tensor) -> Tensor:
+    """(..., blocks, 4) bytes of a little-endian uint32 -> (..., blocks, 32): its bits 0..31."""
+    return _g_split(qh.reshape(*qh.shape, 1), 8, 1, 1, -1).reshape(*qh.shape[:-1], 32)
+
+
+def _g_q4_0(b: Tensor) -> Tensor:
+    return _g_f16(b, 0) * (_g_nibbles(b[..., 2:18]).bitcast(dtypes.int8) - 8).cast(dtypes.float32)
+
+
+def _g_q4_1(b: Tensor) -> Tensor:
+    return _g_f16(b, 0) * _g_nibbles(b[..., 4:20]).cast(dtypes.float32) + _g_f16(b, 2)
+
+
+def _g_q5_0(b: Tensor) -> Tensor:
+    q = _g_nibbles(b[..., 6:22]) | (_g_bits32(b[..., 2:6]) << 4)
+    return _g_f16(b, 0) * (q.bitcast(dtypes.int8) - 16).cast(dtypes.float32)
+
+
+def _g_q5_1(b: Tensor) -> Tensor:
+    q = _g_nibbles(b[..., 8:24]) | (_g_bits32(b[..., 4:8]) << 4)
+    return _g_f16(b, 0) * q.cast(dtypes.float32) + _g_f16(b, 2)
+
+
+def _g_q8_0(b: Tensor) -> Tensor:
+    return b[..., 2:34].bitcast(dtypes.int8).cast(dtypes.float32) * _g_f16(b, 0)
+
+
+def _g_k_scales(sc: Tensor) -> tuple[Tensor, Tensor]:
+    """The eight 6-bit scales and mins packed in the 12 scale bytes of Q4_K/Q5_K: float32 (..., blocks, 8, 1)."""
+    lo_s, lo_m = sc[..., 0:4] & 63, sc[..., 4:8] & 63
+    hi_s = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
+    hi_m = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return (lo_s.cat(hi_s, dim=-1).cast(dtypes.float32).unsqueeze(-1),
+            lo_m.cat(hi_m, dim=-1).cast(dtypes.float32).unsqueeze(-1))
+
+
+def _g_q4_k(b: Tensor) -> Tensor:
+    sc, m = _g_k_scales(b[..., 4:16])
+    qs = b[..., 16:144].reshape(*b.shape[:-1], 4, 32)
+    q = _g_split(qs, 2, 4, 0x0F, -1).reshape(*b.shape[:-1], 8, 32).cast(dtypes.float32)
+    out = (_g_f16(b, 0).unsqueeze(-1) * sc) * q - _g_f16(b, 2).unsqueeze(-1) * m
+    return out.reshape(*b.shape[:-1], 256)
+
+
+def _g_q5_k(b: Tensor) -> Tensor:
+    sc, m = _g_k_scales(b[..., 4:16])
+    qs = b[..., 48:176].reshape(*b.shape[:-1], 4, 32)
+    low = _g_split(qs, 2, 4, 0x0F, -1).reshape(*b.shape[:-1], 8, 32)
+    high = _g_split(b[..., 16:48], 8, 1, 1, -1)
+    q = (low | (high << 4)).cast(dtypes.float32)
+    out = (_g_f16(b, 0).unsqueeze(-1) * sc) * q - _g_f16(b, 2).unsqueeze(-1) * m
+    return out.reshape(*b.shape[:-1], 256)
+
+
+def _g_q6_k(b: Tensor) -> Tensor:
+    lead = b.shape[:-1]
+    scale = (_g_f16(b, 208) * b[..., 192:208].bitcast(dtypes.int8).cast(dtypes.float32)).unsqueeze(-1)
+    low = _g_split(b[..., 0:128].reshape(*lead, 2, 64), 2, 4, 0x0F, -1).reshape(*lead, 8, 32)
+    high = _g_split(b[..., 128:192].reshape(*lead, 2, 32), 4, 2, 3, -1).reshape(*lead, 8, 32)
+    q = ((low | (high << 4)).bitcast(dtypes.int8) - 32).cast(dtypes.float32).reshape(*lead, 16, 16)
+    return (scale * q).reshape(*lead, 256)
+
+
+#: ggml type id -> graph-op dequantizer of raw blocks (..., blocks, bytes) -> float32 (..., blocks, elements)
+_GRAPH_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {
+    2: _g_q4_0, 3: _g_q4_1, 6: _g_q5_0, 7: _g_q5_1, 8: _g_q8_0, 12: _g_q4_k, 13: _g_q5_k, 14: _g_q6_k,
+}
+#: the ggml types :func:`ggml_dequantize_tensor` reads (plain float types are a cast)
+GRAPH_DEQUANT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16", *(GGML_TYPES[t][0] for t in _GRAPH_DEQUANT))
+
+
+def ggml_dequantize_tensor(raw: Tensor, ggml_type: int) -> Tensor:
+    """Dequantize ``raw`` to float32 with graph ops (no host work: it fuses into the kernel that reads it).
+
+    ``raw`` is (..., n_bytes) uint8 blocks of ggml type ``ggml_type`` (the last axis a whole number of
+    blocks), or, for F32/F16/BF16, a tensor already in that dtype. The result is (..., n_elements).
+    """
+    if ggml_type in (0, 1, 30):
+        return raw.cast(dtypes.float32)
+    if ggml_type not in _GRAPH_DEQUANT:
+        name = GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else f"unknown type {ggml_type}"
+        raise GGUFError(f"ggml type {name} cannot be dequantized in a kernel by ember (supported: "
+                        f"{', '.join(GRAPH_DEQUANT_TYPES)})")
+    name, block, size = GGML_TYPES[ggml_type]
+    if raw.dtype != dtypes.uint8:
+        raise TypeError(f"expected {name} blocks as a uint8 tensor, got {raw.dtype}")
+    if not raw.shape or raw.shape[-1] % size:
+        raise GGUFError(f"a row of {raw.shape[-1] if raw.shape else 0} bytes is not a whole number of {name} blocks "
+                        f"of {size} bytes")
+    lead, nb = raw.shape[:-1], raw.shape[-1] // size
+    return _GRAPH_DEQUANT[ggml_type](raw.reshape(*lead, nb, size)).reshape(*lead, nb * block)
+
+
 _GGUF_SCALARS: dict[int, tuple[str, str]] = {  # value type -> (struct format, name)
     0: ("<B", "UINT8"), 1: ("<b", "INT8"), 2: ("<H", "UINT16"), 3: ("<h", "INT16"), 4: ("<I", "UINT32"),
     5: ("<i", "INT32"), 6: ("<f", "FLOAT32"), 7: ("<?", "BOOL"), 10: ("<Q", "UINT64"), 11: ("<q", "INT64"),
@@ -347,4 +467,5 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
             tensors[name] = Tensor(values, device=src.host_device())
     return metadata, tensors
 
-__all__ = ["GGML_TYPES", "ggml_data_to_tensor", "ggml_dequantize", "gguf_load"]
+__all__ = ["GGML_TYPES", "GRAPH_DEQUANT_TYPES", "ggml_data_to_tensor", "ggml_dequantize", "ggml_dequantize_tensor",
+           "gguf_load"]
