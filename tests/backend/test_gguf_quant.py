@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ember import GlobalCounters, Tensor, dtypes
-from ember.nn.gguf import GGML_TYPES, ggml_dequantize_tensor
+from ember.nn.gguf import GGML_TYPES, ggml_dequantize_tensor, ggml_matmul
 from ember.nn.weights import GGUFError
 
 gguf_quants = pytest.importorskip("gguf.quants", reason="the gguf package (extra llm-test) is the reference")
@@ -63,7 +63,7 @@ def test_plain_float_types(name: str) -> None:
     np.testing.assert_array_equal(got.view(np.uint32), ref.reshape(got.shape).view(np.uint32))
 
 
-@pytest.mark.parametrize("ggml_type", [3, 8, 14], ids=lambda t: GGML_TYPES[t][0])
+@pytest.mark.parametrize("ggml_type", sorted(F16_FIELDS), ids=lambda t: GGML_TYPES[t][0])
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_fused_matmul_equals_dequantize_then_matmul(ggml_type: int, tokens: int) -> None:
     block = GGML_TYPES[ggml_type][1]
@@ -73,9 +73,10 @@ def test_fused_matmul_equals_dequantize_then_matmul(ggml_type: int, tokens: int)
     x = np.random.default_rng(8).standard_normal((tokens, weight.shape[1])).astype(np.float32)
     raw_t, x_t = Tensor(raw).realize(), Tensor(x).realize()
     GlobalCounters.reset()
-    got = (x_t @ ggml_dequantize_tensor(raw_t, ggml_type).T).numpy()
-    np.testing.assert_allclose(got, x @ weight.T, rtol=1e-4, atol=1e-4 * float(np.abs(x @ weight.T).max()))
+    got = ggml_matmul(x_t, raw_t, ggml_type).numpy()
     assert GlobalCounters.kernel_count == 1, "the dequantization is not fused into the matmul"
+    want = x @ weight.T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
 
 
 def test_errors_name_the_problem() -> None:
@@ -83,5 +84,7 @@ def test_errors_name_the_problem() -> None:
         ggml_dequantize_tensor(Tensor(np.zeros((1, 84), np.uint8)), 10)
     with pytest.raises(GGUFError, match="whole number of Q4_1 blocks"):
         ggml_dequantize_tensor(Tensor(np.zeros((1, 30), np.uint8)), 3)
+    with pytest.raises(ValueError, match="x has 64 features, the weight 32"):
+        ggml_matmul(Tensor(np.zeros((1, 64), np.float32)), Tensor(np.zeros((2, 20), np.uint8)), 3)
     with pytest.raises(TypeError, match="uint8"):
         ggml_dequantize_tensor(Tensor(np.zeros((1, 20), np.float32)), 3)
