@@ -51,7 +51,15 @@ def tokenizers() -> tuple[Tokenizer, object]:
     transformers = pytest.importorskip("transformers", reason="transformers (extra llm-test) is the reference")
     from ember.nn.gguf import gguf_read
     ref = transformers.AutoTokenizer.from_pretrained(os.path.dirname(MODEL), gguf_file=os.path.basename(MODEL))
-    return Tokenizer(gguf_read(MODEL)[0]), ref
+    metadata = gguf_read(MODEL)[0]
+    if metadata.get("tokenizer.ggml.pre") == "smollm":
+        # transformers' GGUF loader has no entry for the `smollm` pre-tokenizer and falls back to GPT-2's split;
+        # the one SmolLM was trained with (and llama.cpp applies) isolates every numeric character first, which
+        # differs on non-ASCII numerics (" ¼" is one piece for GPT-2's split, two for SmolLM's)
+        from tokenizers import pre_tokenizers
+        ref.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    return Tokenizer(metadata), ref
 
 
 @needs_model
