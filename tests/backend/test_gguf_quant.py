@@ -74,7 +74,10 @@ def test_fused_matmul_equals_dequantize_then_matmul(ggml_type: int, tokens: int)
     raw_t, x_t = Tensor(raw).realize(), Tensor(x).realize()
     GlobalCounters.reset()
     got = ggml_matmul(x_t, raw_t, ggml_type).numpy()
-    assert GlobalCounters.kernel_count == 1, "the dequantization is not fused into the matmul"
+    # one row: one kernel (the per-block dot products nest inside the sum over blocks; types with a per-block min
+    # also sum x per block, in a kernel of its own), no kernel stores the dequantized matrix; several rows: the
+    # weight is dequantized once, then multiplied
+    assert GlobalCounters.kernel_count == (2 if tokens > 1 or ggml_type in (3, 7) else 1)
     want = x @ weight.T
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
 

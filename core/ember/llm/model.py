@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -185,10 +185,10 @@ class Transformer:
         h = x.shape[-1] // 2
         if self.config.rope_style == "neox":
             x0, x1 = x[..., :h], x[..., h:]
-            return (x0 * cos - x1 * sin).cat(x1 * cos + x0 * sin, dim=-1)
+            return Tensor.cat(x0 * cos - x1 * sin, x1 * cos + x0 * sin, dim=-1)
         xp = x.reshape(*x.shape[:-1], h, 2)
         x0, x1 = xp[..., 0], xp[..., 1]
-        return (x0 * cos - x1 * sin).unsqueeze(-1).cat((x0 * sin + x1 * cos).unsqueeze(-1), dim=-1).reshape(x.shape)
+        return Tensor.stack(x0 * cos - x1 * sin, x0 * sin + x1 * cos, dim=-1).reshape(x.shape)
 
     def forward(self, x: Tensor, pos: Variable | int) -> Tensor:
         """Hidden states (t, dim) after the final norm for embeddings ``x`` (t, dim) at positions pos .. pos+t-1,
@@ -199,7 +199,8 @@ class Transformer:
         mask = None
         if t > 1:  # causal: query i (at pos + i) sees keys 0 .. pos + i
             keys_at = Tensor.arange(self.max_context + self.chunk, device=self.device)[:pos + t].reshape(1, pos + t)
-            mask = keys_at <= Tensor.arange(t, device=self.device).reshape(t, 1) + pos
+            query_at = cast(Tensor, Tensor.arange(t, device=self.device).reshape(t, 1) + pos)
+            mask = keys_at <= query_at
         for layer, ck, cv in zip(self.layers, self.cache_k, self.cache_v):
             h = _rms_norm(x, layer["attn_norm"], c.norm_eps)
             q, k, v = layer["attn_q"](h), layer["attn_k"](h), layer["attn_v"](h)

@@ -32,7 +32,7 @@ CONTROL, USER_DEFINED, BYTE = 3, 4, 6
 
 def _regex() -> Any:
     try:
-        import regex
+        import regex  # type: ignore[import-untyped]
     except ImportError as e:  # pragma: no cover - the llm extra installs it
         raise ImportError("ember.llm's byte-level tokenizer needs the 'regex' package (Unicode classes such as "
                           r"\p{L}): pip install 'ember[llm]'") from e

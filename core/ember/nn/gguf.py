@@ -249,29 +249,44 @@ def _f32(x: Tensor) -> Tensor:
 # Every part is computed with constant shifts, so a matmul can read each part against its slice of the input
 # without index arithmetic in the kernel.
 
-def _p_q4_0(b: Tensor) -> list[Tensor]:
-    d, qs = _g_f16(b, 0), b[..., 2:18]
-    return [d * _f32((qs & 0x0F).bitcast(dtypes.int8) - 8), d * _f32((qs >> 4).bitcast(dtypes.int8) - 8)]
+def _a_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    qs = b[..., 2:18]
+    return _g_f16(b, 0), None, [_f32((qs & 0x0F).bitcast(dtypes.int8) - 8), _f32((qs >> 4).bitcast(dtypes.int8) - 8)]
 
 
-def _p_q4_1(b: Tensor) -> list[Tensor]:
-    d, m, qs = _g_f16(b, 0), _g_f16(b, 2), b[..., 4:20]
-    return [d * _f32(qs & 0x0F) + m, d * _f32(qs >> 4) + m]
+def _a_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    qs = b[..., 4:20]
+    return _g_f16(b, 0), _g_f16(b, 2), [_f32(qs & 0x0F), _f32(qs >> 4)]
 
 
-def _p_q5_0(b: Tensor) -> list[Tensor]:
-    d, high, qs = _g_f16(b, 0), _g_bits32(b[..., 2:6]) << 4, b[..., 6:22]
-    return [d * _f32(((qs & 0x0F) | high[..., :16]).bitcast(dtypes.int8) - 16),
-            d * _f32(((qs >> 4) | high[..., 16:]).bitcast(dtypes.int8) - 16)]
+def _a_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    high, qs = _g_bits32(b[..., 2:6]) << 4, b[..., 6:22]
+    return _g_f16(b, 0), None, [_f32(((qs & 0x0F) | high[..., :16]).bitcast(dtypes.int8) - 16),
+                                _f32(((qs >> 4) | high[..., 16:]).bitcast(dtypes.int8) - 16)]
 
 
-def _p_q5_1(b: Tensor) -> list[Tensor]:
-    d, m, high, qs = _g_f16(b, 0), _g_f16(b, 2), _g_bits32(b[..., 4:8]) << 4, b[..., 8:24]
-    return [d * _f32((qs & 0x0F) | high[..., :16]) + m, d * _f32((qs >> 4) | high[..., 16:]) + m]
+def _a_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    high, qs = _g_bits32(b[..., 4:8]) << 4, b[..., 8:24]
+    return _g_f16(b, 0), _g_f16(b, 2), [_f32((qs & 0x0F) | high[..., :16]), _f32((qs >> 4) | high[..., 16:])]
 
 
-def _p_q8_0(b: Tensor) -> list[Tensor]:
-    return [_f32(b[..., 2:34].bitcast(dtypes.int8)) * _g_f16(b, 0)]
+def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    return _g_f16(b, 0), None, [_f32(b[..., 2:34].bitcast(dtypes.int8))]
+
+
+_Affine = Callable[[Tensor], tuple[Tensor, "Tensor | None", list[Tensor]]]
+#: block-affine types: a block is ``d * q + m`` (m optional) with one d (and m) per block and integer-valued q
+#: parts, so a dot product with a block is ``d * sum(x * q) + m * sum(x)``: the scales apply once per block
+_AFFINE: dict[int, _Affine] = {
+    2: _a_q4_0, 3: _a_q4_1, 6: _a_q5_0, 7: _a_q5_1, 8: _a_q8_0,
+}
+
+
+def _affine_parts(fn: _Affine) -> Callable[[Tensor], list[Tensor]]:
+    def parts(b: Tensor) -> list[Tensor]:
+        d, m, qs = fn(b)
+        return [q * d if m is None else d * q + m for q in qs]  # the reference's order of operations
+    return parts
 
 
 def _g_k_scales(sc: Tensor) -> tuple[Tensor, Tensor]:
@@ -279,7 +294,7 @@ def _g_k_scales(sc: Tensor) -> tuple[Tensor, Tensor]:
     lo_s, lo_m = sc[..., 0:4] & 63, sc[..., 4:8] & 63
     hi_s = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
     hi_m = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    return _f32(lo_s.cat(hi_s, dim=-1)), _f32(lo_m.cat(hi_m, dim=-1))
+    return _f32(Tensor.cat(lo_s, hi_s, dim=-1)), _f32(Tensor.cat(lo_m, hi_m, dim=-1))
 
 
 def _p_k(b: Tensor, qs_at: int, qh_at: int | None) -> list[Tensor]:
@@ -318,7 +333,7 @@ def _p_q6_k(b: Tensor) -> list[Tensor]:
 
 #: ggml type id -> graph-op unpacker of raw blocks (..., blocks, bytes) -> equal parts (..., blocks, S)
 _GRAPH_DEQUANT: dict[int, Callable[[Tensor], list[Tensor]]] = {
-    2: _p_q4_0, 3: _p_q4_1, 6: _p_q5_0, 7: _p_q5_1, 8: _p_q8_0, 12: _p_q4_k, 13: _p_q5_k, 14: _p_q6_k,
+    **{t: _affine_parts(fn) for t, fn in _AFFINE.items()}, 12: _p_q4_k, 13: _p_q5_k, 14: _p_q6_k,
 }
 #: the ggml types :func:`ggml_dequantize_tensor` reads (plain float types are a cast)
 GRAPH_DEQUANT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16", *(GGML_TYPES[t][0] for t in _GRAPH_DEQUANT))
@@ -349,13 +364,16 @@ def ggml_dequantize_tensor(raw: Tensor, ggml_type: int) -> Tensor:
         return raw.cast(dtypes.float32)
     b = _blocks(raw, ggml_type)
     parts = _GRAPH_DEQUANT[ggml_type](b)
-    block = parts[0].cat(*parts[1:], dim=-1) if len(parts) > 1 else parts[0]
+    block = Tensor.cat(*parts, dim=-1) if len(parts) > 1 else parts[0]
     return block.reshape(*raw.shape[:-1], b.shape[-2] * GGML_TYPES[ggml_type][1])
 
 
 def ggml_matmul(x: Tensor, raw: Tensor, ggml_type: int) -> Tensor:
-    """``x @ W.T`` for the (out, in) weight ``W`` stored as ``raw`` (see :func:`ggml_dequantize_tensor`): one
-    kernel, each part of every block multiplied with its slice of ``x`` as it is unpacked."""
+    """``x @ W.T`` for the (out, in) weight ``W`` stored as ``raw`` (see :func:`ggml_dequantize_tensor`).
+
+    For one row of ``x`` (decoding) the blocks are unpacked inside the matvec kernel, never stored; for more
+    rows the weight is dequantized once into a temporary buffer, then multiplied.
+    """
     if ggml_type in (0, 1, 30):
         return x @ raw.cast(dtypes.float32).T
     b = _blocks(raw, ggml_type)
@@ -365,8 +383,24 @@ def ggml_matmul(x: Tensor, raw: Tensor, ggml_type: int) -> Tensor:
     k = nb * GGML_TYPES[ggml_type][1]
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
-    parts = _GRAPH_DEQUANT[ggml_type](b)
     lead = x.shape[:-1]
+    if prod(lead) > 1:
+        # several rows (prefill): unpacking inside the matmul would repeat it for every row, so the weight is
+        # dequantized once into a temporary buffer and multiplied by the ordinary matmul kernel
+        return x @ ggml_dequantize_tensor(raw, ggml_type).contiguous().T
+    if ggml_type in _AFFINE:
+        d, m, qs = _AFFINE[ggml_type](b)
+        xr = x.reshape(*lead, 1, nb, len(qs), qs[0].shape[-1])
+        dot = None
+        for p, q in enumerate(qs):
+            term = xr[..., p, :] * q
+            dot = term if dot is None else dot + term
+        assert dot is not None
+        per_block = dot.sum(-1) * d[..., 0]
+        if m is not None:
+            per_block = per_block + xr.sum((-2, -1)) * m[..., 0]
+        return per_block.sum(-1).reshape(*lead, out_features)
+    parts = _GRAPH_DEQUANT[ggml_type](b)
     xr = x.reshape(*lead, 1, nb, len(parts), parts[0].shape[-1])
     acc = None
     for p, w in enumerate(parts):
