@@ -249,29 +249,35 @@ def _f32(x: Tensor) -> Tensor:
 # Every part is computed with constant shifts, so a matmul can read each part against its slice of the input
 # without index arithmetic in the kernel.
 
+def _u8f(q: Tensor, minus: int = 0) -> Tensor:
+    """The small unsigned integers ``q`` (uint8) minus ``minus`` as float32, exactly: ``q`` goes into the low
+    mantissa bits of 2**23 and 2**23 + minus is subtracted. Unlike an int -> float cast this is integer and float
+    arithmetic only, which C compilers vectorize (the cast is rendered with a select keeping zero's sign)."""
+    return (q.cast(dtypes.uint32) | 0x4B000000).bitcast(dtypes.float32) - float(2 ** 23 + minus)
+
+
 def _a_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     qs = b[..., 2:18]
-    return _g_f16(b, 0), None, [_f32((qs & 0x0F).bitcast(dtypes.int8) - 8), _f32((qs >> 4).bitcast(dtypes.int8) - 8)]
+    return _g_f16(b, 0), None, [_u8f(qs & 0x0F, 8), _u8f(qs >> 4, 8)]
 
 
 def _a_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     qs = b[..., 4:20]
-    return _g_f16(b, 0), _g_f16(b, 2), [_f32(qs & 0x0F), _f32(qs >> 4)]
+    return _g_f16(b, 0), _g_f16(b, 2), [_u8f(qs & 0x0F), _u8f(qs >> 4)]
 
 
 def _a_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     high, qs = _g_bits32(b[..., 2:6]) << 4, b[..., 6:22]
-    return _g_f16(b, 0), None, [_f32(((qs & 0x0F) | high[..., :16]).bitcast(dtypes.int8) - 16),
-                                _f32(((qs >> 4) | high[..., 16:]).bitcast(dtypes.int8) - 16)]
+    return _g_f16(b, 0), None, [_u8f((qs & 0x0F) | high[..., :16], 16), _u8f((qs >> 4) | high[..., 16:], 16)]
 
 
 def _a_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     high, qs = _g_bits32(b[..., 4:8]) << 4, b[..., 8:24]
-    return _g_f16(b, 0), _g_f16(b, 2), [_f32((qs & 0x0F) | high[..., :16]), _f32((qs >> 4) | high[..., 16:])]
+    return _g_f16(b, 0), _g_f16(b, 2), [_u8f((qs & 0x0F) | high[..., :16]), _u8f((qs >> 4) | high[..., 16:])]
 
 
 def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    return _g_f16(b, 0), None, [_f32(b[..., 2:34].bitcast(dtypes.int8))]
+    return _g_f16(b, 0), None, [_u8f(b[..., 2:34] ^ 0x80, 128)]  # the int8 value plus 128, unsigned
 
 
 _Affine = Callable[[Tensor], tuple[Tensor, "Tensor | None", list[Tensor]]]
