@@ -166,3 +166,24 @@ def test_an_assign_outside_the_function_makes_the_replay_capture_again(device):
         np.testing.assert_allclose(f(Tensor(np.full(3, k, np.float32), device=device)).numpy(),
                                    k + np.exp2((base + 1) * 2), rtol=1e-6)
     assert f.captured is not None and f.captured.kept == [] and f.captured.kernel_count == 1
+
+
+def test_a_replay_of_another_jit_writing_the_source_makes_the_replay_capture_again(device):
+    """A replay runs no schedule, so it cannot make the results computed from what it overwrites forgotten: a
+    jit that reads one notices the other's writes before its own replay, and captures again."""
+    w = Tensor(np.arange(3, dtype=np.float32), device=device).realize()
+    update = TinyJit(lambda d: w.assign(w + d).realize())
+    for _ in range(3):  # captured: later calls replay
+        update(Tensor(np.ones(3, np.float32), device=device))
+    w2 = (w * 0.5).exp2()
+    (w * 0.5).exp2().realize()  # a twin: w2's node now reads a buffer
+    evaluate = TinyJit(lambda x: (x + w2).realize())
+    for k in range(3):
+        np.testing.assert_allclose(evaluate(Tensor(np.full(3, k, np.float32), device=device)).numpy(),
+                                   k + np.exp2((np.arange(3) + 3) * 0.5), rtol=1e-6)
+    assert evaluate.captured is not None and len(evaluate.captured.kept) == 1
+    update(Tensor(np.ones(3, np.float32), device=device))  # a replay: w is 4, 5, 6 now
+    for k in range(3):
+        np.testing.assert_allclose(evaluate(Tensor(np.full(3, k, np.float32), device=device)).numpy(),
+                                   k + np.exp2((np.arange(3) + 4) * 0.5), rtol=1e-6)
+    assert evaluate.captured is not None and evaluate.captured.kept == []

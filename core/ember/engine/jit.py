@@ -12,6 +12,10 @@ it returns (the jit realizes returned tensors for it), and take the same non-ten
 every call. Random numbers drawn inside are the exception: their key and counter words are
 uploaded again before every replay, so each replay draws what an eager call would have drawn.
 
+Results remembered from the first call that no replay can change (weights initialized lazily, drawn
+then) are read by the capture, not recorded: replays run only what a model with realized weights runs
+(:meth:`TinyJit._capture` says when a result counts as unchangeable, and what happens when it is not).
+
 A memory planner lets intermediate buffers whose lifetimes in the recorded sequence do not
 overlap share one allocation (:func:`plan_memory`).
 
@@ -202,6 +206,18 @@ def _tensors_in(ret: Any) -> list[Any]:
 
 # --- remembered results a capture may keep -----------------------------------------------------------
 
+#: how many times jit replays wrote each buffer (by id): a replay runs no schedule, so it cannot make remembered
+#: results computed from what it overwrote forgotten the way an eager assign does; captures that read remembered
+#: results compare these counts instead
+_replay_writes: dict[int, int] = {}
+
+
+def _read_buffers(node: UOp) -> list[Buffer]:
+    """The buffers a tensor-graph node is computed from."""
+    return [buffers[u] for u in toposort([node], stop=lambda n: n.op is Ops.BUFFER)
+            if u.op is Ops.BUFFER and u in buffers]
+
+
 def _buffer_ids_of(view: UOp) -> set[int]:
     """Ids of the buffers a remembered result lives in (one, or one per shard)."""
     return {id(buffers[u]) for u in toposort([view], stop=lambda n: n.op is Ops.BUFFER)
@@ -319,6 +335,8 @@ class CapturedJit:
     buffers_before_planning: int = 0
     #: remembered results (node, buffer view) the recorded kernels read instead of computing them again
     kept: list[tuple[UOp, UOp]] = field(default_factory=list)
+    #: (buffer id, replay writes seen at capture) of every buffer the ``kept`` results are computed from
+    kept_reads: list[tuple[int, int]] = field(default_factory=list)
     runs: list[ExecItem] = field(default_factory=list)
     _graph_of: dict[int, tuple[GraphRunner, int]] = field(default_factory=dict)
     #: the tiered-compilation generation the graphs were built at (:mod:`ember.engine.tiers`)
@@ -337,9 +355,11 @@ class CapturedJit:
         self._build_runs()
 
     def results_still_remembered(self) -> bool:
-        """Whether every remembered result the kernels read still holds its value: an assign outside the
-        function into a buffer one was computed from makes it forgotten (and an eager call compute it afresh)."""
-        return all(realized.get(node) is view for node, view in self.kept)
+        """Whether every remembered result the kernels read still holds its value: an eager assign into a buffer
+        one was computed from makes it forgotten (an eager call computes it afresh), a replay of another jit
+        writing that buffer counts in ``_replay_writes``."""
+        return (all(realized.get(node) is view for node, view in self.kept)
+                and all(_replay_writes.get(i, 0) == n for i, n in self.kept_reads))
 
     def distinct_buffers(self) -> int:
         """How many distinct buffers the recorded kernels use (after planning)."""
@@ -410,6 +430,9 @@ class CapturedJit:
         for ei in self.runs:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
             total += et or 0.0
+        for ei in self.exec_items:
+            if ei.bufs:
+                _replay_writes[id(ei.bufs[0])] = _replay_writes.get(id(ei.bufs[0]), 0) + 1
         GlobalCounters.kernel_count += self.kernel_count
         GlobalCounters.global_ops += self._ops
         GlobalCounters.global_mem += self._mem
@@ -541,7 +564,9 @@ class TinyJit(Generic[R]):
                 for i, ib in enumerate(in_bufs):
                     if b is ib:
                         slots[i].append((j, k))
-        self.captured = CapturedJit(items, list(in_bufs), slots, upload_bufs, ret, sig, n_before, kept)
+        kept_reads = {id(b): _replay_writes.get(id(b), 0) for n, _ in kept for b in _read_buffers(n)}
+        self.captured = CapturedJit(items, list(in_bufs), slots, upload_bufs, ret, sig, n_before, kept,
+                                    list(kept_reads.items()))
         if DEBUG >= 1:
             print(f"jit captured {self.captured.kernel_count} kernels, {len(self.captured.runs)} launches, "
                   f"{self.captured.distinct_buffers()} buffers (of {n_before} before planning), "
