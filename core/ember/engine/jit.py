@@ -212,6 +212,11 @@ def _tensors_in(ret: Any) -> list[Any]:
 _replay_writes: dict[int, int] = {}
 
 
+def _written_by(ei: ExecItem) -> list[Buffer]:
+    """The buffers an item writes: its first (a collective: one per device)."""
+    return ei.bufs[:getattr(ei.prg, "n_outputs", 1)]
+
+
 def _read_buffers(node: UOp) -> list[Buffer]:
     """The buffers a tensor-graph node is computed from."""
     return [buffers[u] for u in toposort([node], stop=lambda n: n.op is Ops.BUFFER)
@@ -431,8 +436,8 @@ class CapturedJit:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
             total += et or 0.0
         for ei in self.exec_items:
-            if ei.bufs:
-                _replay_writes[id(ei.bufs[0])] = _replay_writes.get(id(ei.bufs[0]), 0) + 1
+            for b in _written_by(ei):
+                _replay_writes[id(b)] = _replay_writes.get(id(b), 0) + 1
         GlobalCounters.kernel_count += self.kernel_count
         GlobalCounters.global_ops += self._ops
         GlobalCounters.global_mem += self._mem
@@ -531,8 +536,8 @@ class TinyJit(Generic[R]):
         kept: list[tuple[UOp, UOp]] = []
         if before:
             swapped = in_ids | {id(b) for b, _ in upload_bufs}
-            stale = _stale_results(before, swapped | {id(ei.bufs[0]) for ei in recorded if ei.bufs}, swapped,
-                                   bool(var_vals))
+            written = {id(b) for ei in recorded for b in _written_by(ei)}
+            stale = _stale_results(before, swapped | written, swapped, bool(var_vals))
             for node, view in before:
                 if node in stale and realized.get(node) is view:
                     realized.pop(node, None)
