@@ -435,9 +435,8 @@ class CapturedJit:
         for ei in self.runs:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
             total += et or 0.0
-        for ei in self.exec_items:
-            for b in _written_by(ei):
-                _replay_writes[id(b)] = _replay_writes.get(id(b), 0) + 1
+        for b in [b for ei in self.exec_items for b in _written_by(ei)] + [b for b, _ in self.uploads]:
+            _replay_writes[id(b)] = _replay_writes.get(id(b), 0) + 1
         GlobalCounters.kernel_count += self.kernel_count
         GlobalCounters.global_ops += self._ops
         GlobalCounters.global_mem += self._mem
