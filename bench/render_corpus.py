@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", required=True, help="file the sources are written to")
     ap.add_argument("-r", "--renderers", default="cpu,cl", help=f"comma-separated, of {', '.join(RENDERERS)}")
     ap.add_argument("-n", "--limit", type=int, default=0, help="only the first N kernels of each folder")
+    ap.add_argument("--opts", action="store_true", help="write each kernel's chosen opts above its source")
     args = ap.parse_args(argv)
     asts = []
     for folder in args.corpus:
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             start, digest = time.perf_counter(), hashlib.sha256()
             for i, ast in enumerate(asts):
                 try:
-                    text = get_program(ast, renderer, f"k{i}").src
+                    spec = get_program(ast, renderer, f"k{i}")
+                    text = f"opts {list(spec.opts)}\n{spec.src}" if args.opts else spec.src
                 except Exception as e:  # noqa: BLE001 - an error is an output too: it must stay the same
                     text = f"ERROR {type(e).__name__}: {e}"
                 out.write(f"### {key} {i}\n{text}\n")

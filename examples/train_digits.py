@@ -2,6 +2,7 @@
 
     python examples/train_digits.py                      # train, save a checkpoint
     python examples/train_digits.py --epochs 12 --resume # continue from the checkpoint up to epoch 12
+    python -m ember.distributed.run -n 2 examples/train_digits.py --distributed   # 2 ranks, batch 32 each
 
 The data are scikit-learn's bundled digits (read straight from its package data; 1,437 train
 and 360 test images). Everything runs on the default device. Given ``--seed`` the run is
@@ -15,6 +16,7 @@ import os
 import pathlib
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop after epoch N of --epochs (the checkpoint lets --resume finish the same run)")
     p.add_argument("--no-save", action="store_true", help="do not write a checkpoint")
     p.add_argument("--profile", action="store_true", help="print a cProfile summary of the training loop")
+    p.add_argument("--distributed", action="store_true",
+                   help="data parallel over the launcher's ranks: --batch-size is split over them, gradients are "
+                        "averaged (ember.distributed); rank 0 prints and saves")
     return p.parse_args(argv)
 
 
@@ -102,6 +107,19 @@ def train(args: argparse.Namespace) -> float:
     model = DigitsCNN()
     opt = Adam(get_parameters(model), lr=args.lr)  # BatchNorm statistics become buffers, not trained
     sched = OneCycleLR(opt, max_lr=args.lr, total_steps=args.epochs * steps_per_epoch, pct_start=0.25)
+    step_opt: Any = opt
+    rank, world, local_batch = 0, 1, args.batch_size
+    if args.distributed:
+        import ember.distributed as dist
+
+        dist.init()
+        rank, world = dist.rank(), dist.world_size()
+        if args.batch_size % world:
+            sys.exit(f"--batch-size {args.batch_size} does not split over {world} ranks")
+        local_batch = args.batch_size // world
+        # rank 0's weights everywhere; each step averages the ranks' gradients (BatchNorm statistics stay per rank)
+        step_opt = dist.DataParallel(opt)
+        args.no_save = args.no_save or rank != 0
 
     start_epoch = 0
     if args.resume:
@@ -113,10 +131,10 @@ def train(args: argparse.Namespace) -> float:
     @TinyJit
     def train_step(x: Tensor, y: Tensor) -> Tensor:
         """Forward, backward and update as one schedule; from the third call on, a replay of its kernels."""
-        opt.zero_grad()
+        step_opt.zero_grad()
         loss = model(x).sparse_categorical_crossentropy(y)
         loss.backward()
-        Tensor.realize_all(loss, *opt.schedule_step())
+        Tensor.realize_all(loss, *step_opt.schedule_step())
         return loss
 
     print(f"device {Device.DEFAULT}: {len(y_np)} train / {y_test.shape[0]} test images, batch {args.batch_size}, "
@@ -134,7 +152,7 @@ def train(args: argparse.Namespace) -> float:
             bar = progress(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{args.epochs}", unit="step", leave=True)
             for i in bar:
                 st = time.perf_counter()
-                idx = order[i * args.batch_size:(i + 1) * args.batch_size]
+                idx = order[i * args.batch_size:(i + 1) * args.batch_size][rank * local_batch:(rank + 1) * local_batch]
                 loss = train_step(Tensor(x_np[idx]), Tensor(y_np[idx]))
                 sched.step()
                 losses.append(float(loss.item()))  # already computed: a copy, not a sync point

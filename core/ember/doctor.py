@@ -54,6 +54,19 @@ def smoke_test(device: str) -> str | None:
     return None
 
 
+def distributed_report() -> list[str]:
+    """One line per communication backend: its name, where it comes from, and whether it is usable here."""
+    try:
+        from ember.distributed.backend import backends
+    except Exception as e:
+        return [f"cannot list: {type(e).__name__}: {e}"]
+    lines = []
+    for name, info in sorted(backends().items()):
+        reason = info.probe()
+        lines.append(f"{name:<8} {info.origin:<28} {'usable' if reason is None else 'unusable: ' + reason}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the report (probing in a child process, see the module docstring); return the exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -123,6 +136,10 @@ def report() -> int:
             error = f"{type(failure.error).__name__}: {failure.error}"
             print(f"  {failure.origin.name.upper():<8} {failure.origin.label:<28} priority {'?':>4}  "
                   f"broken ({failure.stage}): {error}")
+
+    print("\ndistributed backends (ember.distributed):")
+    for line in distributed_report():
+        print(f"  {line}")
 
     crashed = Device.unsafe_plugins()
     if crashed:

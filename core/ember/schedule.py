@@ -391,10 +391,11 @@ def _targets(roots: list[UOp], shared: set[UOp] | None = None) -> list[UOp]:
             continue
         targets.add(r if b.op in (Ops.CONST, Ops.DEVICE) else b)
     for n in nodes:
-        if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN):
+        if n.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.ALLREDUCE):
             targets.add(n)
-        if n.op is Ops.COPY:
-            src = n.src[0]
+        if n.op is Ops.ALLREDUCE:  # a collective combines whole stored partials (ember.ir.multi makes them so)
+            targets.update(b for b in map(base_of, n.src[:-1]) if b.op is not Ops.BUFFER)
+        for src in n.src[:-1] if n.op is Ops.COPY else ():  # (a gathering copy has several sources)
             sb = base_of(src)
             # a copy moves a contiguous range of a buffer: materialize any other source first (a range of a node
             # that is stored anyway is read where it is stored)
@@ -696,19 +697,27 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     for t in targets:
         # a symbolic size: the buffer holds the largest the variables allow
         size = sint_max(sprod(shape_of(t)))
+        if t.op is Ops.ALLREDUCE:
+            if t not in target_bufs:  # the first of its group: one item for all of them
+                items.append(_collective_item(t, size, target_bufs))
+            continue
         if t.op is Ops.COPY:
-            src = t.src[0]
-            sb = base_of(src)
-            src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
-            # the first element copied: where a view of a stored node starts in its buffer
-            offset = 0 if src in target_bufs else _copy_offset(src, sb)
-            assert offset is not None, "a copy's source must be a contiguous range of a buffer"
             out = new_buffer(device_of(t), size, t.value_dtype)
             target_bufs[t] = out
-            if size:
-                reads = {n for n in (src, sb) if (n in target_bufs and n is not t) or n.op is Ops.BUFFER}
-                items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), (size, offset)),
-                                              (buffers[out], buffers[src_buf])), reads))
+            into = 0  # a gathering copy places its sources one after another
+            for src in t.src[:-1]:
+                sb = base_of(src)
+                src_buf = target_bufs.get(src) or target_bufs.get(sb) or sb
+                # the first element copied: where a view of a stored node starts in its buffer
+                offset = 0 if src in target_bufs else _copy_offset(src, sb)
+                assert offset is not None, "a copy's source must be a contiguous range of a buffer"
+                n = size if len(t.src) == 2 else sint_max(sprod(shape_of(src)))
+                if n:
+                    reads = {r for r in (src, sb) if (r in target_bufs and r is not t) or r.op is Ops.BUFFER}
+                    arg = (n, offset) if len(t.src) == 2 else (n, offset, into)
+                    items.append((t, ScheduleItem(UOp(Ops.COPY, t.dtype, (), arg),
+                                                  (buffers[out], buffers[src_buf])), reads))
+                into += n
             continue
         out = base_of(t.src[0]) if t.op is Ops.ASSIGN else new_buffer(device_of(t), size, t.value_dtype)
         target_bufs[t] = out
@@ -725,6 +734,20 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     for orig, new in zip(roots, new_roots):
         becomes[orig] = _replacement(new, target_bufs)
     return schedule, becomes
+
+
+def _collective_item(t: UOp, size: int, target_bufs: dict[UOp, UOp]) -> tuple[UOp, ScheduleItem, set[UOp]]:
+    """The one item of the native allreduce ``t`` belongs to (``t`` is the result on one device of its group):
+    a buffer for the result on every device of the group (its nodes made here), then the partials it reads."""
+    parts, (op, _) = t.src[:-1], t.arg
+    group = [UOp(Ops.ALLREDUCE, t.dtype, parts + (UOp(Ops.DEVICE, None, (), device_of(p)),), (op, j))
+             for j, p in enumerate(parts)]
+    for g in group:
+        target_bufs[g] = new_buffer(device_of(g), size, t.value_dtype)
+    srcs = [target_bufs.get(p) or target_bufs.get(base_of(p)) or base_of(p) for p in parts]
+    reads = {n for p in parts for n in (p, base_of(p)) if n in target_bufs or n.op is Ops.BUFFER}
+    bufs = tuple(buffers[target_bufs[g]] for g in group) + tuple(buffers[b] for b in srcs)
+    return t, ScheduleItem(UOp(Ops.ALLREDUCE, t.dtype, (), (op, len(parts))), bufs), reads
 
 
 def _schedule_multi(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:

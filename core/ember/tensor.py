@@ -333,8 +333,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ArithmeticMixin, ComparisonMixin, 
     def data(self) -> memoryview:
         return memoryview(self.numpy())
 
-    def to(self, device: str | None) -> Tensor:
-        """This tensor on ``device`` (a lazy copy; the same tensor when already there)."""
+    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+        """This tensor on ``device`` (a lazy copy; the same tensor when already there); a tuple of devices
+        shards or replicates it (see :meth:`shard`)."""
         dev = _device(device)
         if dev == self.device:
             return self

@@ -156,7 +156,7 @@ def test_conv2d_backward_kernels(device):
         assert GlobalCounters.kernel_count == 1
 
 
-#: inputs large enough (PAD_COPY_MIN) that the weight gradient reads a channels-last copy of the input; the
+#: inputs large enough (CPU: conv_pad_copy_min) that the weight gradient reads a channels-last copy of the input; the
 #: first one's weight gradient sums 8 * 64 * 64 = SPLIT_REDUCE_RATIO products per weight, so the scheduler splits
 #: it over the batch
 LARGE_CONV_CASES = [
@@ -171,9 +171,10 @@ LARGE_CONV_CASES = [
 def test_large_conv2d_gradients(xs, ws, kw):
     """Both gradients of convolutions over large inputs (padded, unpadded, grouped, strided, dilated) with a
     random output gradient equal torch's (CPU only: the PYTHON device takes minutes at these sizes)."""
-    from ember.frontend.conv import PAD_COPY_MIN
+    from ember.device import Device
 
-    assert np.prod(xs) >= PAD_COPY_MIN
+    least = Device["CPU"].renderer.conv_pad_copy_min
+    assert least is not None and np.prod(xs) >= least
     compare("CPU", lambda x, w: x.conv2d(w, **kw), lambda x, w: F.conv2d(x, w, **kw), [q(*xs), q(*ws)])
 
 

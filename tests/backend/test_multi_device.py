@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember import Device, Tensor, TinyJit, nn
+from ember import Context, Device, Tensor, TinyJit, nn
 from ember.engine.realize import run_schedule
 from ember.ir.lazy import buffers, device_of
 from ember.ir.multi import ShardingError, lower
@@ -96,13 +96,19 @@ def test_elementwise_matching_shardings(devs):
     np.testing.assert_array_equal((sa > 0).where(sa, 0.0).numpy(), np.where(a > 0, a, 0))
 
 
-def test_mismatched_shardings_name_both():
-    a = Tensor(_data(4, 4)).shard(D2, axis=0)
-    b = Tensor(_data(4, 4)).shard(D2, axis=1)
-    with pytest.raises(ShardingError, match=r"sharded on axis 0 over \(CPU, CPU:1\).*sharded on axis 1"):
-        a + b
+def test_differently_sharded_operands_are_resharded():
+    """tinygrad 0.14 reshards rather than refuses: x0 + x1 is sharded on axis 1, x1 + x0 on axis 0 (the last of the
+    distinct axes in operand order), and the values are the single-device ones."""
+    a, b = _data(4, 6, seed=1), _data(4, 6, seed=2)
+    x0, x1 = Tensor(a).shard(D2, axis=0), Tensor(b).shard(D2, axis=1)
+    for got, axis, want in [(x0 + x1, 1, a + b), (x1 + x0, 0, b + a), (x0 + x1 + x0, 0, a + b + a),
+                            ((x0 > 0).where(x1, x0), 1, np.where(a > 0, b, a))]:
+        assert _axis(got) == axis
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+    with pytest.raises(RuntimeError, match=r"same device.*\('CPU', 'CPU:1'\) and \('CPU:2', 'CPU:3'\)"):
+        x0 + Tensor(b).shard(("CPU:2", "CPU:3"), axis=0)  # tinygrad 0.14: RuntimeError "must have the same device"
     with pytest.raises(RuntimeError, match="same device"):
-        a + Tensor(_data(4, 4))
+        x0 + Tensor(_data(4, 6))
 
 
 # --- reductions --------------------------------------------------------------------------------------------
@@ -127,8 +133,9 @@ def test_reduce_along_sharded_axis_allreduces(devs, axis):
 
 def test_allreduce_is_copies_and_kernels_and_replicas_match():
     s = Tensor(_data(8, 3)).shard(D2, axis=0).realize()
-    total = s.sum(0)
-    items = total.schedule()
+    with Context(NATIVE_ALLREDUCE=0):  # (CPU devices would use their native collective)
+        total = s.sum(0)
+        items = total.schedule()
     copies = [si for si in items if si.ast.op is Ops.COPY]
     assert len(copies) == 2  # the partial sum to the first device, the total back to the second
     assert {b.device for si in items for b in si.bufs} == {"CPU", "CPU:1"}
@@ -169,8 +176,10 @@ def test_movement_keeping_the_sharded_axis(devs, move):
     (lambda t: t[::-1], "flip"),
 ])
 def test_movement_across_the_sharded_axis_is_refused(move, name):
+    # tinygrad 0.14 refuses these too: RuntimeError "reshape (4, 6) -> (3, 8) moved items between shards",
+    # "flipping not supported on sharded axis 0", AssertionError "padding not supported"
     s = Tensor(_data(4, 6)).shard(D2, axis=0)
-    with pytest.raises(NotImplementedError, match=rf"{name}.*shape \(4, 6\) sharded on axis 0 over \(CPU, CPU:1\)"):
+    with pytest.raises(ShardingError, match=rf"{name}.*shape \(4, 6\) sharded on axis 0 over \(CPU, CPU:1\)"):
         move(s)
 
 
@@ -316,17 +325,21 @@ D4 = ("CPU:0", "CPU:1", "CPU:2", "CPU:3")
 
 
 @pytest.mark.parametrize("shape, axis, n_copies", [
-    ((8, 5), 0, 18),   # 5 results in chunks of 2, 2, 1: each goes 3 hops around the ring, then to 3 other devices
-    ((4, 12), 1, 24),  # 4 chunks of 1
+    ((8, 5), 0, 21),   # 5 results in chunks of 2, 2, 1: each goes 3 hops around the ring, then into place on all 4
+    ((4, 12), 1, 28),  # 4 chunks of 1
     ((8, 2), 0, 6),    # fewer results than devices: reduced onto the first device (3 copies), broadcast (3)
 ])
 def test_ring_allreduce_on_four_devices(shape, axis, n_copies):
     a = _data(*shape, seed=9)
     s = Tensor(a).shard(D4, axis=axis).realize()
-    total = s.sum(axis)
-    copies = [si for si in total.schedule() if si.ast.op is Ops.COPY]
-    assert len(copies) == n_copies
-    for got, want in [(total, a.sum(axis)), (s.max(axis), a.max(axis)), ((-s).max(axis), (-a).max(axis))]:
+    with Context(NATIVE_ALLREDUCE=0):
+        total = s.sum(axis)
+        copies = [si for si in total.schedule() if si.ast.op is Ops.COPY]
+        assert len(copies) == n_copies
+        maxes = (s.max(axis), (-s).max(axis))
+        for m in maxes:
+            lower(m.lazydata)  # lowered (the ring chosen) under the context
+    for got, want in [(total, a.sum(axis)), (maxes[0], a.max(axis)), (maxes[1], (-a).max(axis))]:
         got.realize()
         shards = [Tensor(x).numpy() for x in got.lazydata.src]
         assert all(np.array_equal(shards[0], x) for x in shards[1:]), "every replica holds the same bits"
@@ -418,12 +431,45 @@ def test_copy_of_a_contiguous_range_reads_the_buffer_in_place(dest):
 
 def test_ring_hops_copy_chunks_out_of_the_partials():
     """The ring's first hop of every chunk copies it straight from the partial result's buffer: no kernel
-    stores a chunk only to be copied, so a sum of realized one-row shards is copies plus one add per hop and one
-    join per device."""
+    stores a chunk only to be copied; the allgather copies every chunk into its place in each device's result
+    (a gathering copy: no kernel joins them). So a sum of realized one-row shards is copies plus one add per
+    hop."""
     a = _data(4, 8, seed=22)
     s = Tensor(a).shard(D4, axis=0).realize()
-    items = s.sum(0).schedule()
+    with Context(NATIVE_ALLREDUCE=0):
+        total = s.sum(0)
+        items = total.schedule()
     copies = [si for si in items if si.ast.op is Ops.COPY]
-    assert sorted({si.ast.arg[1] for si in copies}) == [0, 2, 4, 6]  # the first hops start inside the partials
-    assert len(items) - len(copies) == 4 * 3 + 4  # an add on each of the 3 later devices per chunk, 4 joins
-    np.testing.assert_allclose(s.sum(0).numpy(), a.sum(0), rtol=1e-5, atol=1e-6)
+    hops = [si for si in copies if len(si.ast.arg) == 2]
+    assert sorted({si.ast.arg[1] for si in hops}) == [0, 2, 4, 6]  # the first hops start inside the partials
+    placed = sorted((si.bufs[0].device, si.ast.arg[2]) for si in copies if len(si.ast.arg) == 3)
+    assert placed == sorted((d, off) for d in ("CPU", "CPU:1", "CPU:2", "CPU:3") for off in (0, 2, 4, 6))
+    assert len(items) - len(copies) == 4 * 3  # an add on each of the 3 later devices per chunk, no joins
+    np.testing.assert_allclose(total.numpy(), a.sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_copy_into_a_range_without_offset_views_patches_through_the_host():
+    """A gathering copy's piece lands in a range of its destination through the allocator's offset view; an
+    allocator that cannot make one for that range has the destination patched through host memory."""
+    from ember.device.buffer import Buffer
+    from ember.dtype import dtypes
+    from ember.engine.realize import BufferCopy
+
+    dest, src = Buffer("CPU:1", 6, dtypes.float32).allocate(), Buffer("CPU", 4, dtypes.float32).allocate()
+    dest.copyin(memoryview(np.zeros(6, np.float32)).cast("B"))
+    src.copyin(memoryview(np.arange(4, dtype=np.float32)).cast("B"))
+    BufferCopy(8, "CPU:1", "CPU", 4, 12)([dest, src])
+    np.testing.assert_array_equal(np.frombuffer(dest.as_bytes(), np.float32), [0, 0, 0, 1, 2, 0])
+    real = dest.allocator.offset
+
+    def refuse(*args):
+        raise NotImplementedError("no views here")
+
+    dest.allocator.offset = refuse
+    try:
+        BufferCopy(4, "CPU:1", "CPU", 12, 0)([dest, src])
+    finally:
+        dest.allocator.offset = real
+    np.testing.assert_array_equal(np.frombuffer(dest.as_bytes(), np.float32), [3, 0, 0, 1, 2, 0])
+    with pytest.raises(ValueError, match="to offset 16 of a 24-byte buffer"):
+        BufferCopy(12, "CPU:1", "CPU", 0, 16)([dest, src])

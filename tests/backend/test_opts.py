@@ -270,7 +270,8 @@ def test_column_max_tile_is_a_vectorized_array_and_keeps_nan(dtype: type):
 def test_broadcast_axes_are_computed_once():
     """An output axis the stored value does not depend on (a reduction of a tensor expanded along it) is found,
     and the heuristic puts all of it in the register tile: the result still matches numpy."""
-    from ember.codegen.heuristic import broadcast_axes, heuristic_opts
+    from ember.codegen.access import broadcast_axes
+    from ember.codegen.heuristic import heuristic_opts
 
     x = randf(6, 16)
     t = Tensor(x, device="CPU").realize()
@@ -331,7 +332,8 @@ def test_weight_gradient_tile_rows_are_output_channels():
 def test_broadcast_axis_narrows_the_tile_row():
     """With a constant output gradient (``out.sum()``) the weight gradient is the same for every output channel:
     the tile takes the whole output-channel axis, narrowing its row of 64 input channels to fit."""
-    from ember.codegen.heuristic import broadcast_axes, heuristic_opts
+    from ember.codegen.access import broadcast_axes
+    from ember.codegen.heuristic import heuristic_opts
     from ember.codegen.opts import MAX_UPCAST
 
     torch = pytest.importorskip("torch")
@@ -365,15 +367,15 @@ def test_inner_reduce_loop_of_a_multi_axis_reduction_vectorizes():
 
 
 def test_large_column_sum_gets_a_wide_row():
-    """A column sum of 2048^2 (past WIDE_SUM_MIN_WORK) may take a row wider than the register file; whatever the
+    """A column sum of 2048^2 (past wide_sum_min_work) may take a row wider than the register file; whatever the
     heuristic picks, and the widest such row, match numpy."""
-    from ember.codegen.heuristic import WIDE_SUM_MIN_WORK, heuristic_opts
+    from ember.codegen.heuristic import heuristic_opts
     from ember.codegen.opts import MAX_UPCAST
 
     x = randf(2048, 2048)
-    assert x.size >= WIDE_SUM_MIN_WORK
-    si = last_kernel(Tensor(x, device="CPU").realize().sum(0))
     renderer = Device["CPU"].renderer
+    assert x.size >= renderer.wide_sum_min_work
+    si = last_kernel(Tensor(x, device="CPU").realize().sum(0))
     opts = heuristic_opts(si.ast, renderer)
     assert len(opts) == 1 and opts[0].op == "UPCAST" and opts[0].arg <= MAX_UPCAST // 4, opts
     if renderer.parallel_threads <= 4:
@@ -402,14 +404,14 @@ def test_transposing_copy_gets_a_tile():
     """An elementwise kernel reading its input across the axis it stores along (a transposing copy, and a
     transposed view of a computed relu) gets a register tile of both axes on a loop target, so loads and stores
     both run along rows; one that reads as it stores gets none. Each matches numpy."""
-    from ember.codegen.heuristic import TRANSPOSE_MIN_SIZE, TRANSPOSE_TILE, heuristic_opts
+    from ember.codegen.heuristic import heuristic_opts
 
     renderer = Device["CPU"].renderer
     x, w = randf(128, 256), randf(256, 192)
-    assert x.size >= TRANSPOSE_MIN_SIZE
+    assert x.size >= renderer.transpose_min_size
     tx, tw = Tensor(x, device="CPU").realize(), Tensor(w, device="CPU").realize()
     # the output's axis 0 runs along the input's rows, axis 1 is stored contiguously
-    tile = [Opt("UPCAST", 0, TRANSPOSE_TILE[0]), Opt("UPCAST", 1, TRANSPOSE_TILE[1])]
+    tile = [Opt("UPCAST", 0, renderer.transpose_tile[0]), Opt("UPCAST", 1, renderer.transpose_tile[1])]
     si = last_kernel(tx.T.contiguous())
     opts = heuristic_opts(si.ast, renderer)
     assert opts == tile, opts
@@ -427,8 +429,9 @@ def test_transposing_copy_of_a_costly_value_stays_untiled():
     """A random tensor's kernel reads its bits across the axis it stores along, and computes their hash (integer
     work) per element: tiled, gcc would build dozens of copies of that hash (1.3 s for 256 x 784), so the kernel
     keeps its plain loops."""
-    from ember.codegen.heuristic import _elementwise_loads, heuristic_opts
+    from ember.codegen.access import elementwise_loads
+    from ember.codegen.heuristic import heuristic_opts
 
     si = last_kernel(Tensor.randn(256, 784, device="CPU"))
-    assert _elementwise_loads(si.ast)[1] > 100
+    assert elementwise_loads(si.ast)[1] > 100
     assert heuristic_opts(si.ast, Device["CPU"].renderer) == []

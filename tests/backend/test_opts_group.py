@@ -15,7 +15,8 @@ from ember import Device, Tensor
 from ember.builtin_devices.python import PythonCompiler, PythonProgram
 from ember.codegen import get_program
 from ember.codegen.cachekey import lowering_key
-from ember.codegen.opts import Opt, OptError, apply_opts, heuristic_opts, kernel_shape
+from ember.codegen.heuristic import heuristic_opts
+from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
 from ember.ir.uop import Ops
 from ember.renderer import Renderer
 

@@ -11,7 +11,8 @@ from test_opts import last_kernel, randf, run_opts
 
 from ember import Device, Tensor, dtypes
 from ember.codegen import get_program
-from ember.codegen.opts import Opt, OptError, apply_opts, heuristic_opts
+from ember.codegen.heuristic import heuristic_opts
+from ember.codegen.opts import Opt, OptError, apply_opts
 from ember.helpers import Context
 from ember.ir.uop import Ops
 from ember.renderer import Renderer, TensorCore

@@ -267,10 +267,12 @@ def test_large_matmul_layouts(check, layout):
     """A large product in each layout matches numpy. Operands both contiguous along k (a @ b.T) or both along
     their output axes (a.T @ b, with a long k and many outputs) are computed with one of them copied into another
     layout first: one more kernel; the other two layouts are one kernel."""
-    from ember.frontend.linalg import COPY_MIN_K_ACROSS, COPY_MIN_MACS, COPY_MIN_OUTPUTS_ACROSS
+    from ember.device import Device
 
+    policy = Device["CPU"].renderer
     n, k, m = LARGE_NKM
-    assert n * k * m >= COPY_MIN_MACS and k >= COPY_MIN_K_ACROSS and n * m >= COPY_MIN_OUTPUTS_ACROSS
+    assert policy.matmul_copy_min_macs is not None and n * k * m >= policy.matmul_copy_min_macs
+    assert k >= policy.matmul_copy_min_k_across and n * m >= policy.matmul_copy_min_outputs_across
     sa, sb, f = LAYOUTS[layout]
     a, b = randf(*sa), randf(*sb)
     out = f(Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize())
@@ -280,7 +282,7 @@ def test_large_matmul_layouts(check, layout):
 
 
 def test_small_or_broadcast_matmuls_are_not_copied(check):
-    """A product below COPY_MIN_MACS, one with a short output dim, and one whose operand is a broadcast view (a
+    """A product below matmul_copy_min_macs, one with a short output dim, and one whose operand is a broadcast view (a
     copy would store every repeat) stay one kernel, and match numpy."""
     a, b = randf(48, 64), randf(40, 64)
     ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()

@@ -203,6 +203,37 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Path, monkeypatch: pytest
     assert fetch(str(served / "w.gz")) == served / "w.gz"  # a local path is returned as it is
 
 
+def test_tensor_from_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    served = tmp_path / "served"
+    served.mkdir()
+    raw = np.array([1.5, -2.0, 3.25], np.float32).tobytes() + b"\x07"  # 13 bytes: 3 floats and one byte over
+    (served / "h.bin").write_bytes(raw)
+    (served / "h.gz").write_bytes(gzip.compress(raw, mtime=0))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        t = Tensor.from_url(f"{base}/h.bin", device=device)
+        # tinygrad 0.14 gives dtypes.uchar (13,) [0, 0, 192, 63, 0, 0, 0, 192, 0, 0, 80, 64, 7]
+        assert t.dtype == dtypes.uint8 and t.shape == (13,) and t.device == device
+        assert t.tolist() == [0, 0, 192, 63, 0, 0, 0, 192, 0, 0, 80, 64, 7]
+        (served / "h.bin").unlink()  # cached: the second call does not ask the server
+        f = Tensor.from_url(f"{base}/h.bin", dtype=dtypes.float32, device=device)
+        assert f.dtype == dtypes.float32 and f.tolist() == [1.5, -2.0, 3.25]  # tinygrad 0.14: (3,), the 7 dropped
+        h = Tensor.from_url(f"{base}/h.gz", gunzip=True, dtype="float16", device=device)
+        assert h.dtype == dtypes.float16 and h.tolist() == [0.0, 1.9375, 0.0, -2.0, 0.0, 2.15625]  # tinygrad 0.14
+        with pytest.raises(ConnectionError, match="put the file at"):
+            Tensor.from_url(f"{base}/missing.bin")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert Tensor.from_url(str(served / "h.gz"), device=device).shape == (len(gzip.compress(raw, mtime=0)),)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        Tensor.from_url(str(served / "h.gz"), requires_grad=True)
+
+
 # --- markers and capabilities ----------------------------------------------------------------------------------
 def test_is_param_marks_buffers(device):
     w, stat = Tensor.ones(3, device=device), Tensor.zeros(3, device=device).is_param_(False)

@@ -163,10 +163,44 @@ def test_cifar(tmp_path: Path, layout: str) -> None:
             (folder / name).write_bytes(raw)
         target = folder if layout == "folder" else tmp_path
     x_train, y_train, x_test, y_test = datasets.cifar(path=target)
-    assert x_train.shape == (10, 3, 32, 32) and x_train.dtype == dtypes.uint8 and y_train.dtype == dtypes.int64
-    assert x_test.shape == (2, 3, 32, 32)
+    # tinygrad 0.14 gives uint8 labels (the label byte of each record of the binary version)
+    assert x_train.shape == (10, 3, 32, 32) and x_train.dtype == dtypes.uint8 and y_train.dtype == dtypes.uint8
+    assert x_test.shape == (2, 3, 32, 32) and y_test.dtype == dtypes.uint8 and y_train.shape == (10,)
     np.testing.assert_array_equal(x_train.numpy()[:2].reshape(2, -1), blobs["data_batch_1"][1])
+    np.testing.assert_array_equal(y_train.numpy()[8:], blobs["data_batch_5"][2])
     np.testing.assert_array_equal(y_test.numpy(), blobs["test_batch"][2])
+
+
+@pytest.mark.parametrize("layout", ["folder", "archive"])
+def test_cifar_binary_version(tmp_path: Path, layout: str) -> None:
+    """The binary version (what tinygrad downloads): records of a label byte and 3072 pixel bytes."""
+    rng = np.random.default_rng(0)
+    records = {f"{b}.bin": rng.integers(0, 256, (3, 3073)).astype(np.uint8) for b in datasets.CIFAR_BATCHES}
+    for r in records.values():
+        r[:, 0] %= 10
+    if layout == "archive":
+        target = tmp_path / datasets.CIFAR_BIN_ARCHIVE
+        with tarfile.open(target, "w:gz") as tar:
+            for name in reversed(list(records)):  # the archive's order is not the batches' order
+                info = tarfile.TarInfo(f"{datasets.CIFAR_BIN_DIR}/{name}")
+                info.size = records[name].nbytes
+                tar.addfile(info, io.BytesIO(records[name].tobytes()))
+        target = tmp_path  # found by its standard name in the folder
+    else:
+        target = tmp_path / datasets.CIFAR_BIN_DIR
+        target.mkdir()
+        for name, r in records.items():
+            (target / name).write_bytes(r.tobytes())
+    x_train, y_train, x_test, y_test = datasets.cifar(path=target)
+    assert x_train.shape == (15, 3, 32, 32) and y_train.dtype == dtypes.uint8 and x_test.dtype == dtypes.uint8
+    np.testing.assert_array_equal(y_train.numpy(), np.concatenate([records[f"data_batch_{i}.bin"][:, 0]
+                                                                   for i in range(1, 6)]))
+    np.testing.assert_array_equal(x_test.numpy().reshape(3, -1), records["test_batch.bin"][:, 1:])
+    np.testing.assert_array_equal(y_test.numpy(), records["test_batch.bin"][:, 0])
+    if layout == "folder":
+        (target / "test_batch.bin").write_bytes(bytes(3074))
+        with pytest.raises(ValueError, match="3073-byte records"):
+            datasets.cifar(path=target)
 
 
 def test_cifar_missing_and_malicious(tmp_path: Path) -> None:
@@ -184,6 +218,9 @@ def test_cifar_missing_and_malicious(tmp_path: Path) -> None:
 
     (folder / "test_batch").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(ValueError, match="builtins.print"):
+        datasets.cifar(path=folder)
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [256]}))
+    with pytest.raises(ValueError, match="do not fit in a byte"):
         datasets.cifar(path=folder)
 
 

@@ -149,12 +149,21 @@ def isolated(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib
     return tmp_path
 
 
+def _limit(monkeypatch: pytest.MonkeyPatch, behaviour: str) -> None:
+    """The plugin time limit for ``behaviour``: short for a hang (the limit is what ends it), generous for a call
+    that ends by itself (a crash or an exit), so that a slow child process on a loaded machine is not taken for
+    a hang."""
+    if behaviour != "hang":
+        monkeypatch.setenv("EMBER_PLUGIN_TIMEOUT", "120")
+
+
 def _default(reg: _DeviceRegistry) -> tuple[str, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.monotonic()
         default = reg.DEFAULT
-        assert time.monotonic() - start < 8, "each plugin call is bounded by EMBER_PLUGIN_TIMEOUT"
+        if os.environ.get("EMBER_PLUGIN_TIMEOUT") == "0.3":
+            assert time.monotonic() - start < 8, "each plugin call is bounded by EMBER_PLUGIN_TIMEOUT"
     return default, [str(w.message) for w in caught]
 
 
@@ -164,7 +173,9 @@ GOOD = FakeEntryPoint("good", "good-dist", (DeviceSpec("GOOD", f"{__name__}:Made
 @guarded
 @pytest.mark.parametrize("behaviour", list(BEHAVIOURS))
 @pytest.mark.parametrize("stage", ["import", "ember_devices"])
-def test_a_plugin_whose_import_or_hook_takes_the_process_down_is_broken_not_fatal(isolated, stage, behaviour):
+def test_a_plugin_whose_import_or_hook_takes_the_process_down_is_broken_not_fatal(isolated, stage, behaviour,
+                                                                                  monkeypatch):
+    _limit(monkeypatch, behaviour)
     fn = BEHAVIOURS[behaviour]
     bad = FakeEntryPoint("bad", "bad-dist", (DeviceSpec("BAD", f"{__name__}:Made", priority=90),),
                          on_import=fn if stage == "import" else None, on_hook=fn if stage == "ember_devices" else None)
@@ -185,6 +196,7 @@ def test_a_plugin_whose_import_or_hook_takes_the_process_down_is_broken_not_fata
 @pytest.mark.parametrize("stage", ["precheck", "probe", "factory"])
 def test_a_device_whose_precheck_probe_or_factory_takes_the_process_down_is_skipped(isolated, stage, behaviour,
                                                                                      monkeypatch):
+    _limit(monkeypatch, behaviour)
     fn = BEHAVIOURS[behaviour]
     monkeypatch.setattr(sys.modules[__name__], "_factory_behaviour", fn)
     spec = DeviceSpec("BAD", f"{__name__}:{'made_badly' if stage == 'factory' else 'Made'}", priority=90,
@@ -289,8 +301,10 @@ def test_installed_plugins_that_crash_exit_or_hang_leave_the_first_step_alone(tm
         def ember_devices():
             return [DeviceSpec("CPU", "evil_cpu:X", priority=998)]
     """)
+    # the limit ends the hanging factory; it is long enough that the crashing plugins' children end (and are named)
+    # before it on a loaded machine
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CORE_DIR), *sys.path]),
-           "EMBER_PLUGIN_TIMEOUT": "1", "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+           "EMBER_PLUGIN_TIMEOUT": "10", "EMBER_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("DEV", None)
     code = ("import warnings; warnings.simplefilter('ignore')\n"
             "from ember import Device, Tensor\n"

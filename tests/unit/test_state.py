@@ -908,7 +908,7 @@ def test_gguf_load_metadata_and_tensors(tmp_path: Any, version: int, alignment: 
 
 def test_gguf_dequantization_matches_the_reference_package() -> None:
     gguf = pytest.importorskip("gguf")
-    from ember.nn.state import _DEQUANT, GGML_TYPES, ggml_dequantize
+    from ember.nn.gguf import _DEQUANT, GGML_TYPES, ggml_dequantize
 
     rng = np.random.default_rng(3)
     scale_fields = {2: [(0, 2)], 3: [(0, 2), (2, 4)], 6: [(0, 2)], 7: [(0, 2), (2, 4)], 8: [(0, 2)],

@@ -1,97 +1,27 @@
-"""Codegen: kernel AST -> (optimizations) -> lowered DAG -> linear UOps -> source via a Renderer."""
+"""Codegen: kernel AST -> (optimizations) -> lowered DAG -> linear UOps -> source via a Renderer.
+
+:func:`get_program` chooses a kernel's opts (:func:`choose_opts`: none, the heuristic, or a BEAM search) and
+lowers it with them (:mod:`ember.codegen.program`).
+"""
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
-from dataclasses import dataclass
-
-from ember.codegen.linearize import linearize
-from ember.codegen.lowerer import global_dims, lower_ast
-from ember.codegen.opts import Opt, apply_opts, local_size
-from ember.codegen.vectorize import vectorize_memory
-from ember.dtype import PtrDType
-from ember.helpers import BEAM, DEBUG, NOOPT, prod
+from ember.codegen.heuristic import heuristic_opts
+from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
+from ember.codegen.program import LaunchTooLarge, ProgramSpec, estimate, kernel_name, lower_program
+from ember.helpers import BEAM, NOOPT, gc_paused
 from ember.ir.pattern import keep_rewrites
 from ember.ir.shapetracker import ShapeTracker
-from ember.ir.uop import GroupOp, Ops, UOp
+from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer
 
-
-@dataclass(frozen=True)
-class ProgramSpec:
-    """Everything needed to compile and launch one kernel, plus estimates for DEBUG output."""
-
-    name: str
-    src: str
-    uops: tuple[UOp, ...]
-    global_size: tuple[int, ...]  # launch grid, innermost global loop first (see docs/contracts.md)
-    local_size: tuple[int, int, int] | None
-    estimated_ops: int
-    estimated_mem: int
-    outs: tuple[int, ...]
-    ins: tuple[int, ...]
-    #: the optimizations the kernel was lowered with
-    opts: tuple[Opt, ...] = ()
-
-
-def kernel_name(ast: UOp) -> str:
-    """A readable name: ``E_`` for elementwise, ``r_`` with reduce sizes for reductions."""
-    shape = global_dims(ast)
-    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
-    parts = [_size_name(d) for d in shape if d != 1] or ["1"]
-    if reduces:
-        from ember.codegen.lowerer import ast_shape
-
-        memo: dict[UOp, tuple[int, ...]] = {}
-        src_shape = ast_shape(reduces[0].src[0], memo)
-        parts += [_size_name(src_shape[a]) for a in reduces[0].arg[1]]
-    return ("r_" if reduces else "E_") + "_".join(parts)
-
-
-def _size_name(d: int | UOp) -> str:
-    """A size in a kernel name: the number, or a symbolic size spelled with letters (``n``, ``nP1`` for n+1)."""
-    if isinstance(d, int):
-        return str(d)
-    from ember.ir.symbolic import sint_str
-
-    text = sint_str(d)
-    for sym, word in (("+", "P"), ("*", "M"), ("-", "S"), ("//", "D"), ("%", "R"), ("(", ""), (")", "")):
-        text = text.replace(sym, word)
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
+__all__ = ["LaunchTooLarge", "ProgramSpec", "choose_opts", "estimate", "get_program", "has_symbolic_shape",
+           "kernel_name", "lower_program", "symbolic_opts"]
 
 
 def has_symbolic_shape(ast: UOp) -> bool:
     """Whether a loop of the kernel runs to a size that depends on a variable."""
     return any(isinstance(d, UOp) for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE)
                and n.arg is not None and hasattr(n.arg, "shape") for d in n.arg.shape)
-
-
-def estimate(uops: list[UOp]) -> tuple[int, int]:
-    """(ALU ops, bytes of global memory) executed, counting loop trip counts (and a vector op's lanes: the same
-    count as the scalar program's)."""
-    mult, ops = 1, 0
-    stack: list[int] = []
-    for u in uops:
-        if u.op is Ops.RANGE:
-            stack.append(mult)
-            size = u.src[1].arg - u.src[0].arg if u.src[1].op is Ops.CONST and u.src[0].op is Ops.CONST else 1
-            mult *= max(size, 0)
-        elif u.op is Ops.ENDRANGE:
-            mult = stack.pop()
-        elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
-            ops += mult * getattr(u.dtype, "count", 1)  # a vector op does one op per lane
-        elif u.op is Ops.WMMA:
-            # each lane's share of one instruction's multiply-adds, split over the elements of D it holds
-            (m, n, k), threads, counts = u.arg[1], u.arg[2], u.arg[3]
-            ops += mult * 2 * m * n * k // (threads * counts[2])
-    mem = sum(u.arg[1] * u.dtype.base.itemsize for u in uops if u.op is Ops.DEFINE_GLOBAL
-              and isinstance(u.dtype, PtrDType))
-    return ops, mem
-
-
-def _is_index(u: UOp) -> bool:
-    return getattr(u.dtype, "kind", "") in "iub" and u.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.AND)
 
 
 #: the opts a kernel with symbolic sizes may keep: splits of its fixed-size axes
@@ -102,8 +32,6 @@ def symbolic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """The opts of a kernel with symbolic sizes: the heuristic plans the kernel with every variable at its
     maximum, and the opts that split a fixed-size axis (upcasts, unrolls, work-groups) are kept where the
     symbolic kernel accepts them; a symbolic axis is never split (its loop runs to the value read at launch)."""
-    from ember.codegen.opts import OptError, heuristic_opts, kernel_shape
-
     views = [n for n in ast.toposort() if n.op in (Ops.VIEW, Ops.STORE) and isinstance(n.arg, ShapeTracker)]
     highest = {name: hi for n in views for name, hi in n.arg.var_maxima().items()}
     memo: dict[UOp, UOp] = {}
@@ -131,71 +59,19 @@ def symbolic_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
 
 def choose_opts(ast: UOp, renderer: Renderer) -> list[Opt]:
     """The opts a kernel gets: none under ``NOOPT``, a timed search under ``BEAM``, else the heuristic."""
-    from ember.codegen.opts import heuristic_opts
-
     if NOOPT:
         return []
     if has_symbolic_shape(ast):
         return symbolic_opts(ast, renderer)
     if BEAM >= 1:
-        from ember.codegen.search import beam_search
+        from ember.codegen import search
 
-        return beam_search(ast, renderer, int(BEAM.value))
+        return search.beam_search(ast, renderer, int(BEAM.value))
     return heuristic_opts(ast, renderer)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector off while a kernel is lowered: lowering allocates tens of thousands of
-    small nodes that form no cycles (reference counting frees them), and the collections those allocations
-    would trigger each walk every tracked object of the process, about a fifth of a cold lowering's time."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-class LaunchTooLarge(ValueError):
-    """A kernel needs more work-items in a launch dimension than its target's hardware ids count (``global_max``):
-    refused rather than launched with wrapping ids."""
 
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower (once), linearize and render one kernel AST for ``renderer`` with ``opts`` (default: chosen by
     :func:`choose_opts`). A bad opt raises :class:`~ember.codegen.opts.OptError`."""
-    with _gc_paused(), keep_rewrites():
-        return _get_program(ast, renderer, name, opts)
-
-
-def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt] | None) -> ProgramSpec:
-    opts = choose_opts(ast, renderer) if opts is None else list(opts)
-    plan = apply_opts(ast, renderer, opts)
-    sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
-    sink = vectorize_memory(sink, renderer.vector_widths, renderer.vector_alu)
-    uops = linearize(sink)
-    if DEBUG >= 5:
-        for i, u in enumerate(uops):
-            print(f"{i:4d} {u.op.name:14s} {str(u.dtype):22s} {[uops.index(s) if s in uops else -1 for s in u.src]} "
-                  f"{u.arg!r}")
-    name = name or kernel_name(ast)
-    if DEBUG >= 3:
-        print(f"{name:32s} opts {opts}")
-    src = renderer.render(name, uops)
-    ops, mem = estimate(uops)
-    outs = tuple(s.src[0].arg[0] for s in ast.src)
-    ins = tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_GLOBAL and u.arg[0] not in outs)
-    # launch sizes: the innermost global loop is dimension 0
-    # (a loop-based target's global loop may run to a symbolic size: its launch size is its maximum)
-    sizes = [u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)
-             for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"][::-1]
-    g3 = tuple(sizes + [1] * (3 - len(sizes))) if len(sizes) <= 3 else (prod(sizes), 1, 1)
-    if renderer.global_max is not None and any(g > most for g, most in zip(g3, renderer.global_max)):
-        # (a launch dimension past the target's limit would wrap in its hardware ids)
-        raise LaunchTooLarge(f"kernel {name}: launch size {g3} is more than {type(renderer).__name__} launches per "
-                             f"dimension ({tuple(renderer.global_max)})")
-    return ProgramSpec(name, src, tuple(uops), g3, local_size(plan, renderer), ops, mem, outs, ins,
-                       tuple(opts))
+    with gc_paused(), keep_rewrites():
+        return lower_program(ast, renderer, choose_opts(ast, renderer) if opts is None else list(opts), name)

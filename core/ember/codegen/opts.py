@@ -27,15 +27,14 @@ opt, the axis and why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ember.codegen.access import KernelShape, full_shape, kernel_shape
+from ember.codegen.matmul import match_matmul
+from ember.codegen.tc import TCMatmul
 from ember.dtype import DType
 from ember.helpers import prod
 from ember.ir.uop import Ops, UOp
 from ember.renderer import Renderer, TensorCore
-
-if TYPE_CHECKING:
-    from ember.codegen.tc import TCMatmul
 
 OPT_OPS = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "THREAD", "TC")
 _OUTPUT_OPS = ("UPCAST", "LOCAL", "PADTO")
@@ -113,50 +112,6 @@ class KernelPlan:
         if self.group is not None and self.group[0] == axis:
             left //= self.group[1]
         return left
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """How a kernel's axes are numbered (see the module docstring).
-
-    ``full_shape`` lists the output axes, then (when the reduction's input does not have the output's rank with
-    1 on the reduced axes) the reduced axes appended. ``reduce_src`` maps each reduce axis to the axis of the
-    reduction's input it splits; ``out_to_src`` maps output axes to the reduction input's axes they index (empty
-    when a reshape after the reduction mixes them).
-    """
-
-    full_shape: tuple[int, ...]
-    reduce_axes: tuple[int, ...]
-    reduce_src: dict[int, int]
-    out_to_src: dict[int, int]
-
-
-def kernel_shape(ast: UOp) -> KernelShape:
-    """The axes of ``ast``'s iteration space (see :class:`KernelShape`)."""
-    from ember.codegen.lowerer import ast_shape
-
-    out = tuple(ast.src[0].arg.shape)
-    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
-    if not reduces:
-        return KernelShape(out, (), {}, {i: i for i in range(len(out))})
-    memo: dict[UOp, tuple[int, ...]] = {}
-    src = ast_shape(reduces[0].src[0], memo)
-    red = tuple(a for a in sorted(set(reduces[0].arg[1])) if src[a] != 1)
-    if len(out) == len(src) and all(out[a] == 1 for a in red) and \
-            all(o == s for i, (o, s) in enumerate(zip(out, src)) if i not in red):
-        return KernelShape(src, red, {a: a for a in red}, {i: i for i in range(len(out)) if i not in red})
-    full = out + tuple(src[a] for a in red)
-    reduce_src = {len(out) + j: a for j, a in enumerate(red)}
-    out_dims = [i for i, d in enumerate(out) if d != 1]
-    src_dims = [i for i, d in enumerate(src) if d != 1 and i not in red]
-    same = [out[i] for i in out_dims] == [src[i] for i in src_dims]
-    return KernelShape(full, tuple(reduce_src), reduce_src, dict(zip(out_dims, src_dims)) if same else {})
-
-
-def full_shape(ast: UOp) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(the kernel's full shape, its reduce axes): see :class:`KernelShape`."""
-    ks = kernel_shape(ast)
-    return ks.full_shape, ks.reduce_axes
 
 
 def _reduce_ops(ast: UOp) -> set[Ops]:
@@ -267,8 +222,6 @@ def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | tuple[Opt, ...]) 
 
 def _check_tc(ast: UOp, renderer: Renderer, plan: KernelPlan, opt: Opt) -> tuple[TensorCore, TCMatmul]:
     """The tensor core ``opt`` picks and the matmul it computes, or OptError."""
-    from ember.codegen.tc import TCMatmul, match_matmul
-
     tcs = renderer.tensor_cores
     _check(len(tcs) > 0, opt, f"{type(renderer).__name__} has no tensor cores")
     _check(opt.arg < len(tcs), opt, f"the renderer has {len(tcs)} tensor cores (arg indexes them)")
@@ -309,8 +262,9 @@ def _check_group(ast: UOp, renderer: Renderer, plan: KernelPlan) -> None:
     if renderer.local_max is not None:
         _check(n <= renderer.local_max[0], opt,
                f"work-group size {n} exceeds the device's {renderer.local_max[0]} in dimension 0")
-        _check(items <= prod(renderer.local_max) and items <= getattr(renderer, "max_threads_per_block", items),
-               opt, f"the work-group would have {items} work-items, more than the device allows")
+        most = prod(renderer.local_max) if renderer.max_threads_per_block is None else \
+            min(prod(renderer.local_max), renderer.max_threads_per_block)
+        _check(items <= most, opt, f"the work-group would have {items} work-items, more than the device allows")
     reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE_AXIS]
     itemsize = max(u.dtype.itemsize for u in reduces if isinstance(u.dtype, DType))
     need = items * len(reduces) * prod(plan.upcast.values()) * max(4, itemsize)
@@ -335,8 +289,5 @@ def local_size(plan: KernelPlan, renderer: Renderer) -> tuple[int, int, int] | N
     return (out[0], out[1], out[2])
 
 
-# the heuristic lives in its own module; it is reached from here too
-from ember.codegen.heuristic import heuristic_opts  # noqa: E402
-
 __all__ = ["Opt", "OptError", "KernelPlan", "KernelShape", "kernel_shape", "apply_opts", "full_shape", "launch_dim",
-           "local_size", "heuristic_opts", "OPT_OPS"]
+           "local_size", "OPT_OPS"]

@@ -12,6 +12,10 @@ before each candidate's checked run). A candidate whose output differs from the 
 sample is rejected. The ``N`` fastest survive to the next round; the search stops when a round finds nothing
 faster or its time budget (``BEAM_BUDGET`` seconds, default 1.5) is spent.
 
+Candidates are lowered by :func:`~ember.codegen.program.lower_program` and run through the runner factory the
+caller hands in (the engine passes its ``CompiledRunner``; without one, :class:`ProgramRunner` loads each on
+the device's runtime): the search imports nothing of the engine.
+
 The result is cached on disk under :func:`~ember.codegen.cachekey.lowering_key` (the AST, the knobs and the
 renderer's full identity), so a second process searches nothing.
 """
@@ -26,9 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ember import diskcache
+from ember.codegen.access import kernel_shape, reduce_loads
 from ember.codegen.cachekey import lowering_key
-from ember.codegen.heuristic import MAX_TILE_OPS, USE_TC, reduce_loads
-from ember.codegen.opts import Opt, OptError, apply_opts, kernel_shape
+from ember.codegen.heuristic import USE_TC, heuristic_opts
+from ember.codegen.opts import Opt, OptError, apply_opts
+from ember.codegen.program import ProgramSpec, kernel_name, lower_program
+from ember.device.registry import Device
 from ember.dtype import PtrDType, dtypes, to_np_dtype
 from ember.helpers import DEBUG, getenv
 from ember.ir.shapetracker import ShapeTracker
@@ -37,6 +44,8 @@ from ember.renderer import Renderer
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ember.device.buffer import Buffer
 else:
     from ember.helpers import lazy_numpy as np
 
@@ -50,6 +59,24 @@ GROUP_AMOUNTS = (4, 8, 16, 32, 64, 128, 256)
 SLOW_FACTOR = 3.0
 #: a candidate whose first run takes longer than this (seconds) is dropped
 CANDIDATE_LIMIT_S = 0.5
+
+
+class ProgramRunner:
+    """A candidate loaded on its device from its binary, run on :class:`Sample` buffers: what a search times
+    when its caller hands it no runner of its own (the engine hands its ``CompiledRunner``)."""
+
+    def __init__(self, device: str, spec: ProgramSpec, binary: bytes):
+        self.spec = spec
+        self.program = Device[device].runtime(spec.name, binary)
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False) -> float | None:
+        return self.program(*[b._buf for b in bufs], global_size=self.spec.global_size,
+                            local_size=self.spec.local_size, wait=wait)
+
+
+#: what builds a runnable candidate: ``(device, spec, binary) -> runner``; ``runner(bufs, wait=True)`` returns
+#: the seconds one run took
+RunnerFactory = Callable[[str, ProgramSpec, bytes], Callable[..., "float | None"]]
 
 
 def actions(ast: UOp, renderer: Renderer) -> list[Opt]:
@@ -219,20 +246,19 @@ def searchable(ast: UOp) -> bool:
 
 
 def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None = None,
-                bufs: Sequence[Any] | None = None) -> list[Opt]:
+                bufs: Sequence[Any] | None = None, runner: RunnerFactory | None = None) -> list[Opt]:
     """The fastest opt list found for ``ast`` on ``renderer``'s device with a beam of width ``amt``.
 
     ``bufs`` are the kernel's real buffers (by parameter index, its inputs computed): candidates run on copies
-    of them. Without them they run on random values."""
+    of them. Without them they run on random values. ``runner`` builds each candidate's runner (default:
+    :class:`ProgramRunner`)."""
     if (found := cached_opts(ast, renderer)) is not None:
         return found
-    from ember.codegen.opts import heuristic_opts
-
     if not searchable(ast):
         return heuristic_opts(ast, renderer)
     try:
         opts = _search(ast, renderer, amt, getenv("BEAM_BUDGET", 1.5) if budget_s is None else budget_s,
-                       bufs)
+                       bufs, runner or ProgramRunner)
     except Exception as e:  # a device that cannot time candidates: the heuristic's choice, said once per kernel
         warnings.warn(f"BEAM search failed for {kernel_name_of(ast)} ({type(e).__name__}: {e}); using the "
                       "heuristic's opts", stacklevel=2)
@@ -243,11 +269,8 @@ def beam_search(ast: UOp, renderer: Renderer, amt: int, budget_s: float | None =
     return opts
 
 
-def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Sequence[Any] | None = None) -> list[Opt]:
-    from ember.codegen import get_program
-    from ember.codegen.opts import heuristic_opts
-    from ember.device.registry import Device
-    from ember.engine.realize import CompiledRunner
+def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Sequence[Any] | None = None,
+            runner: RunnerFactory = ProgramRunner) -> list[Opt]:
     from ember.progress import progress
 
     start = time.perf_counter()
@@ -257,13 +280,13 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Seque
 
     def build(cands: list[list[Opt]]) -> list[tuple[list[Opt], Any]]:
         st = time.perf_counter()
-        specs = [get_program(ast, renderer, opts=c) for c in cands]
+        specs = [lower_program(ast, renderer, c) for c in cands]
         mid = time.perf_counter()
         binaries = dev.compiler.compile_cached_many([s.src for s in specs])
         if DEBUG >= 3:
             print(f"BEAM: {len(cands)} candidates lowered in {mid - st:.2f}s, "
                   f"compiled in {time.perf_counter() - mid:.2f}s")
-        return [(c, CompiledRunner(device, s, b)) for c, s, b in zip(cands, specs, binaries)]
+        return [(c, runner(device, s, b)) for c, s, b in zip(cands, specs, binaries)]
 
     heuristic = heuristic_opts(ast, renderer)
     seeds: list[list[Opt]] = [[]] + ([heuristic] if heuristic else [])
@@ -276,7 +299,7 @@ def _search(ast: UOp, renderer: Renderer, amt: int, budget_s: float, bufs: Seque
     all_actions = actions(ast, renderer)
     chunk = max(2, os.cpu_count() or 1)
     # tiles bigger than the heuristic allows take long to compile and rarely win: not tried
-    max_tile = max(MAX_TILE_OPS // reduce_loads(ast)[1], _tile(heuristic))
+    max_tile = max(renderer.max_tile_ops // reduce_loads(ast)[1], _tile(heuristic))
     bar = progress(desc=f"BEAM {amt} {kernel_name_of(ast)}", unit="kernel", disable=DEBUG < 1 and not os.isatty(2))
 
     def measure(batch: list[tuple[list[Opt], Any]]) -> bool:
@@ -348,6 +371,4 @@ def _tile(opts: list[Opt]) -> int:
 
 def kernel_name_of(ast: UOp) -> str:
     """The kernel's display name (for the progress bar)."""
-    from ember.codegen import kernel_name
-
     return kernel_name(ast)

@@ -150,10 +150,10 @@ def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gather
             if off not in group:  # (two stores of one element are left as they are, in their order)
                 group[off] = i
     drop: set[int] = set()
-    for (buf, base, gate), by_off in store_groups.items():
+    for (buf, base, gate), positions in store_groups.items():
         dt = buf.pointer_dtype.base
-        for first, n in _runs(set(by_off), base, widths[dt]):
-            at = [by_off[first + k] for k in range(n)]
+        for first, n in _runs(set(positions), base, widths[dt]):
+            at = [positions[first + k] for k in range(n)]
             vals = tuple(stores[i].src[2] for i in at)
             value = _vectorized(vals, dt.vec(n))
             if not gathers and value.op is Ops.VECTORIZE and not all(v.op is Ops.GEP for v in vals):

@@ -13,7 +13,9 @@ of ``PLUGIN_API`` (see ``docs/contracts.md``):
   :class:`Program` and :class:`Graph` (with :data:`GraphCall`, :data:`GraphFactory`);
 * what a plugin reads from the environment: :func:`getenv`, :data:`DEBUG`,
   :class:`GlobalCounters`, :func:`cache_dir`, and :mod:`~ember.diskcache` (crash-safe cache
-  entries, for a plugin that caches its own probe results).
+  entries, for a plugin that caches its own probe results);
+* for a plugin's tool that compiles a recorded kernel corpus without the hardware: :func:`corpus_sources`,
+  :func:`compile_batches`, :func:`first_failure` and :func:`corpus_main` (imported when first asked for).
 
 This module must stay import-light: plugins import it, and it never imports the tensor layer.
 """
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ember import diskcache
 from ember.device.allocator import Allocator, LRUAllocator, copyin_source, copyout_dest
 from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_sources
+from ember.device.collective import host_allreduce
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
 from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
@@ -31,6 +34,7 @@ from ember.device.spec import DeviceSpec
 from ember.helpers import DEBUG, GlobalCounters, cache_dir, getenv, sha256
 
 if TYPE_CHECKING:
+    from ember.device.corpus_check import compile_batches, corpus_main, corpus_sources, first_failure
     from ember.device.hcq import (
         DEFAULT_TIMEOUT_S,
         Copy,
@@ -62,7 +66,18 @@ _HCQ_NAMES = frozenset({
 })
 
 
+#: compiling a recorded corpus without the hardware (a GPU plugin's corpus_check tool), imported when first asked
+#: for: it imports codegen
+_CORPUS_NAMES = frozenset({"compile_batches", "corpus_main", "corpus_sources", "first_failure"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _CORPUS_NAMES:
+        from ember.device import corpus_check
+
+        value = getattr(corpus_check, name)
+        globals()[name] = value
+        return value
     if name in _HCQ_NAMES:
         from ember.device import hcq
 
@@ -92,6 +107,7 @@ __all__ = [
     "Wait",
     "profiled_copy",
     "profiled_exec",
+    "host_allreduce",
     "DEBUG",
     "sha256",
     "PLUGIN_API",
@@ -122,4 +138,8 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "join_sources",
+    "compile_batches",
+    "corpus_main",
+    "corpus_sources",
+    "first_failure",
 ]

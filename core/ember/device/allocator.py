@@ -67,6 +67,9 @@ class Allocator(abc.ABC):
     #: the device object this allocator serves (a :class:`~ember.device.Compiled`, set by its ``__init__``
     #: when left ``None``); typed loosely so a plugin's allocator can use its own device class's attributes
     device: Any = None
+    #: ``copyout`` itself waits for all work queued on the device before it (a blocking read on an in-order
+    #: queue): :meth:`~ember.device.Buffer.copyout` then skips ``synchronize``, one wait for the driver instead of two
+    copyout_waits: bool = False
 
     def alloc(self, nbytes: int, options: BufferSpec | None = None) -> Any:
         """Allocate ``nbytes`` bytes (0 is allowed) and return an opaque handle.
@@ -120,7 +123,11 @@ class Allocator(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no direct transfer; copy through the host instead")
 
     def offset(self, opaque: Any, byte_offset: int, nbytes: int) -> Any:
-        """A handle to ``nbytes`` bytes starting ``byte_offset`` into ``opaque``, sharing its memory."""
+        """A handle to ``nbytes`` bytes starting ``byte_offset`` into ``opaque``, sharing its memory.
+
+        Core reads ranges through it (a copy out of a slice) and writes them (a multi-device gather copies each
+        piece into its range of one buffer); raise ``NotImplementedError`` for a range the device cannot view.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not support sub-buffers (offset views)")
 
 

@@ -29,6 +29,12 @@ class Compiled:
             :class:`~ember.device.Graph`); ``None`` when the device has no batch replay.
     """
 
+    #: an optional device-native collective: a method ``allreduce(srcs, dests, devices, dtype, op)`` combining one
+    #: buffer per device of a group of this plugin's devices (see :mod:`ember.device.collective`); None: the
+    #: engine builds allreduces from copies and kernels (a ring). Host-memory devices can use
+    #: :func:`ember.device.collective.host_allreduce`.
+    allreduce: Callable[..., None] | None = None
+
     def __init__(self, device: str, allocator: Allocator, renderer: Renderer, compiler: Compiler,
                  runtime: Callable[[str, bytes], Program], graph: GraphFactory | None = None):
         self.device = device

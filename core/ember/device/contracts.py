@@ -5,7 +5,7 @@ shared machinery (:class:`~ember.device.Allocator` and :class:`~ember.device.Com
 other three are duck-typed and described here as Protocols, so a type checker can check a
 plugin against them without the plugin inheriting anything:
 
-* :class:`Renderer` -- capabilities codegen reads, plus ``render(name, uops) -> source``
+* :class:`Renderer` -- capabilities and tuning policy core reads, plus ``render(name, uops) -> source``
   (``ember.renderer.Renderer`` is a ready base class that satisfies it);
 * :class:`Program` -- a loaded kernel, made by ``device.runtime(name, binary)``;
 * :class:`Graph` -- an optional batch of kernel calls replayed as one, made by
@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ember.dtype import DType
+    from ember.renderer import TensorCore
 
 
 @dataclass(frozen=True)
@@ -101,65 +105,103 @@ GraphFactory = Callable[[Sequence[GraphCall]], Graph]
 
 @runtime_checkable
 class Renderer(Protocol):
-    """What core reads from a device's renderer: capabilities, and ``render``.
+    """What core reads from a device's renderer: capabilities, tuning policy, and ``render``.
 
-    Codegen asks the renderer, never a device name, what the target can do; every attribute here
-    is part of the lowering cache key. ``ember.renderer.Renderer`` provides defaults for all of
-    them (a loop-based target without local memory) and ``ember.renderer.CStyleRenderer`` a C
-    family renderer to subclass.
+    ``ember.renderer.Renderer`` is the one definition of these fields: it declares each with its type, default
+    and meaning, and a test checks that this Protocol lists exactly its fields (the two cannot drift). Codegen
+    and the frontend ask the renderer, never a device name, what the target can do and what pays on it; every
+    field is part of the lowering cache key. ``ember.renderer.CStyleRenderer`` is a C-family renderer to
+    subclass.
     """
 
     # read-only (properties): core only reads them, and a renderer may narrow a type (``global_max = None``)
+    # --- capabilities
     @property
-    def device(self) -> str:
-        """The device name the renderer was made for (part of cache keys)."""
-        ...
+    def device(self) -> str: ...
+    @property
+    def supported_dtypes(self) -> frozenset[Any]: ...
+    @property
+    def supports_float16(self) -> bool: ...
+    @property
+    def has_local(self) -> bool: ...
+    @property
+    def has_shared(self) -> bool: ...
+    @property
+    def global_max(self) -> tuple[int, ...] | None: ...
+    @property
+    def local_max(self) -> tuple[int, ...] | None: ...
+    @property
+    def max_threads_per_block(self) -> int | None: ...
+    @property
+    def shared_max(self) -> int: ...
+    @property
+    def parallel_threads(self) -> int: ...
+    @property
+    def parallel_min_work(self) -> int: ...
+    @property
+    def vector_floats(self) -> int: ...
+    @property
+    def vector_registers(self) -> int: ...
+    @property
+    def vector_max_tiles(self) -> bool: ...
+    @property
+    def vector_widths(self) -> dict[DType, tuple[int, ...]]: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def tensor_cores(self) -> tuple[TensorCore, ...]: ...
 
+    # --- codegen policy: loop targets
     @property
-    def supported_dtypes(self) -> frozenset[Any]:
-        """Dtypes the target can load, store and compute with."""
-        ...
+    def max_tile_ops(self) -> int: ...
+    @property
+    def small_kernel_work(self) -> int: ...
+    @property
+    def small_kernel_tile(self) -> int: ...
+    @property
+    def tiny_kernel_work(self) -> int: ...
+    @property
+    def small_shared_tile(self) -> int: ...
+    @property
+    def thread_min_work(self) -> int: ...
+    @property
+    def wide_sum_min_work(self) -> int: ...
+    @property
+    def row_max_unroll(self) -> int: ...
+    @property
+    def transpose_min_size(self) -> int: ...
+    @property
+    def transpose_tile(self) -> tuple[int, int]: ...
 
+    # --- codegen policy: work-group targets
     @property
-    def has_local(self) -> bool:
-        """True when the target launches a grid of threads (GPU-style)."""
-        ...
+    def group_max_outputs(self) -> int: ...
+    @property
+    def group_across_outputs(self) -> int: ...
+    @property
+    def group_min_reduce(self) -> int: ...
+    @property
+    def workgroup_max_items(self) -> int: ...
 
+    # --- frontend policy: layout copies
     @property
-    def has_shared(self) -> bool:
-        """True when work-groups have local (shared) memory."""
-        ...
-
+    def matmul_copy_min_macs(self) -> int | None: ...
     @property
-    def global_max(self) -> tuple[int, ...] | None:
-        """The largest launch grid per dimension, or None for a loop-based target."""
-        ...
-
+    def matmul_copy_min_dim(self) -> int: ...
     @property
-    def local_max(self) -> tuple[int, ...] | None:
-        """The largest work-group per dimension, or None for a loop-based target."""
-        ...
-
+    def matmul_copy_min_k_across(self) -> int: ...
     @property
-    def shared_max(self) -> int:
-        """Bytes of local memory per work-group."""
-        ...
-
+    def matmul_copy_min_outputs_across(self) -> int: ...
     @property
-    def parallel_threads(self) -> int:
-        """Host threads a loop-based target may split its outer loop across."""
-        ...
-
+    def conv_pad_copy_min(self) -> int | None: ...
     @property
-    def variant(self) -> str:
-        """A dialect option that changes the rendered source (part of every cache key)."""
-        ...
-
-    @property
-    def tensor_cores(self) -> tuple[Any, ...]:
-        """Matrix-multiply instructions (``ember.renderer.TensorCore``); empty when none."""
-        ...
+    def conv_channels_last(self) -> bool: ...
 
     def render(self, name: str, uops: list[Any]) -> str:
         """The source of a kernel called ``name`` computing the linear program ``uops``."""
+        ...
+
+    def tensor_core_layout(self, tc: Any, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
+        """(row, col) of element ``element`` of ``operand`` that work-item ``lane`` of a ``tc`` instruction holds
+        (only renderers that declare ``tensor_cores`` define it)."""
         ...

@@ -12,6 +12,10 @@ it returns (the jit realizes returned tensors for it), and take the same non-ten
 every call. Random numbers drawn inside are the exception: their key and counter words are
 uploaded again before every replay, so each replay draws what an eager call would have drawn.
 
+Results remembered from the first call that no replay can change (weights initialized lazily, drawn
+then) are read by the capture, not recorded: replays run only what a model with realized weights runs
+(:meth:`TinyJit._capture` says when a result counts as unchangeable, and what happens when it is not).
+
 A memory planner lets intermediate buffers whose lifetimes in the recorded sequence do not
 overlap share one allocation (:func:`plan_memory`).
 
@@ -35,7 +39,8 @@ from ember.helpers import DEBUG, GlobalCounters, is_np_array
 from ember.ir import guards
 from ember.ir.lazy import base_of, buffers, realized
 from ember.ir.symbolic import Variable, bound_vals, sint_max, unbind_uop
-from ember.ir.uop import Ops, UOp
+from ember.ir.uop import Ops, UOp, toposort
+from ember.schedule import forget_readers
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,6 +204,54 @@ def _tensors_in(ret: Any) -> list[Any]:
     return []
 
 
+# --- remembered results a capture may keep -----------------------------------------------------------
+
+#: how many times jit replays wrote each buffer (by id): a replay runs no schedule, so it cannot make remembered
+#: results computed from what it overwrote forgotten the way an eager assign does; captures that read remembered
+#: results compare these counts instead
+_replay_writes: dict[int, int] = {}
+
+
+def _written_by(ei: ExecItem) -> list[Buffer]:
+    """The buffers an item writes: its first (a collective: one per device)."""
+    return ei.bufs[:getattr(ei.prg, "n_outputs", 1)]
+
+
+def _read_buffers(node: UOp) -> list[Buffer]:
+    """The buffers a tensor-graph node is computed from."""
+    return [buffers[u] for u in toposort([node], stop=lambda n: n.op is Ops.BUFFER)
+            if u.op is Ops.BUFFER and u in buffers]
+
+
+def _buffer_ids_of(view: UOp) -> set[int]:
+    """Ids of the buffers a remembered result lives in (one, or one per shard)."""
+    return {id(buffers[u]) for u in toposort([view], stop=lambda n: n.op is Ops.BUFFER)
+            if u.op is Ops.BUFFER and u in buffers}
+
+
+def _varies(n: UOp) -> bool:
+    """Whether a tensor-graph node depends on a symbolic variable's value (a replay may bind another)."""
+    return isinstance(n.arg, UOp) or (n.op is Ops.VIEW and bool(getattr(n.arg, "symbolic", False)))
+
+
+def _stale_results(entries: list[tuple[UOp, UOp]], volatile: set[int], swapped: set[int],
+                   symbolic: bool) -> set[UOp]:
+    """The remembered results among ``entries`` (node, buffer view) a replay cannot keep reading: those
+    computed from a buffer in ``volatile`` (replays swap or write it) or from a symbolic variable's value
+    (when ``symbolic``), and those living in a buffer in ``swapped`` (replays swap it).
+
+    ASSIGN nodes are never stale: each stands for the buffer it wrote, whatever that holds now.
+    """
+    keys = [n for n, _ in entries if n.op is not Ops.ASSIGN]
+    reads: dict[UOp, bool] = {}
+    for n in toposort(keys, stop=lambda u: u.op is Ops.BUFFER):
+        if n.op is Ops.BUFFER:
+            reads[n] = n in buffers and id(buffers[n]) in volatile
+        else:
+            reads[n] = (symbolic and _varies(n)) or any(reads[s] for s in n.src)
+    return {n for n, v in entries if n.op is not Ops.ASSIGN and (reads[n] or _buffer_ids_of(v) & swapped)}
+
+
 # --- the memory planner -------------------------------------------------------------------------------
 
 def _forget_results_in(candidates: set[int]) -> None:
@@ -285,6 +338,10 @@ class CapturedJit:
     ret: Any
     signature: _Signature
     buffers_before_planning: int = 0
+    #: remembered results (node, buffer view) the recorded kernels read instead of computing them again
+    kept: list[tuple[UOp, UOp]] = field(default_factory=list)
+    #: (buffer id, replay writes seen at capture) of every buffer the ``kept`` results are computed from
+    kept_reads: list[tuple[int, int]] = field(default_factory=list)
     runs: list[ExecItem] = field(default_factory=list)
     _graph_of: dict[int, tuple[GraphRunner, int]] = field(default_factory=dict)
     #: the tiered-compilation generation the graphs were built at (:mod:`ember.engine.tiers`)
@@ -292,13 +349,22 @@ class CapturedJit:
 
     def __post_init__(self) -> None:
         #: ids of the buffers the recorded kernels write (besides the inputs')
-        self.written = {id(ei.bufs[0]) for ei in self.exec_items if ei.bufs} - {id(b) for b in self.input_buffers}
+        # (a collective writes its first n_outputs buffers, one per device)
+        self.written = {id(b) for ei in self.exec_items for b in ei.bufs[:getattr(ei.prg, "n_outputs", 1)]} - \
+            {id(b) for b in self.input_buffers}
         #: kernels (not copies) per replay
         self.kernel_count = sum(isinstance(ei.prg, CompiledRunner) for ei in self.exec_items)
         self._ops = sum(ei.prg.estimated_ops for ei in self.exec_items)
         self._mem = sum(ei.prg.estimated_mem for ei in self.exec_items)
         self._generation = tiers.generation
         self._build_runs()
+
+    def results_still_remembered(self) -> bool:
+        """Whether every remembered result the kernels read still holds its value: an eager assign into a buffer
+        one was computed from makes it forgotten (an eager call computes it afresh), a replay of another jit
+        writing that buffer counts in ``_replay_writes``."""
+        return (all(realized.get(node) is view for node, view in self.kept)
+                and all(_replay_writes.get(i, 0) == n for i, n in self.kept_reads))
 
     def distinct_buffers(self) -> int:
         """How many distinct buffers the recorded kernels use (after planning)."""
@@ -369,6 +435,8 @@ class CapturedJit:
         for ei in self.runs:
             et = ei.prg(ei.bufs, wait=wait or DEBUG >= 2, var_vals=ei.var_vals)
             total += et or 0.0
+        for b in [b for ei in self.exec_items for b in _written_by(ei)] + [b for b, _ in self.uploads]:
+            _replay_writes[id(b)] = _replay_writes.get(id(b), 0) + 1
         GlobalCounters.kernel_count += self.kernel_count
         GlobalCounters.global_ops += self._ops
         GlobalCounters.global_mem += self._mem
@@ -399,6 +467,8 @@ class TinyJit(Generic[R]):
         """Forget the capture: the next call runs the function normally again."""
         self.cnt = 0
         self.captured: CapturedJit | None = None
+        #: whether the next capture may read results remembered from earlier calls (see :meth:`_capture`)
+        self.keep_results = True
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """As a method decorator: bind the instance like a function would."""
@@ -408,12 +478,15 @@ class TinyJit(Generic[R]):
         tensors, sig, var_vals = _split_args(args, kwargs)
         tensors = _per_device(tensors)
         if self.captured is not None:
-            return self._replay(tensors, sig, var_vals)
+            if self.captured.results_still_remembered():
+                return self._replay(tensors, sig, var_vals)
+            self.captured, self.keep_results = None, False  # capture again, this call, computing everything
+            _check_signature(self._signature, sig)
         in_bufs = [input_buffer(t) for _, t in tensors]
         if self.cnt == 0:
             ret = self._run(args, kwargs)
         else:
-            ret = self._capture(args, kwargs, tensors, in_bufs, sig)
+            ret = self._capture(args, kwargs, tensors, in_bufs, sig, var_vals)
         self.cnt += 1
         return ret
 
@@ -425,14 +498,30 @@ class TinyJit(Generic[R]):
         return ret
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[tuple[str, Any]],
-                 in_bufs: list[Buffer], sig: _Signature) -> R:
+                 in_bufs: list[Buffer], sig: _Signature, var_vals: dict[str, int]) -> R:
+        """Run the function recording its kernels.
+
+        A result remembered from an earlier call (``realized``: lazily initialized weights, computed in the
+        first call) is read, not recorded, when no replay can change it: its graph reads no jit input, no
+        buffer the recorded kernels write (an updated parameter), no re-uploaded random key and no symbolic
+        variable, and it does not live in an input buffer. Inputs are known before the run, so results
+        reading them are forgotten first; what the kernels write is known only after it. Should the run have
+        read a result that turns out stale, this call's values are still right (it ran eagerly), but the
+        recording is dropped and the next call captures again with every remembered result forgotten.
+        """
         global _uploads
         recorded: list[ExecItem] = []
         uploads: list[tuple[Any, Callable[[], np.ndarray]]] = []
-        # results remembered from earlier calls would be read instead of recomputed, and never recorded
-        for node in list(realized.keys()):
-            if node.op is not Ops.ASSIGN:
-                realized.pop(node, None)
+        self._signature = sig
+        in_ids = {id(b) for b in in_bufs}
+        if self.keep_results:
+            forget_readers({u for u, b in list(buffers.items()) if id(b) in in_ids})
+            before = list(realized.items())
+        else:  # results remembered from earlier calls would be read instead of recomputed, and never recorded
+            before = []
+            for node in list(realized.keys()):
+                if node.op is not Ops.ASSIGN:
+                    realized.pop(node, None)
         realize.capturing.append(recorded.append)
         _uploads = uploads
         try:
@@ -441,16 +530,34 @@ class TinyJit(Generic[R]):
         finally:
             realize.capturing.remove(recorded.append)
             _uploads = None
+        upload_bufs = [(input_buffer(t), fresh) for t, fresh in uploads]
+        out_bufs = [input_buffer(t) for _, t in _per_device([("", t) for t in _tensors_in(ret)])]
+        kept: list[tuple[UOp, UOp]] = []
+        if before:
+            swapped = in_ids | {id(b) for b, _ in upload_bufs}
+            written = {id(b) for ei in recorded for b in _written_by(ei)}
+            stale = _stale_results(before, swapped | written, swapped, bool(var_vals))
+            for node, view in before:
+                if node in stale and realized.get(node) is view:
+                    realized.pop(node, None)
+            used = {id(b) for ei in recorded for b in ei.bufs} | {id(b) for b in out_bufs}
+            kept = [(n, v) for n, v in before if n.op is not Ops.ASSIGN and _buffer_ids_of(v) & used]
+            del before
+            # a result read and then forgotten (a buffer it reads was assigned into) was stale for later calls
+            if any(n in stale or realized.get(n) is not v for n, v in kept) or (not recorded and kept):
+                self.keep_results = False
+                if DEBUG >= 1:
+                    print("jit capture read remembered results a replay would change: capturing again next call")
+                return ret
         if not recorded:
             raise JitError("the jitted function ran no kernels when captured: there is nothing to replay (it must "
                            "compute with tensors and return what it computed)")
-        upload_bufs = [(input_buffer(t), fresh) for t, fresh in uploads]
-        out_bufs = [input_buffer(t) for _, t in _per_device([("", t) for t in _tensors_in(ret)])]
-        before = len({id(b) for ei in recorded for b in ei.bufs})
+        n_before = len({id(b) for ei in recorded for b in ei.bufs})
         items = recorded
         if self.plan_memory:
             del uploads
             pinned = {id(b) for b in in_bufs} | {id(b) for b in out_bufs} | {id(b) for b, _ in upload_bufs}
+            pinned |= {i for _, v in kept for i in _buffer_ids_of(v)}
             _forget_results_in({id(ei.bufs[0]) for ei in recorded if ei.bufs} - pinned)
             gc.collect()  # drop the function's dead tensors: a buffer still reachable keeps its own memory
             pinned |= {id(b) for b in buffers.values()}
@@ -461,10 +568,13 @@ class TinyJit(Generic[R]):
                 for i, ib in enumerate(in_bufs):
                     if b is ib:
                         slots[i].append((j, k))
-        self.captured = CapturedJit(items, list(in_bufs), slots, upload_bufs, ret, sig, before)
+        kept_reads = {id(b): _replay_writes.get(id(b), 0) for n, _ in kept for b in _read_buffers(n)}
+        self.captured = CapturedJit(items, list(in_bufs), slots, upload_bufs, ret, sig, n_before, kept,
+                                    list(kept_reads.items()))
         if DEBUG >= 1:
             print(f"jit captured {self.captured.kernel_count} kernels, {len(self.captured.runs)} launches, "
-                  f"{self.captured.distinct_buffers()} buffers (of {before} before planning)")
+                  f"{self.captured.distinct_buffers()} buffers (of {n_before} before planning), "
+                  f"{len(kept)} remembered results read")
         return ret
 
     def _replay(self, tensors: list[tuple[str, Any]], sig: _Signature, var_vals: dict[str, int]) -> R:

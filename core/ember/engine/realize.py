@@ -27,7 +27,9 @@ from ember import diskcache
 from ember.codegen import ProgramSpec, get_program, search
 from ember.codegen.cachekey import lowering_key as _lowering_key
 from ember.device.buffer import Buffer
+from ember.device.collective import reduce_through_host
 from ember.device.registry import Device
+from ember.dtype import dtypes
 from ember.engine import corpus, runtime_consts, tiers
 from ember.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, gc_paused, getenv
 from ember.ir.shapetracker import ShapeTracker
@@ -97,7 +99,8 @@ class CompiledRunner(Runner):
 
 
 class BufferCopy(Runner):
-    """Copy between devices: the whole destination buffer, from ``src_offset`` bytes into the source buffer.
+    """Copy between devices: ``nbytes`` from ``src_offset`` bytes into the source buffer, to ``dest_offset`` bytes
+    into the destination (the whole destination unless a gathering copy places several sources in it).
 
     Between two devices of one plugin (``CL`` and ``CL:1``) the destination allocator's ``transfer``
     copies without the host when it can (from a range of the source through the source allocator's
@@ -105,26 +108,73 @@ class BufferCopy(Runner):
     host view of whichever side has one (``as_buffer``), and through a staging copy only when neither has.
     """
 
-    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int = 0):
+    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int = 0, dest_offset: int = 0):
         self.nbytes, self.device, self.src_device, self.src_offset = nbytes, dest_device, src_device, src_offset
+        self.dest_offset = dest_offset
         at = f"@{src_offset}" if src_offset else ""
-        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]}{at:7s}"
+        into = f"@{dest_offset}" if dest_offset else ""
+        self.display_name = f"copy {nbytes:8d}, {dest_device[:7]:>7s}{into} <- {src_device[:7]}{at:7s}"
         self.estimated_mem = nbytes
         self.same_plugin = Device.origin(dest_device) == Device.origin(src_device)
 
     def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
         dest, src = bufs
-        if self.src_offset + dest.nbytes > src.nbytes:
-            raise ValueError(f"copy of {dest.nbytes} bytes from offset {self.src_offset} of a {src.nbytes}-byte buffer "
-                             f"on {src.device}")
+        n = self.nbytes
+        if self.src_offset + n > src.nbytes or self.dest_offset + n > dest.nbytes:
+            raise ValueError(f"copy of {n} bytes from offset {self.src_offset} of a {src.nbytes}-byte buffer on "
+                             f"{src.device} to offset {self.dest_offset} of a {dest.nbytes}-byte buffer on "
+                             f"{dest.device}")
         st = time.perf_counter()
         dest.allocate()
         src_dev, dest_dev = Device[src.device], Device[dest.device]
         src_dev.synchronize()
-        if not (self.same_plugin and _transfer(dest, src, src_dev, dest_dev, self.src_offset)):
-            _copy_through_host(dest, src, dest_dev, self.src_offset)
+        whole = dest
+        target: Buffer | None = dest
+        if self.dest_offset or n != dest.nbytes:  # a range of the destination: through a view of it
+            try:
+                target = Buffer(dest.device, n, dtypes.uint8, dest.allocator.offset(dest.opaque, self.dest_offset, n))
+            except NotImplementedError:  # (no view of that range: patch the whole buffer through the host)
+                data = bytearray(whole.as_bytes())
+                data[self.dest_offset:self.dest_offset + n] = memoryview(src.as_bytes())[self.src_offset:
+                                                                                         self.src_offset + n]
+                whole.copyin(memoryview(data))
+                target = None
+        if target is not None and not (self.same_plugin
+                                       and _transfer(target, src, src_dev, dest_dev, self.src_offset)):
+            _copy_through_host(target, src, dest_dev, self.src_offset)
         if wait:
-            Device[dest.device].synchronize()
+            Device[whole.device].synchronize()
+            return time.perf_counter() - st
+        return None
+
+
+class AllreduceRunner(Runner):
+    """An allreduce by the devices' native collective (:mod:`ember.device.collective`): the buffers are the n
+    outputs (one per device of the group, in order), then the n partials. A driver that raises
+    ``NotImplementedError`` (a dtype or op it lacks) has the buffers combined through host memory instead."""
+
+    def __init__(self, op: str, devices: list[str], nbytes: int):
+        self.op, self.devices, self.device = op, devices, devices[0]
+        self.n_outputs = len(devices)  # (the jit's input checks: every output buffer is written)
+        self.display_name = f"allreduce {op} {nbytes:8d} over {len(devices)}"
+        self.estimated_mem = 2 * nbytes * len(devices)
+
+    def __call__(self, bufs: list[Buffer], wait: bool = False, var_vals: dict[str, int] | None = None) -> float | None:
+        n = len(self.devices)
+        dests, srcs = bufs[:n], bufs[n:]
+        st = time.perf_counter()
+        devs = [Device[d] for d in self.devices]
+        for b in bufs:
+            b.allocate()
+        for d in devs:
+            d.synchronize()
+        try:
+            devs[0].allreduce([b.opaque for b in srcs], [b.opaque for b in dests], devs, srcs[0].dtype, self.op)
+        except NotImplementedError:
+            reduce_through_host(srcs, dests, srcs[0].dtype, self.op)
+        if wait:
+            for d in devs:
+                d.synchronize()
             return time.perf_counter() - st
         return None
 
@@ -248,7 +298,8 @@ def _compile_new_kernels(schedule: Sequence[ScheduleItem]) -> None:
     The device compiler gets the sources as they are rendered
     (:meth:`~ember.device.compiler.Compiler.compile_cached_stream`): one that builds in other
     processes starts on the first kernels while Python renders the rest."""
-    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule if si.ast.op is not Ops.COPY)
+    new_keys = dict.fromkeys((si.bufs[0].device, si.ast) for si in schedule
+                           if si.ast.op not in (Ops.COPY, Ops.ALLREDUCE))
     pending = [key for key in new_keys if key not in method_cache]
     for device in dict.fromkeys(dev for dev, _ in pending):
         keys = [key for key in pending if key[0] == device]
@@ -360,7 +411,8 @@ class ExecItem:
         if DEBUG >= 2:
             t = et or 1e-9
             name = self.prg.display_name
-            color = "yellow" if isinstance(self.prg, BufferCopy) else ("green" if name.startswith("r_") else "cyan")
+            moves = isinstance(self.prg, (BufferCopy, AllreduceRunner))
+            color = "yellow" if moves else ("green" if name.startswith("r_") else "cyan")
             print(f"*** {self.prg.device[:7]:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:32s}', color)} "
                   f"arg {len(self.bufs):2d} mem {GlobalCounters.mem_used / 1e9:5.2f} GB "
                   f"tm {t * 1e6:9.2f}us/{GlobalCounters.time_sum_s * 1e3:9.2f}ms "
@@ -371,10 +423,14 @@ class ExecItem:
 def lower_schedule_item(si: ScheduleItem) -> ExecItem:
     """Turn one ScheduleItem into an ExecItem (compiling on first sight)."""
     bufs = list(si.bufs)
+    if si.ast.op is Ops.ALLREDUCE:
+        op, n = si.ast.arg
+        return ExecItem(AllreduceRunner(op, [b.device for b in bufs[:n]], bufs[0].nbytes), bufs)
     if si.ast.op is Ops.COPY:
-        offset = si.ast.arg[1] if isinstance(si.ast.arg, tuple) else 0
-        return ExecItem(BufferCopy(bufs[0].nbytes, bufs[0].device, bufs[1].device, offset * bufs[1].dtype.itemsize),
-                        bufs)
+        # (size, src_offset) or, for a piece of a gathering copy, (size, src_offset, dest_offset), in elements
+        size, offset, into = (*si.ast.arg, 0)[:3] if isinstance(si.ast.arg, tuple) else (bufs[0].size, 0, 0)
+        item = bufs[1].dtype.itemsize
+        return ExecItem(BufferCopy(size * item, bufs[0].device, bufs[1].device, offset * item, into * item), bufs)
     return ExecItem(get_runner(bufs[0].device, si.ast), bufs, var_vals=dict(si.var_vals))
 
 
@@ -416,7 +472,8 @@ def run_schedule_searching(schedule: Sequence[ScheduleItem], wait: bool = False)
     if tiers.pending:
         tiers.apply()
     items = [runtime_consts.parameterize(si) for si in schedule]
-    to_search = {(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY and _needs_search(si)}
+    to_search = {(si.bufs[0].device, si.ast) for si in items
+                 if si.ast.op not in (Ops.COPY, Ops.ALLREDUCE) and _needs_search(si)}
     _compile_new_kernels([si for si in items if (si.bufs[0].device, si.ast) not in to_search])
     for si in items:
         if (si.bufs[0].device, si.ast) in to_search and (si.bufs[0].device, si.ast) not in method_cache:
@@ -445,7 +502,7 @@ def _search_and_compile(si: ScheduleItem) -> None:
     device = si.bufs[0].device
     corpus.record(si.ast)
     renderer = Device[device].renderer
-    opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs))
+    opts = search.beam_search(si.ast, renderer, int(BEAM.value), bufs=list(si.bufs), runner=CompiledRunner)
     spec = get_program(si.ast, renderer, opts=opts)
     _store_lowered(_lowered_entry(renderer, si.ast), spec)
     method_cache[(device, si.ast)] = CompiledRunner(device, spec, var_names=ast_var_names(si.ast))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, least_upper_dtype, to_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import Pads, int_tuple, nonnegative_pads, resolve_pads, shape_str
+from ember.frontend.util import Pads, device_policy, int_tuple, nonnegative_pads, resolve_pads, shape_str
 from ember.helpers import prod
 
 if TYPE_CHECKING:
@@ -168,13 +168,12 @@ def _buffers_read(t: Tensor) -> int:
     return sum(1 for u in nodes if u.op is Ops.BUFFER or u in realized)
 
 
-#: a padded input with at least this many elements is padded in a kernel of its own (see :func:`_windows`)
-PAD_COPY_MIN = 1 << 16
-
-
 def _copied(x: Tensor, pads: Pads) -> bool:
-    """Whether ``x`` padded by ``pads`` is large enough to be copied into a buffer of its own."""
-    return prod(x.shape[:2]) * prod(i + pb + pa for i, (pb, pa) in zip(x.shape[2:], pads)) >= PAD_COPY_MIN
+    """Whether ``x`` padded by ``pads`` is large enough to be copied into a buffer of its own (the device's
+    ``conv_pad_copy_min``; None: never)."""
+    least = device_policy(x.device).conv_pad_copy_min
+    padded = prod(x.shape[:2]) * prod(i + pb + pa for i, (pb, pa) in zip(x.shape[2:], pads))
+    return least is not None and padded >= least
 
 
 def _windows(x: Tensor, ks: Sequence[int], s_: Sequence[int], d_: Sequence[int], pads: Pads,
@@ -187,8 +186,8 @@ def _windows(x: Tensor, ks: Sequence[int], s_: Sequence[int], d_: Sequence[int],
     the padding in the convolution's kernel, so it stays one kernel.
 
     ``channels_last``: a large input is copied (padded or not) with its channels innermost, for the kernels that
-    tile along channels (see :func:`_conv_forward` and :func:`_conv_weight_grad`); the windows are still indexed
-    as above."""
+    tile along channels (see :func:`_conv_forward` and :func:`_conv_weight_grad`; asked for where the device's
+    ``conv_channels_last`` says so); the windows are still indexed as above."""
     padding = any(p > 0 for pair in pads for p in pair)
     if not (channels_last or padding) or not _copied(x, pads):
         return x.pad(((0, 0), (0, 0)) + tuple(pads))._pool(tuple(ks), tuple(s_), tuple(d_))
@@ -217,7 +216,7 @@ def _conv_forward(inp: Tensor, weight: Tensor, groups: int, s_: Sequence[int], d
     n = weight.ndim - 2
     bs = inp.shape[0]
     cout, cin_g, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
-    last = _copied(inp, pads)
+    last = _copied(inp, pads) and device_policy(inp.device).conv_channels_last
     windows = _windows(inp, ks, s_, d_, pads, channels_last=last)               # (bs, cin, *out, *k)
     outs = windows.shape[2:2 + n]
     rcout = cout // groups
@@ -290,7 +289,8 @@ def _conv_weight_grad(g: Tensor, x: Tensor, groups: int, s_: Sequence[int], d_: 
     # both operands are permuted to (g, rc, *k, cin_g, bs, *o) before they are multiplied, so the kernel reads
     # them through views of the buffers (a view of the product would be indexed through div/mod)
     order = (1, 2, *range(4 + n, 4 + 2 * n), 3, 0, *range(4, 4 + n))
-    windows = _windows(x, ks, s_, d_, pads, channels_last=True).reshape(bs, groups, 1, cin_g, *outs, *ks)
+    last = device_policy(x.device).conv_channels_last
+    windows = _windows(x, ks, s_, d_, pads, channels_last=last).reshape(bs, groups, 1, cin_g, *outs, *ks)
     windows = windows.permute(order)
     gg = g.reshape(bs, groups, rcout, 1, *outs, *([1] * n)).permute(order)
     out = (gg * windows).sum(tuple(range(3 + n, 4 + 2 * n)), dtype=g.dtype).reshape(cout, *ks, cin_g)

@@ -235,6 +235,25 @@ class CreationMixin(TensorBase):
         diag = cls.ones(n, 1, **kwargs).pad(((0, 0), (0, n))).reshape(n * (n + 1))[: n * n].reshape(n, n)
         return cls._leaf(diag[:, :m] if m <= n else diag.pad(((0, 0), (0, m - n))), requires_grad)
 
+    @classmethod
+    def from_url(cls, url: str, gunzip: bool = False, *, dtype: DType | str | None = None,
+                 device: str | None = None) -> Tensor:
+        """The bytes at ``url`` as a 1-D tensor: ``uint8``, or read as ``dtype`` (a trailing part item dropped).
+
+        The file is downloaded once into the cache (:func:`ember.helpers.fetch`; a local path is read as it
+        is); ``gunzip`` stores and reads the decompressed bytes. Where tinygrad keeps the tensor on a disk
+        device, ember reads the bytes into ``device`` (the default device when ``None``).
+        """
+        from ember.helpers import fetch  # the download machinery is needed only here
+
+        dt = dtypes.uint8 if dtype is None else to_dtype(dtype)
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(dt.itemsize)
+        if bits is None:
+            raise TypeError(f"from_url cannot read items of {dt} ({dt.itemsize} bytes each)")
+        data = fetch(url, gunzip=gunzip).read_bytes()
+        raw = cls(np.frombuffer(data, dtype=bits, count=len(data) // dt.itemsize), device=device)
+        return raw if raw.dtype == dt else raw.bitcast(dt)
+
     # --- the random number generator --------------------------------------------------------------
     @classmethod
     def manual_seed(cls, seed: int = 0) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ember.dtype import DType, dtypes, least_upper_dtype, to_dtype
 from ember.frontend.base import TensorBase
-from ember.frontend.util import broadcast_shape
+from ember.frontend.util import broadcast_shape, device_policy
 from ember.helpers import prod
 from ember.ir.uop import Ops
 
@@ -202,21 +202,6 @@ class LinalgMixin(TensorBase):
         return result.cast(out_dt)
 
 
-#: a product with at least this many multiply-adds (per batch element) may get an operand copied into another
-#: layout (see :func:`_tile_layout`); below it the copy's kernel costs about what it saves (CPU, a @ b.T: 64^3
-#: the same, 128^3 0.05 ms copied against 0.07, 256 x 784 x 512 0.63 ms against 1.05)
-COPY_MIN_MACS = 1 << 21
-#: ... and only when both output dims are at least this long: each element of the copy is then read that many
-#: times, and the tile has room along both (a @ b.T, 32 x 512 x 512: 1.33 ms copied against 0.14)
-COPY_MIN_DIM = 64
-#: operands both contiguous along their output axes are copied only for a reduction at least this long, with at
-#: least this many outputs: each step of k then reads a new row of both, which a long k over many output tiles
-#: turns into cache and TLB misses (on CPU, a.T @ b with k = 1000-4096 and 512^2 outputs or more: 1.2-1.5x faster
-#: copied; with k = 256-768, or 256^2 outputs or fewer, the copy costs as much as it saves, or more)
-COPY_MIN_K_ACROSS = 1024
-COPY_MIN_OUTPUTS_ACROSS = 1 << 17
-
-
 def _last_strides(t: Tensor) -> tuple[int, int] | None:
     """How far ``t``'s elements lie apart along its last two dims, in its base's contiguous layout (a view of a
     buffer, or of a value computed into one); None when its view cannot say (several views, masks, symbols) or
@@ -245,7 +230,8 @@ def _regroups(t: Tensor) -> bool:
 
 def _tile_layout(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``a`` (..., n, k) and ``b`` (..., k, m), one of them copied into the layout a matmul kernel wants when the
-    product is large and neither pairing it tiles well holds.
+    product is large and neither pairing it tiles well holds. The device's renderer says what "large" is, or that
+    no copy pays (``matmul_copy_*`` of :class:`~ember.renderer.Renderer`).
 
     A register tile of outputs is a row of vector lanes along an output axis times broadcast elements of the
     other operand: it wants one operand contiguous along its output axis (``b`` along m, or ``a`` along n) and
@@ -254,12 +240,14 @@ def _tile_layout(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     broadcast operand is read a row apart per step of k: slower only for a long k). The smaller operand is then
     copied, transposed, into the other layout: one pass over it, where the product reads each of its elements m
     (or n) times."""
-    sa, sb = _last_strides(a), _last_strides(b)
     n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
     if not all(isinstance(d, int) for d in (*a.shape, *b.shape)):
         return a, b
-    if n * k * m < COPY_MIN_MACS or min(n, m) < COPY_MIN_DIM:
+    policy = device_policy(a.device)
+    if policy.matmul_copy_min_macs is None or n * k * m < policy.matmul_copy_min_macs or \
+            min(n, m) < policy.matmul_copy_min_dim:
         return a, b
+    sa, sb = _last_strides(a), _last_strides(b)
     if sa is None and sb is not None and _regroups(a):
         # a reads its base through a reshape that regroups its axes (heads joined back into features:
         # ``att.transpose(1, 2).reshape(b, t, h * d)``): its index along k is a division and a remainder, which
@@ -279,7 +267,7 @@ def _tile_layout(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     if a_k and b_k:
         # one operand contiguous along its output axis: a as (..., k, n), or b as (..., k, m)
         return (a.transpose(-1, -2).contiguous().transpose(-1, -2), b) if size_a < size_b else (a, b.contiguous())
-    if a_out and b_out and k >= COPY_MIN_K_ACROSS and n * m >= COPY_MIN_OUTPUTS_ACROSS:
+    if a_out and b_out and k >= policy.matmul_copy_min_k_across and n * m >= policy.matmul_copy_min_outputs_across:
         # one operand contiguous along k: a as (..., n, k), or b as (..., m, k)
         return (a.contiguous(), b) if size_a <= size_b else (a, b.transpose(-1, -2).contiguous().transpose(-1, -2))
     return a, b

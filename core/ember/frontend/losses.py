@@ -5,7 +5,7 @@ reductions, label smoothing, class weights and ignored labels; ``self`` is the p
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import dtypes
 from ember.frontend import checks
@@ -89,8 +89,7 @@ class LossMixin(TensorBase):
         if Y.shape != self.shape[:-1]:
             raise RuntimeError(f"sparse_categorical_crossentropy: labels of shape {Y.shape} do not match logits of "
                                f"shape {self.shape} (expected {self.shape[:-1]})")
-        logp = self._to_float().log_softmax(-1)
-        return _nll(logp, Y, self.ndim - 1, None, ignore_index, label_smoothing, reduction)
+        return _sparse_xent(self._to_float(), Y, ignore_index, label_smoothing, reduction)
 
     def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                       ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
@@ -158,6 +157,40 @@ def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return loss.mean()
     raise ValueError(f"{reduction} is not a valid value for reduction (expected one of {REDUCTIONS})")
+
+
+def _sparse_xent(x: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float, reduction: str) -> Tensor:
+    """Cross-entropy of float logits ``x`` (classes last) at labels ``Y``, with its own gradient.
+
+    Per row ``lse - (1 - s) * x[y] - s/K * sum(x)``: the label's logit is a one-hot sum the codegen lowers to
+    one load, and the gradient ``g * (softmax - (1 - s) * onehot - s/K)`` is one elementwise pass over the
+    logits (the softmax from the saved row ``lse``, the one-hot compare recomputed, nothing of (rows x
+    classes) kept), instead of log_softmax's backward with its extra reduction over the classes.
+    """
+    n_cls = x.shape[-1]
+    checks.index_in_range(Y, n_cls, x.ndim - 1, ignore=ignore_index,
+                          message="Target {index} is out of bounds (size {size} along dimension {dim} of the input).")
+    xd = x.detach()
+    m = xd._max_any(-1, keepdim=True)
+    m = (m.abs() == float("inf")).where(0.0, m)
+    lse = ((xd - m).exp().sum(-1, keepdim=True).log() + m).contiguous()
+    classes = type(x).arange(n_cls, device=x.device)
+    hit = Y.unsqueeze(-1) == classes
+    loss = lse.squeeze(-1) - hit.where(xd, 0).sum(-1) * (1 - label_smoothing)
+    if label_smoothing > 0:
+        loss = loss - xd.sum(-1) * (label_smoothing / n_cls)
+    valid = Y != ignore_index
+    loss = valid.where(loss, 0)
+
+    def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
+        w = valid.where(g, 0).unsqueeze(-1)
+        soft = (xd - lse).exp() - hit.where(1.0 - label_smoothing, 0.0)
+        return (w * (soft - label_smoothing / n_cls if label_smoothing > 0 else soft),)
+
+    loss = x._custom((x,), loss, rule, "sparse_categorical_crossentropy")
+    if reduction != "mean":
+        return _reduce_loss(loss, reduction)
+    return loss.sum() / valid.cast(loss.dtype).sum()
 
 
 def _nll(logp: Tensor, Y: Tensor, cdim: int, weight: Tensor | None, ignore_index: int | None, label_smoothing: float,

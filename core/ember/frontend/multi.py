@@ -25,6 +25,7 @@ from ember.ir.multi import (
     shard_slice,
     shrink_across,
     view_of,
+    view_replicated,
 )
 from ember.ir.shapetracker import ShapeTracker
 from ember.ir.uop import Ops, UOp
@@ -100,10 +101,11 @@ class MultiMixin(TensorBase):
         if not isinstance(src_dev, tuple):
             out = type(self)(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), dev))))
             return out._record((self,), lambda g, o, p: (g.to(src_dev),), "copy")
-        if isinstance(dev, tuple):
-            raise NotImplementedError(f"moving a tensor {describe(lower(x).arg, src_dev)} to the devices {dev} "
-                                      f"(resharding is not supported)")
         m = lower(x)
+        if isinstance(dev, tuple):  # another tuple of devices: gathered, replicated there (as tinygrad does)
+            out = type(self)(UOp(Ops.COPY, x.dtype, (x, UOp(Ops.DEVICE, None, (), canonical_devices(dev)))))
+            axis = m.arg
+            return out._record((self,), lambda g, o, p: (g.to(src_dev)._sliced(axis),), "copy")
         if m.arg is None:
             here = next((s for s in m.src if device_of(s) == dev), m.src[0])
             out = type(self)(copy_to(here, dev))
@@ -113,6 +115,13 @@ class MultiMixin(TensorBase):
         axis = m.arg
         return out._record((self,), lambda g, o, p: (g.shard(src_dev, axis),), "copy")
 
+    def _sliced(self, axis: int | None) -> Tensor:
+        """This replicated tensor sharded on ``axis`` of its devices: each keeps its slice (a view, no copy)."""
+        m = lower(self.lazydata)
+        if axis is None or m.arg == axis:
+            return self
+        return type(self)(multi(match_sharding(m, axis), axis))
+
     def _assign_multi(self, x: Tensor) -> Tensor:
         """``assign`` into a multi-device tensor: each shard written on its device (in place where it lives in a
         buffer), ``x`` already on the same devices. A replicated value assigned into a sharded tensor gives each
@@ -121,7 +130,7 @@ class MultiMixin(TensorBase):
         axis = target.arg
         if value.arg is not None and value.arg != axis:
             raise ShardingError(f"assign: a value {describe(value.arg, x.device)} into a tensor "
-                                f"{describe(axis, self.device)}; resharding is not supported")
+                                f"{describe(axis, self.device)} (tinygrad 0.14 refuses it too)")
         values = match_sharding(value, axis)
         cls = type(self)
         writes = tuple(cls(t).assign(cls(v)).lazydata for t, v in zip(target.src, values))
@@ -130,7 +139,8 @@ class MultiMixin(TensorBase):
         return self
 
     def _check_sharding(self, y: Tensor) -> None:
-        """Refuse now, naming both, two operands of an elementwise op that are sharded differently."""
+        """Refuse now, naming both, two operands of an elementwise op on different device tuples (operands sharded
+        on different axes are resharded when the op is lowered)."""
         common_axis("elementwise op", [lower(self.lazydata), lower(y.lazydata)])
 
     def _multi_view(self, fn: Callable[[ShapeTracker], ShapeTracker], backward: Callable[[Tensor], Tensor]) -> Tensor:
@@ -140,7 +150,8 @@ class MultiMixin(TensorBase):
         fn(recorder)  # (it records the calls a ShapeTracker would get)
         moves = recorder.calls
         if m.arg is None:
-            shards, axis = tuple(view_of(s, fn(ShapeTracker.from_shape(shape_of(s)))) for s in m.src), None
+            out = type(self)(view_replicated(m, fn(ShapeTracker.from_shape(shape_of(m.src[0])))))
+            return out._record((self,), lambda g, o, p: (backward(g),), "view")
         elif len(moves) == 1 and moves[0][0] == "shrink" and tuple(moves[0][1][m.arg]) != (0, self.shape[m.arg]):
             out = type(self)(shrink_across(m, tuple(moves[0][1])))
             return out._record((self,), lambda g, o, p: (backward(g),), "view")
@@ -176,8 +187,8 @@ def _replay(calls: list[tuple[str, Any]], st: ShapeTracker) -> ShapeTracker:
 def _follow_axis(calls: list[tuple[str, Any]], shape: tuple[Any, ...], axis: int,
                  devices: tuple[str, ...]) -> tuple[list[tuple[str, Any]], int]:
     """The movement ``calls`` as each shard makes them (sizes along the sharded axis divided by the device
-    count), and where the sharded axis ends up; NotImplementedError for a movement that would move elements
-    between shards (resharding is not supported)."""
+    count), and where the sharded axis ends up; :class:`ShardingError` for a movement that would move elements
+    between shards (tinygrad 0.14 refuses the same ones)."""
     n = len(devices)
     local: list[tuple[str, Any]] = []
     for name, arg in calls:
@@ -219,9 +230,11 @@ def _follow_axis(calls: list[tuple[str, Any]], shape: tuple[Any, ...], axis: int
 
 
 def _refuse(name: str, arg: Any, shape: tuple[Any, ...], axis: int, devices: tuple[str, ...],
-            why: str) -> NotImplementedError:
-    return NotImplementedError(f"{name}{tuple(arg)} of a tensor of shape {shape} {describe(axis, devices)}: {why} "
-                               "(resharding is not supported)")
+            why: str) -> ShardingError:
+    # tinygrad 0.14 refuses these too (RuntimeError "moved items between shards", "flipping not supported ...")
+    return ShardingError(f"{name}{tuple(arg)} of a tensor of shape {shape} {describe(axis, devices)}: {why}, which "
+                         "would move elements between shards; gather it first with .to(device) or reshard with "
+                         ".to(other devices)")
 
 
 __all__ = ["MultiMixin", "ShardingError", "canonical_devices"]

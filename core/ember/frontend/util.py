@@ -1,11 +1,14 @@
 """Helpers shared by the Tensor class and its mixins."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ember.dtype import DType, dtypes, truncate
 from ember.helpers import is_int_like
 from ember.ir.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    from ember.renderer import Renderer
 
 Scalar = int | float | bool
 Shape = tuple[int, ...]
@@ -167,3 +170,11 @@ def nonnegative_pads(pads: Pads, padding: object, name: str) -> None:
 def shape_str(shape: Sequence[int]) -> str:
     """A shape as torch prints it in size errors: ``2 x 3 x 4``."""
     return " x ".join(str(s) for s in shape)
+
+
+def device_policy(device: str | tuple[str, ...]) -> Renderer:
+    """The renderer of ``device`` (the first device of a sharded tensor): its frontend policy says which layout
+    copies pay before a matmul or a convolution (see :class:`ember.renderer.Renderer`)."""
+    from ember.device.registry import Device
+
+    return Device[device[0] if isinstance(device, tuple) else device].renderer

@@ -7,6 +7,7 @@ ops compose their ShapeTrackers.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from typing import Any
 
@@ -35,6 +36,8 @@ def shape_of(u: UOp) -> tuple[int, ...]:
     elif u.op is Ops.REDUCE_AXIS:
         s = shape_of(u.src[0])
         out = tuple(1 if i in u.arg[1] else x for i, x in enumerate(s))
+    elif u.op is Ops.COPY and len(u.src) > 2:  # a gathering copy: its sources one after another, flat
+        out = (sum(math.prod(shape_of(s)) for s in u.src[:-1]),)
     elif u.op is Ops.MULTI:  # the logical shape: the shards side by side along the sharded axis
         s, a = shape_of(u.src[0]), u.arg
         out = s if a is None else s[:a] + (s[a] * len(u.src),) + s[a + 1:]
@@ -53,8 +56,8 @@ def device_of(u: UOp) -> Any:
         out = u.arg
     elif u.op is Ops.BUFFER:
         out = u.arg[1]
-    elif u.op is Ops.COPY:
-        out = u.src[1].arg
+    elif u.op in (Ops.COPY, Ops.ALLREDUCE):
+        out = u.src[-1].arg
     elif u.op is Ops.CONST:
         out = u.src[0].arg
     elif u.op is Ops.MULTI:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import weakref
 
-from ember.dtype import dtypes
+from ember.device.collective import native_allreduce_of
+from ember.dtype import DType, PtrDType, dtypes
 from ember.helpers import prod
 from ember.ir.lazy import base_of, device_of, realized, shape_of
 from ember.ir.shapetracker import ShapeTracker
@@ -107,9 +108,8 @@ def _lower_one(n: UOp) -> UOp:
         return multi(tuple(copy_to(n, d) for d in devices), None)
     if n.op is Ops.COPY:  # a single-device value broadcast to every device (``to(devices)``)
         x = n.src[0]
-        if is_multi(x):
-            raise NotImplementedError(f"copying a tensor {describe(lower(x).arg, device_of(x))} to the devices "
-                                      f"{devices} (resharding is not supported)")
+        if is_multi(x):  # another tuple of devices: every one gathers the whole (replicated), as tinygrad does
+            return gather_to(lower(x), devices)
         return multi(tuple(copy_to(x, d) for d in devices), None)
     if n.op is Ops.REDUCE_AXIS:
         m = lower(n.src[0])
@@ -118,12 +118,14 @@ def _lower_one(n: UOp) -> UOp:
                       else UOp(Ops.REDUCE_AXIS, n.dtype, (s,), n.arg) for s in m.src)
         if m.arg is None or m.arg not in n.arg[1]:
             return multi(local, m.arg)
-        return multi(allreduce(local, n.arg[0]), None)
+        total = multi(allreduce(local, n.arg[0]), None)
+        _partials[total] = (local, n.arg[0])
+        return total
     if n.op is Ops.VIEW:  # views of sharded values are pushed down as they are built; a replicated one may remain
         m = lower(n.src[0])
         if m.arg is not None:
             raise AssertionError("a view of a sharded value must have been pushed down to its shards")
-        return multi(tuple(view_of(s, n.arg) for s in m.src), None)
+        return view_replicated(m, n.arg)
     if n.op in GroupOp.Elementwise or n.op in (Ops.CONTIGUOUS, Ops.DETACH):
         ms = []
         for s in n.src:
@@ -132,32 +134,129 @@ def _lower_one(n: UOp) -> UOp:
             ms.append(lower(s))
         axis = common_axis(n.op.name, ms)
         shards = [match_sharding(m, axis) for m in ms]
-        return multi(tuple(UOp(n.op, n.dtype, srcs, n.arg) for srcs in zip(*shards)), axis)
+        out = multi(tuple(UOp(n.op, n.dtype, srcs, n.arg) for srcs in zip(*shards)), axis)
+        if axis is None and any(m in _partials or m in _recipes for m in ms):
+            _recipes[out] = (n.op, n.dtype, n.arg, tuple(ms))
+        return out
     raise NotImplementedError(f"{n.op.name} is not supported on a multi-device tensor (devices {devices})")
 
 
 def common_axis(what: str, ms: list[UOp]) -> int | None:
     """The sharding of an elementwise op on the lowered operands ``ms``: their common axis (replicated operands
-    fit any), or a :class:`ShardingError` naming two that differ."""
-    sharded = [m for m in ms if m.arg is not None]
-    for m in sharded[1:]:
-        if m.arg != sharded[0].arg:
-            raise ShardingError(f"{what}: operands {describe(sharded[0].arg, device_of(sharded[0]))} and "
-                                f"{describe(m.arg, device_of(m))}; resharding is not supported")
-    devices = {device_of(m) for m in ms}
-    if len(devices) > 1:
-        raise ShardingError(f"{what}: operands on different device tuples {sorted(devices)}")
-    return sharded[0].arg if sharded else None
+    fit any). Operands sharded on different axes are resharded to the axis sharded last among the distinct ones
+    in operand order (tinygrad 0.14's choice: ``x0 + x1`` is sharded on 1, ``x1 + x0`` on 0); operands on
+    different device tuples are a :class:`ShardingError` naming both."""
+    for m in ms[1:]:
+        if device_of(m) != device_of(ms[0]):
+            raise ShardingError(f"{what}: operands {describe(ms[0].arg, device_of(ms[0]))} and "
+                                f"{describe(m.arg, device_of(m))}: different devices; move one with .to(devices)")
+    axes = list(dict.fromkeys(m.arg for m in ms if m.arg is not None))
+    return axes[-1] if axes else None
 
 
 def match_sharding(m: UOp, axis: int | None) -> tuple[UOp, ...]:
     """The shards of the lowered value ``m`` for an op sharded on ``axis``: a replicated value is cut into each
-    device's slice (a view: nothing is copied)."""
+    device's slice (a view: nothing is copied); a value sharded on another axis is resharded (:func:`reshard`);
+    the replicated result of an allreduce is a reduce-scatter instead (each device combines only its slice)."""
     if m.arg == axis or axis is None:
         return m.src
     if m.arg is not None:
-        raise ShardingError(f"a value {describe(m.arg, device_of(m))} where {describe(axis, device_of(m))} is needed")
+        return reshard(m, axis).src
+    if (combined := _partials.get(m)) is not None:
+        return reduce_scatter(*combined, axis)
+    if (recipe := _recipes.get(m)) is not None:  # computed on each device from its slices of the operands
+        op, dtype, arg, ms = recipe
+        if op is Ops.VIEW:  # a reshape adding or removing axes of 1: the same slice of the source, reshaped
+            src_shape, shape, n = shape_of(ms[0]), shape_of(m), len(m.src)
+            k = [i for i, s in enumerate(src_shape) if s != 1][[i for i, s in enumerate(shape) if s != 1].index(axis)]
+            local = tuple(s // n if i == axis else s for i, s in enumerate(shape))
+            return tuple(view_of(p, ShapeTracker.from_shape(shape_of(p)).reshape(local))
+                         for p in match_sharding(ms[0], k))
+        return tuple(UOp(op, dtype, srcs, arg) for srcs in zip(*(match_sharding(x, axis) for x in ms)))
     return tuple(shard_slice(s, axis, i, len(m.src)) for i, s in enumerate(m.src))
+
+
+#: the per-device partials and the op of each allreduce result lowered so far (weak keys, as ``_lowered``): an
+#: op that needs only each device's slice of the total reduce-scatters them instead (the allreduce, left unused,
+#: is never scheduled)
+_partials: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Ops]] = weakref.WeakKeyDictionary()
+
+
+#: how each replicated elementwise result computed from an allreduce result was made (op, dtype, arg, lowered
+#: operands), so that an op needing only each device's slice of it computes only that slice, from a
+#: reduce-scatter (an optimizer update of a sharded parameter from a gradient summed over a sharded batch)
+_Recipe = tuple[Ops, DType | PtrDType | None, object, tuple[UOp, ...]]
+_recipes: weakref.WeakKeyDictionary[UOp, _Recipe] = weakref.WeakKeyDictionary()
+
+
+def view_replicated(m: UOp, st: ShapeTracker) -> UOp:
+    """The replicated lowered value ``m`` seen through ``st`` on every device."""
+    out = multi(tuple(view_of(s, st) for s in m.src), None)
+    if (m in _partials or m in _recipes) and _squeeze_only(shape_of(m), st):
+        _recipes[out] = (Ops.VIEW, None, st, (m,))
+    return out
+
+
+def _squeeze_only(src_shape: tuple[int, ...], st: ShapeTracker) -> bool:
+    """Whether the view ``st`` of a value of ``src_shape`` only adds or removes axes of size 1."""
+    return st.contiguous and st.size == prod(src_shape) and \
+        [s for s in src_shape if s != 1] == [s for s in st.shape if s != 1]
+
+
+def reduce_scatter(parts: tuple[UOp, ...], op: Ops, axis: int) -> tuple[UOp, ...]:
+    """Device i's slice along ``axis`` of the combination of the per-device partials ``parts`` with ``op``: it
+    fetches slice i of every other partial (the part a ring's reduce-scatter would bring it: (n-1)/n of the
+    data) and combines them in device order, so each element is computed once, on its owner."""
+    n = len(parts)
+    parts = tuple(stored(p) for p in parts)  # (computed once; a slice that is a range of it is copied straight out)
+    out = []
+    for i, p in enumerate(parts):
+        device = device_of(p)
+        acc: UOp | None = None
+        for q in parts:
+            piece = copy_to(shard_slice(q, axis, i, n), device)
+            acc = piece if acc is None else UOp(op, acc.dtype, (acc, piece))
+        assert acc is not None
+        out.append(acc)
+    return tuple(out)
+
+
+def reshard(m: UOp, axis: int | None) -> UOp:
+    """The lowered value ``m``, sharded on ``m.arg``, sharded on ``axis`` instead (None: replicated, an
+    allgather). Device i fetches from every shard only the part it will hold (the slice ``i`` of ``axis``; with
+    None all of it) and joins the parts along the old axis, so each element crosses at most one link."""
+    old, devices, n = m.arg, device_of(m), len(m.src)
+    if old is None or old == axis:
+        return m if axis is None or old == axis else multi(match_sharding(m, axis), axis)
+    local = shape_of(m.src[0])
+    whole = shape_of(m)
+    if axis is not None and whole[axis] % n:
+        raise ShardingError(f"resharding a tensor of shape {whole} {describe(old, devices)} to "
+                            f"{describe(axis, devices)}: axis {axis} (size {whole[axis]}) does not split evenly over "
+                            f"{n} devices")
+    out = []
+    for i, device in enumerate(devices):
+        keep = tuple((i * (s // n), (i + 1) * (s // n)) if k == axis else (0, s) for k, s in enumerate(local))
+        pieces = [(copy_to(view_of(s, ShapeTracker.from_shape(local).shrink(keep)), device), j * local[old])
+                  for j, s in enumerate(m.src)]
+        out_shape = tuple(e - b if k != old else whole[old] for k, (b, e) in enumerate(keep))
+        out.append(join(pieces, old, out_shape, device))
+    return multi(tuple(out), axis)
+
+
+def gather_to(m: UOp, devices: tuple[str, ...]) -> UOp:
+    """The lowered value ``m`` replicated on ``devices`` (another tuple): each gathers every shard (a replicated
+    ``m`` is fetched from the same device where it has one, else from its first)."""
+    if m.arg is None:
+        here = {device_of(s): s for s in m.src}
+        return multi(tuple(copy_to(here.get(d, m.src[0]), d) for d in devices), None)
+    local, whole = shape_of(m.src[0]), shape_of(m)
+    # (shards that are flat ranges of the whole, in order, are copied into place)
+    if prod(local[:m.arg]) == 1 and gathers_into(devices, prod(local) * m.src[0].value_dtype.itemsize):
+        flat = ShapeTracker.from_shape((prod(whole),)).reshape(whole)
+        return multi(tuple(view_of(gathered(list(m.src), d), flat) for d in devices), None)
+    return multi(tuple(join([(copy_to(s, d), j * local[m.arg]) for j, s in enumerate(m.src)], m.arg, whole, d)
+                       for d in devices), None)
 
 
 def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
@@ -165,8 +264,14 @@ def allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
     total. Each element of the total is computed once, on one device, and copied to the others, so replicas
     stay identical (an allreduce where each device combined in its own order would not).
 
-    Two devices (or fewer elements than devices): reduce onto the first device, then broadcast. More: a ring
-    (:func:`ring_allreduce`), which moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    When every device offers a native collective (:func:`ember.device.collective.native_allreduce_of`), one
+    ALLREDUCE node per device, scheduled as one item that calls it. Otherwise, two devices (or fewer elements
+    than devices): reduce onto the first device, then broadcast. More: a ring (:func:`ring_allreduce`), which
+    moves 2(n-1)/n of the data per device instead of n-1 times it through one."""
+    if op in _NATIVE_OPS and native_allreduce_of(tuple(device_of(p) for p in parts)) is not None:
+        whole = tuple(_whole(p) for p in parts)
+        return tuple(UOp(Ops.ALLREDUCE, p.dtype, whole + (UOp(Ops.DEVICE, None, (), device_of(p)),),
+                         (_NATIVE_OPS[op], i)) for i, p in enumerate(parts))
     if len(parts) > 2 and prod(shape_of(parts[0])) >= len(parts):
         return ring_allreduce(parts, op)
     home = device_of(parts[0])
@@ -206,14 +311,52 @@ def ring_allreduce(parts: tuple[UOp, ...], op: Ops) -> tuple[UOp, ...]:
         owned[c] = acc
     out = []
     for device in devices:
-        row = ShapeTracker.from_shape((step,)).reshape((1, step))
-        pieces = [(view_of(copy_to(owned[c], device), row), c) for c in live]
-        whole = join(pieces, 0, (n, step), device)
-        back = ShapeTracker.from_shape((n, step)).reshape((n * step,))
-        if step * n != total:
+        if gathers_into(devices, step * dtype.itemsize):  # every chunk copied into its place: no join kernel
+            whole = gathered([owned[c] for c in live], device)
+            back = ShapeTracker.from_shape((len(live) * step,))
+        else:
+            row = ShapeTracker.from_shape((step,)).reshape((1, step))
+            pieces = [(view_of(copy_to(owned[c], device), row), c) for c in live]
+            whole = join(pieces, 0, (n, step), device)
+            back = ShapeTracker.from_shape((n, step)).reshape((n * step,))
+        if len(live) * step != total:
             back = back.shrink(((0, total),))
         out.append(view_of(whole, back.reshape(shape)))
     return tuple(out)
+
+
+def gathers_into(devices: list[str] | tuple[str, ...], piece_bytes: int) -> bool:
+    """Whether copies can write pieces of ``piece_bytes`` into ranges of a buffer on each of ``devices`` (their
+    allocators make offset views), so a gather is copies into one buffer rather than copies then a kernel
+    joining them. Device memory often views only ranges aligned to some bytes (OpenCL's base address
+    alignment, up to 128 bytes): other pieces are joined by a kernel there, not patched through the host."""
+    from ember.device.allocator import Allocator
+    from ember.device.registry import Device
+
+    allocators = [type(Device[d].allocator) for d in devices]
+    if any(a.offset is Allocator.offset for a in allocators):
+        return False
+    return piece_bytes % 256 == 0 or all(a.as_buffer is not Allocator.as_buffer for a in allocators)
+
+
+def gathered(pieces: list[UOp], device: str) -> UOp:
+    """The pieces (nodes on any devices) one after another, flat, in one buffer on ``device``: a gathering copy,
+    each piece copied into its place (a piece already on ``device`` is copied there too)."""
+    return UOp(Ops.COPY, pieces[0].dtype, tuple(pieces) + (UOp(Ops.DEVICE, None, (), device),))
+
+
+#: the collective's name of each op an allreduce combines with
+_NATIVE_OPS = {Ops.ADD: "add", Ops.MAX: "max", Ops.MUL: "mul"}
+
+
+def _whole(x: UOp) -> UOp:
+    """``x`` as a node whose buffer holds exactly its elements in order (a collective reads whole buffers)."""
+    base = base_of(x)
+    size = base.arg[2] if base.op is Ops.BUFFER else prod(shape_of(base))
+    if base.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY) and (x is base or x.arg.contiguous) \
+            and prod(shape_of(x)) == size:
+        return x
+    return UOp(Ops.CONTIGUOUS, x.dtype, (x,))
 
 
 def stored(x: UOp) -> UOp:

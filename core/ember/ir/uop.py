@@ -100,6 +100,8 @@ class Ops(Enum):
     # and a gate, if any, holds for every lane.
     VECTORIZE = auto()     # src=n scalars of one dtype, dtype=that dtype.vec(n): lane i is src[i]
     GEP = auto()           # src=(vector,), arg=lane, dtype=the lane's scalar dtype
+    ALLREDUCE = auto()     # tensor graph: src=(partial on each device of a group..., DEVICE), arg=(op, i): the
+                           # combined partials on device i, by the devices' native collective (ember.ir.multi)
 
 
 class GroupOp:

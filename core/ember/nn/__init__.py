@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ember.dtype import DType, dtypes, to_np_dtype
 from ember.frontend import checks
+from ember.frontend.segment import scatter_add_is_cheaper, scatter_add_rows
 from ember.helpers import prod
 from ember.nn import optim
 from ember.tensor import Tensor
@@ -362,7 +363,18 @@ class Embedding:
         # is the same selection summed the other way
         ramp = self.weight._positions(self.vocab_sz).cast(idx.dtype).reshape(self.vocab_sz, 1)
         hot = idx.reshape(*idx.shape, 1, 1) == ramp
-        return hot.where(self.weight, 0).sum(-2, dtype=self.weight.dtype)
+        n = idx.numel()
+        if not (isinstance(n, int) and scatter_add_is_cheaper(n, self.embed_sz, self.vocab_sz)):
+            return hot.where(self.weight, 0).sum(-2, dtype=self.weight.dtype)
+        # a large vocabulary: the gradient as a scatter-add of the token rows, sorted by index (O(tokens^1.5 *
+        # embed) instead of the one-hot sum's O(vocab * tokens * embed))
+        out = hot.where(self.weight.detach(), 0).sum(-2, dtype=self.weight.dtype)
+
+        def rule(g: Tensor, o: Tensor, p: Sequence[Tensor]) -> tuple[Tensor]:
+            rows = g.reshape(n, self.embed_sz).cast(self.weight.dtype)
+            return (scatter_add_rows(idx.reshape(n), rows, self.vocab_sz),)
+
+        return out._custom((self.weight,), out, rule, "embedding")
 
 
 class LSTMCell:

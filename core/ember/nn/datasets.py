@@ -4,7 +4,7 @@
   package data, read directly from the CSV file (scikit-learn itself is not imported).
 - :func:`mnist` — MNIST (or Fashion-MNIST) from the four standard ``idx-ubyte`` files, gzipped or not;
   downloaded once (:func:`ember.helpers.fetch`) when no ``path`` is given and the files are not there.
-- :func:`cifar` — CIFAR-10 from the "python version" batches (the folder or the ``.tar.gz``).
+- :func:`cifar` — CIFAR-10 from the "python version" or "binary version" batches (folder or ``.tar.gz``).
 
 Files are looked up under ``$EMBER_DATA_DIR`` (default ``~/.cache/ember/datasets``) unless a
 ``path`` is given; a missing file raises :class:`FileNotFoundError` naming each file to put where.
@@ -172,6 +172,11 @@ def mnist(path: str | os.PathLike[str] | None = None, device: str | None = None,
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_ARCHIVE = "cifar-10-python.tar.gz"
 CIFAR_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+#: the "binary version" (what tinygrad downloads): each record is a label byte and 3072 pixel bytes
+CIFAR_BIN_DIR = "cifar-10-batches-bin"
+CIFAR_BIN_ARCHIVE = "cifar-10-binary.tar.gz"
+CIFAR_BIN_BATCHES = tuple(f"{b}.bin" for b in CIFAR_BATCHES)
+_CIFAR_RECORD = 1 + 3 * 32 * 32
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -187,6 +192,13 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def _read_cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``(N, 3, 32, 32)`` and labels ``(N,)``, both uint8, from a batch of either version."""
+    if name.endswith(".bin"):
+        if len(raw) % _CIFAR_RECORD:
+            raise ValueError(f"CIFAR batch {name} holds {len(raw)} bytes, not a whole number of "
+                             f"{_CIFAR_RECORD}-byte records")
+        records = np.frombuffer(raw, np.uint8).reshape(-1, _CIFAR_RECORD)
+        return records[:, 1:].reshape(-1, 3, 32, 32), records[:, 0].copy()
     try:
         batch = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:
@@ -201,49 +213,62 @@ def _read_cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(labels, dtype=np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise ValueError(f"CIFAR batch {name}: data {data.shape} and labels {labels.shape} are not N x 3072 and N")
-    return data.reshape(-1, 3, 32, 32), labels
+    if labels.size and not 0 <= labels.min() <= labels.max() <= 255:
+        raise ValueError(f"CIFAR batch {name}: labels {labels.min()}..{labels.max()} do not fit in a byte")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.uint8)
+
+
+def _cifar_from_archive(archive: pathlib.Path, batches: tuple[str, ...]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            name = member.name.rsplit("/", 1)[-1]
+            if name in batches and member.isfile():
+                fileobj = tar.extractfile(member)
+                if fileobj is not None:
+                    out[name] = fileobj.read()
+    missing = [b for b in batches if b not in out]
+    if missing:
+        raise ValueError(f"{archive} lacks CIFAR batches {missing}")
+    return {b: out[b] for b in batches}  # in the batches' order, whatever the archive's
 
 
 def _cifar_raw_batches(path: pathlib.Path | None) -> dict[str, bytes]:
+    """The six batches' bytes, named as in their version (``test_batch`` or ``test_batch.bin``)."""
     base = path if path is not None else data_dir()
-    candidates = [base, base / CIFAR_DIR]
-    for folder in candidates:
-        if folder.is_dir() and all((folder / b).is_file() for b in CIFAR_BATCHES):
-            return {b: (folder / b).read_bytes() for b in CIFAR_BATCHES}
-    archives = [base] if base.is_file() else [base / CIFAR_ARCHIVE]
-    for archive in archives:
-        if archive.is_file():
-            out: dict[str, bytes] = {}
-            with tarfile.open(archive, "r:gz") as tar:
-                for member in tar.getmembers():
-                    name = member.name.rsplit("/", 1)[-1]
-                    if name in CIFAR_BATCHES and member.isfile():
-                        fileobj = tar.extractfile(member)
-                        if fileobj is not None:
-                            out[name] = fileobj.read()
-            missing = [b for b in CIFAR_BATCHES if b not in out]
-            if missing:
-                raise ValueError(f"{archive} lacks CIFAR batches {missing}")
-            return out
+    for batches, sub in ((CIFAR_BATCHES, CIFAR_DIR), (CIFAR_BIN_BATCHES, CIFAR_BIN_DIR)):
+        for folder in (base, base / sub):
+            if folder.is_dir() and all((folder / b).is_file() for b in batches):
+                return {b: (folder / b).read_bytes() for b in batches}
+    if base.is_file():
+        with tarfile.open(base, "r:gz") as tar:
+            binary = any(m.name.endswith(".bin") for m in tar.getmembers())
+        return _cifar_from_archive(base, CIFAR_BIN_BATCHES if binary else CIFAR_BATCHES)
+    for batches, archive in ((CIFAR_BATCHES, CIFAR_ARCHIVE), (CIFAR_BIN_BATCHES, CIFAR_BIN_ARCHIVE)):
+        if (base / archive).is_file():
+            return _cifar_from_archive(base / archive, batches)
     raise FileNotFoundError(
         f"CIFAR-10 files not found. Put the 'python version' batches ({', '.join(CIFAR_BATCHES)}) in "
-        f"{base / CIFAR_DIR}, or the archive {CIFAR_ARCHIVE} in {base}; or pass path= to either, or set "
+        f"{base / CIFAR_DIR}, or the archive {CIFAR_ARCHIVE} in {base} (the 'binary version', "
+        f"{CIFAR_BIN_ARCHIVE} or its {CIFAR_BIN_DIR} folder, also works); or pass path= to either, or set "
         f"{DATA_DIR_ENV} to the folder that holds them.")
 
 
 def cifar(path: str | os.PathLike[str] | None = None, device: str | None = None) -> Split:
-    """CIFAR-10 from local files: ``(X_train, Y_train, X_test, Y_test)``, images uint8 ``(N, 3, 32, 32)``, labels int64.
+    """CIFAR-10 from local files: ``(X_train, Y_train, X_test, Y_test)``, images uint8 ``(N, 3, 32, 32)``, labels
+    uint8 ``(N,)`` (as tinygrad gives them).
 
     ``path`` may be the ``cifar-10-batches-py`` folder, a folder containing it, or the
-    ``cifar-10-python.tar.gz`` archive (default: looked up in ``$EMBER_DATA_DIR``).
+    ``cifar-10-python.tar.gz`` archive; the binary version (``cifar-10-batches-bin``,
+    ``cifar-10-binary.tar.gz``) is read the same way. Default: looked up in ``$EMBER_DATA_DIR``.
     """
     raw = _cifar_raw_batches(pathlib.Path(path).expanduser() if path is not None else None)
-    parts = {name: _read_cifar_batch(raw[name], name) for name in CIFAR_BATCHES}
-    x_train = np.concatenate([parts[b][0] for b in CIFAR_BATCHES[:5]])
-    y_train = np.concatenate([parts[b][1] for b in CIFAR_BATCHES[:5]])
-    x_test, y_test = parts["test_batch"]
-    return (Tensor(x_train, device=device), Tensor(y_train, device=device, dtype=dtypes.int64),
-            Tensor(x_test, device=device), Tensor(y_test, device=device, dtype=dtypes.int64))
+    parts = [_read_cifar_batch(data, name) for name, data in raw.items()]  # in CIFAR_BATCHES order
+    x_train = np.concatenate([x for x, _ in parts[:5]])
+    y_train = np.concatenate([y for _, y in parts[:5]])
+    x_test, y_test = parts[5]
+    return (Tensor(x_train, device=device), Tensor(y_train, device=device, dtype=dtypes.uint8),
+            Tensor(x_test, device=device), Tensor(y_test, device=device, dtype=dtypes.uint8))
 
 
 __all__ = ["cifar", "data_dir", "digits", "digits_csv_path", "load_digits_numpy", "mnist", "read_idx"]

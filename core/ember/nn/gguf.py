@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -214,6 +214,208 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
     return Tensor(ggml_dequantize(src.view, ggml_type, n), device=src.host_device())
 
 
+# ---------------------------------------------------------------------------------------------
+# dequantization as graph ops: the raw blocks stay on the device, and the arithmetic below is ordinary
+# elementwise ops, so a matmul reading a dequantized weight fuses the unpacking into its own kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def _g_f16(b: Tensor, at: int) -> Tensor:
+    """The little-endian float16 at byte ``at`` of every block, as float32 (..., blocks, 1)."""
+    lo, hi = b[..., at:at + 1].cast(dtypes.uint16), b[..., at + 1:at + 2].cast(dtypes.uint16)
+    return (lo | (hi << 8)).bitcast(dtypes.float16).cast(dtypes.float32)
+
+
+def _g_split(q: Tensor, parts: int, bits: int, mask: int, axis: int) -> Tensor:
+    """``q`` repeated ``parts`` times on a new axis before ``axis`` (counted from the end), each copy shifted
+    right by ``bits`` more than the last and masked: the packed fields of every byte, in order."""
+    shape = q.shape
+    at = len(shape) + axis
+    q = q.reshape(*shape[:at], 1, *shape[at:]).expand(*shape[:at], parts, *shape[at:])
+    shifts = (Tensor.arange(parts, device=q.device) * bits).cast(q.dtype).reshape(parts, *([1] * (len(shape) - at)))
+    return (q >> shifts) & mask
+
+
+def _g_bits32(qh: Tensor) -> Tensor:
+    """(..., blocks, 4) bytes of a little-endian uint32 -> (..., blocks, 32): its bits 0..31."""
+    return _g_split(qh.reshape(*qh.shape, 1), 8, 1, 1, -1).reshape(*qh.shape[:-1], 32)
+
+
+def _f32(x: Tensor) -> Tensor:
+    return x.cast(dtypes.float32)
+
+
+# Each unpacker returns a block as equal parts (..., blocks, S), in order: the block is their concatenation.
+# Every part is computed with constant shifts, so a matmul can read each part against its slice of the input
+# without index arithmetic in the kernel.
+
+def _u8f(q: Tensor, minus: int = 0) -> Tensor:
+    """The small unsigned integers ``q`` (uint8) minus ``minus`` as float32, exactly: ``q`` goes into the low
+    mantissa bits of 2**23 and 2**23 + minus is subtracted. Unlike an int -> float cast this is integer and float
+    arithmetic only, which C compilers vectorize (the cast is rendered with a select keeping zero's sign)."""
+    return (q.cast(dtypes.uint32) | 0x4B000000).bitcast(dtypes.float32) - float(2 ** 23 + minus)
+
+
+def _a_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    qs = b[..., 2:18]
+    return _g_f16(b, 0), None, [_u8f(qs & 0x0F, 8), _u8f(qs >> 4, 8)]
+
+
+def _a_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    qs = b[..., 4:20]
+    return _g_f16(b, 0), _g_f16(b, 2), [_u8f(qs & 0x0F), _u8f(qs >> 4)]
+
+
+def _a_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    high, qs = _g_bits32(b[..., 2:6]) << 4, b[..., 6:22]
+    return _g_f16(b, 0), None, [_u8f((qs & 0x0F) | high[..., :16], 16), _u8f((qs >> 4) | high[..., 16:], 16)]
+
+
+def _a_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    high, qs = _g_bits32(b[..., 4:8]) << 4, b[..., 8:24]
+    return _g_f16(b, 0), _g_f16(b, 2), [_u8f((qs & 0x0F) | high[..., :16]), _u8f((qs >> 4) | high[..., 16:])]
+
+
+def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    return _g_f16(b, 0), None, [_u8f(b[..., 2:34] ^ 0x80, 128)]  # the int8 value plus 128, unsigned
+
+
+_Affine = Callable[[Tensor], tuple[Tensor, "Tensor | None", list[Tensor]]]
+#: block-affine types: a block is ``d * q + m`` (m optional) with one d (and m) per block and integer-valued q
+#: parts, so a dot product with a block is ``d * sum(x * q) + m * sum(x)``: the scales apply once per block
+_AFFINE: dict[int, _Affine] = {
+    2: _a_q4_0, 3: _a_q4_1, 6: _a_q5_0, 7: _a_q5_1, 8: _a_q8_0,
+}
+
+
+def _affine_parts(fn: _Affine) -> Callable[[Tensor], list[Tensor]]:
+    def parts(b: Tensor) -> list[Tensor]:
+        d, m, qs = fn(b)
+        return [q * d if m is None else d * q + m for q in qs]  # the reference's order of operations
+    return parts
+
+
+def _g_k_scales(sc: Tensor) -> tuple[Tensor, Tensor]:
+    """The eight 6-bit scales and mins packed in the 12 scale bytes of Q4_K/Q5_K: float32 (..., blocks, 8)."""
+    lo_s, lo_m = sc[..., 0:4] & 63, sc[..., 4:8] & 63
+    hi_s = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
+    hi_m = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return _f32(Tensor.cat(lo_s, hi_s, dim=-1)), _f32(Tensor.cat(lo_m, hi_m, dim=-1))
+
+
+def _p_k(b: Tensor, qs_at: int, qh_at: int | None) -> list[Tensor]:
+    """Q4_K (``qh_at`` None) and Q5_K: eight parts of 32, each with its own 6-bit scale and min."""
+    d, dmin = _g_f16(b, 0), _g_f16(b, 2)
+    sc, mn = _g_k_scales(b[..., 4:16])
+    parts = []
+    for j in range(8):
+        q = (b[..., qs_at + 32 * (j // 2):qs_at + 32 * (j // 2) + 32] >> (4 * (j % 2))) & 0x0F
+        if qh_at is not None:
+            q = q | (((b[..., qh_at:qh_at + 32] >> j) & 1) << 4)
+        parts.append((d * sc[..., j:j + 1]) * _f32(q) - dmin * mn[..., j:j + 1])
+    return parts
+
+
+def _p_q4_k(b: Tensor) -> list[Tensor]:
+    return _p_k(b, 16, None)
+
+
+def _p_q5_k(b: Tensor) -> list[Tensor]:
+    return _p_k(b, 48, 16)
+
+
+def _p_q6_k(b: Tensor) -> list[Tensor]:
+    """Sixteen parts of 16, each with its own int8 scale."""
+    scale = _g_f16(b, 208) * _f32(b[..., 192:208].bitcast(dtypes.int8))
+    parts = []
+    for p in range(16):
+        half, i, k = p // 8, (p % 8) // 2, 16 * (p % 2)
+        lo_at, hi_at = 64 * half + 32 * (i % 2) + k, 128 + 32 * half + k
+        low = (b[..., lo_at:lo_at + 16] >> (4 * (i // 2))) & 0x0F
+        high = (b[..., hi_at:hi_at + 16] >> (2 * i)) & 3
+        parts.append(scale[..., p:p + 1] * _f32((low | (high << 4)).bitcast(dtypes.int8) - 32))
+    return parts
+
+
+#: ggml type id -> graph-op unpacker of raw blocks (..., blocks, bytes) -> equal parts (..., blocks, S)
+_GRAPH_DEQUANT: dict[int, Callable[[Tensor], list[Tensor]]] = {
+    **{t: _affine_parts(fn) for t, fn in _AFFINE.items()}, 12: _p_q4_k, 13: _p_q5_k, 14: _p_q6_k,
+}
+#: the ggml types :func:`ggml_dequantize_tensor` reads (plain float types are a cast)
+GRAPH_DEQUANT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16", *(GGML_TYPES[t][0] for t in _GRAPH_DEQUANT))
+
+
+def _blocks(raw: Tensor, ggml_type: int) -> Tensor:
+    """``raw`` (..., n_bytes) checked and viewed as (..., blocks, block bytes)."""
+    if ggml_type not in _GRAPH_DEQUANT:
+        name = GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else f"unknown type {ggml_type}"
+        raise GGUFError(f"ggml type {name} cannot be dequantized in a kernel by ember (supported: "
+                        f"{', '.join(GRAPH_DEQUANT_TYPES)})")
+    name, _, size = GGML_TYPES[ggml_type]
+    if raw.dtype != dtypes.uint8:
+        raise TypeError(f"expected {name} blocks as a uint8 tensor, got {raw.dtype}")
+    if not raw.shape or raw.shape[-1] % size:
+        raise GGUFError(f"a row of {raw.shape[-1] if raw.shape else 0} bytes is not a whole number of {name} blocks "
+                        f"of {size} bytes")
+    return raw.reshape(*raw.shape[:-1], raw.shape[-1] // size, size)
+
+
+def ggml_dequantize_tensor(raw: Tensor, ggml_type: int) -> Tensor:
+    """Dequantize ``raw`` to float32 with graph ops (no host work: it fuses into the kernel that reads it).
+
+    ``raw`` is (..., n_bytes) uint8 blocks of ggml type ``ggml_type`` (the last axis a whole number of
+    blocks), or, for F32/F16/BF16, a tensor already in that dtype. The result is (..., n_elements).
+    """
+    if ggml_type in (0, 1, 30):
+        return raw.cast(dtypes.float32)
+    b = _blocks(raw, ggml_type)
+    parts = _GRAPH_DEQUANT[ggml_type](b)
+    block = Tensor.cat(*parts, dim=-1) if len(parts) > 1 else parts[0]
+    return block.reshape(*raw.shape[:-1], b.shape[-2] * GGML_TYPES[ggml_type][1])
+
+
+def ggml_matmul(x: Tensor, raw: Tensor, ggml_type: int) -> Tensor:
+    """``x @ W.T`` for the (out, in) weight ``W`` stored as ``raw`` (see :func:`ggml_dequantize_tensor`).
+
+    For one row of ``x`` (decoding) the blocks are unpacked inside the matvec kernel, never stored; for more
+    rows the weight is dequantized once into a temporary buffer, then multiplied.
+    """
+    if ggml_type in (0, 1, 30):
+        return x @ raw.cast(dtypes.float32).T
+    b = _blocks(raw, ggml_type)
+    if raw.ndim != 2:
+        raise ValueError(f"ggml_matmul needs a 2-D weight of rows of blocks, got shape {raw.shape}")
+    out_features, nb = b.shape[0], b.shape[1]
+    k = nb * GGML_TYPES[ggml_type][1]
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
+    lead = x.shape[:-1]
+    if prod(lead) > 1:
+        # several rows (prefill): unpacking inside the matmul would repeat it for every row, so the weight is
+        # dequantized once into a temporary buffer and multiplied by the ordinary matmul kernel
+        return x @ ggml_dequantize_tensor(raw, ggml_type).contiguous().T
+    if ggml_type in _AFFINE:
+        d, m, qs = _AFFINE[ggml_type](b)
+        xr = x.reshape(*lead, 1, nb, len(qs), qs[0].shape[-1])
+        dot = None
+        for p, q in enumerate(qs):
+            term = xr[..., p, :] * q
+            dot = term if dot is None else dot + term
+        assert dot is not None
+        per_block = dot.sum(-1) * d[..., 0]
+        if m is not None:
+            per_block = per_block + xr.sum((-2, -1)) * m[..., 0]
+        return per_block.sum(-1).reshape(*lead, out_features)
+    parts = _GRAPH_DEQUANT[ggml_type](b)
+    xr = x.reshape(*lead, 1, nb, len(parts), parts[0].shape[-1])
+    acc = None
+    for p, w in enumerate(parts):
+        term = xr[..., p, :] * w
+        acc = term if acc is None else acc + term
+    assert acc is not None
+    return acc.sum((-2, -1)).reshape(*lead, out_features)
+
+
 _GGUF_SCALARS: dict[int, tuple[str, str]] = {  # value type -> (struct format, name)
     0: ("<B", "UINT8"), 1: ("<b", "INT8"), 2: ("<H", "UINT16"), 3: ("<h", "INT16"), 4: ("<I", "UINT32"),
     5: ("<i", "INT32"), 6: ("<f", "FLOAT32"), 7: ("<?", "BOOL"), 10: ("<Q", "UINT64"), 11: ("<q", "INT64"),
@@ -272,6 +474,22 @@ class _GGUFReader:
         raise GGUFError(f"{self.src.name}: {what} has unknown value type {vtype}")
 
 
+class GGUFTensor(NamedTuple):
+    """A tensor of a GGUF file as stored: ``data`` is a zero-copy view of its bytes.
+
+    Plain types (F32, F16, BF16, ints) are viewed in their dtype with ``shape``; quantized types as uint8
+    rows of raw blocks, ``(prod(shape[:-1]), bytes per row)``.
+    """
+    shape: tuple[int, ...]
+    ggml_type: int
+    data: Tensor
+
+    @property
+    def type_name(self) -> str:
+        """The ggml type's name (Q4_1, F32 ...)."""
+        return GGML_TYPES[self.ggml_type][0]
+
+
 def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Read a GGUF (v2 or v3) file: ``(metadata, {name: tensor})``.
 
@@ -280,6 +498,17 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
     of the file; quantized ones (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
     Q8_K, IQ4_NL) are dequantized to float32 by numpy on the host, at load time, on the default device.
     """
+    metadata, tensors = _gguf_parse(fn, raw=False)
+    return metadata, {k: v.data for k, v in tensors.items()}
+
+
+def gguf_read(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
+    """Read a GGUF file without dequantizing: ``(metadata, {name: GGUFTensor})``, every tensor a zero-copy
+    view of its stored bytes (quantized ones for :func:`ggml_dequantize_tensor`). Any ggml type is accepted."""
+    return _gguf_parse(fn, raw=True)
+
+
+def _gguf_parse(fn: Any, raw: bool) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
     src = _Source.open(fn)
     r = _GGUFReader(src)
     where = src.name
@@ -312,13 +541,13 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
         infos.append((name, tuple(reversed(dims)), ggml_type, offset))
     data_start = -(-r.pos // alignment) * alignment
     data_size = max(0, src.size - data_start)
-    tensors: dict[str, Tensor] = {}
+    tensors: dict[str, GGUFTensor] = {}
     for name, shape, ggml_type, offset in infos:
         what = f"{where}: tensor {name!r}"
         if ggml_type not in GGML_TYPES:
             raise GGUFError(f"{what} has unknown ggml type {ggml_type}")
         tname, block, size = GGML_TYPES[ggml_type]
-        if ggml_type not in _GGML_PLAIN and ggml_type not in _DEQUANT:
+        if not raw and ggml_type not in _GGML_PLAIN and ggml_type not in _DEQUANT:
             raise GGUFError(f"{what} uses quantization {tname}, which ember cannot dequantize (supported: "
                             f"{', '.join(GGML_TYPES[t][0] for t in _DEQUANT)})")
         if any(d > _GGUF_MAX_DIM for d in shape) or prod(shape) > _GGUF_MAX_DIM:
@@ -338,13 +567,18 @@ def gguf_load(fn: Tensor | str | os.PathLike[str] | bytes) -> tuple[dict[str, An
             raise GGUFError(f"{what} is listed twice")
         start = data_start + offset
         if ggml_type in _GGML_PLAIN:
-            tensors[name] = src.tensor(start, shape, _GGML_PLAIN[ggml_type])
+            data = src.tensor(start, shape, _GGML_PLAIN[ggml_type])
+        elif raw:
+            row = shape[-1] if shape else numel
+            data = src.tensor(start, (numel // max(row, 1), row // block * size), dtypes.uint8)
         else:
             try:
                 values = ggml_dequantize(src.view[start:start + nbytes], ggml_type, numel).reshape(shape)
             except (GGUFError, ValueError, MemoryError) as e:
                 raise GGUFError(f"{what}: cannot dequantize its {numel} {tname} elements: {e}") from e
-            tensors[name] = Tensor(values, device=src.host_device())
+            data = Tensor(values, device=src.host_device())
+        tensors[name] = GGUFTensor(shape, ggml_type, data)
     return metadata, tensors
 
-__all__ = ["GGML_TYPES", "ggml_data_to_tensor", "ggml_dequantize", "gguf_load"]
+__all__ = ["GGML_TYPES", "GGUFTensor", "GRAPH_DEQUANT_TYPES", "ggml_data_to_tensor", "ggml_dequantize",
+           "ggml_dequantize_tensor", "ggml_matmul", "gguf_load", "gguf_read"]

@@ -9,7 +9,12 @@ from ember.renderer import C_PREAMBLE, CStyleRenderer, DType, PtrDType, UOp, dty
 
 
 class FooRenderer(CStyleRenderer):
-    """Scalar C; float16 is C's ``_Float16`` when the compiler has it (else FOO does not offer float16)."""
+    """Scalar C; float16 is C's ``_Float16`` when the compiler has it (else FOO does not offer float16).
+
+    Capabilities and tuning policy (register-tile sizes, layout-copy thresholds) are the defaults of
+    :class:`ember.renderer.Renderer`, those of a loop-based target on a C compiler; a plugin sets any of them
+    as a class attribute (docs/contracts.md lists them all). The values each op and cast must give are
+    ``CStyleRenderer``'s already."""
 
     device = "FOO"
     preamble = C_PREAMBLE

@@ -15,8 +15,7 @@ Run it on a recorded corpus::
 """
 from __future__ import annotations
 
-import argparse
-import concurrent.futures
+import functools
 import os
 import re
 import sys
@@ -24,8 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ember.codegen import LaunchTooLarge, get_program
-from ember.device import CompileError
+from ember.device import CompileError, compile_batches, corpus_main, corpus_sources, first_failure
 from ember.ir import UOp
 from ember_amd.compiler import KERNEL_PATTERN, clang_build
 from ember_amd.elf import KernelInfo, read_code_object
@@ -125,13 +123,7 @@ def render_corpus(asts: Sequence[UOp], renderer: AMDRenderer, first: int = 0) ->
     """The source of every AST, lowered by codegen for ``renderer`` (kernel ``i`` is called ``k{first + i}``), but
     those whose launch is longer than the target's 32-bit hardware ids count (refused by design: recorded on a
     target with 64-bit loops)."""
-    srcs = []
-    for i, ast in enumerate(asts):
-        try:
-            srcs.append(get_program(ast, renderer, f"k{first + i}").src)
-        except LaunchTooLarge:
-            continue
-    return srcs
+    return corpus_sources(asts, renderer, first, skip_too_large=True)
 
 
 def _distinct(srcs: Sequence[str]) -> list[str]:
@@ -149,8 +141,7 @@ def _compile_group(srcs: Sequence[str], renderer: AMDRenderer) -> list[KernelInf
     try:
         lib = clang_build(toolchain, renderer.arch, "\n".join(srcs))
     except CompileError:
-        for src in srcs:  # raises with the failing kernel's own source and log
-            clang_build(toolchain, renderer.arch, src)
+        first_failure(srcs, lambda src: clang_build(toolchain, renderer.arch, src))
         raise
     code = read_code_object(lib)
     if code.arch.split(":")[0] != renderer.arch:
@@ -178,47 +169,29 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
         raise ValueError(f"batch must be at least 1, got {batch}")
     workers = workers or max(1, min(2, os.cpu_count() or 1))
     results: list[ArchResult] = []
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for arch in archs:
-            renderer = AMDRenderer(arch)
-            find_toolchain(arch)
-            start = time.perf_counter()
-            srcs = _distinct(render_corpus(asts, renderer))
-            rendered = time.perf_counter()
-            groups = [srcs[i:i + batch] for i in range(0, len(srcs), batch)]
-            infos = [k for built in pool.map(_compile_group, groups, [renderer] * len(groups)) for k in built]
-            done = time.perf_counter()
-            results.append(ArchResult(arch, len(srcs), len(groups),
-                                      sum(1 for k in infos if k.private_segment_fixed_size > 0),
-                                      max((k.vgpr_count for k in infos), default=0),
-                                      max((k.sgpr_count for k in infos), default=0), rendered - start, done - rendered))
+    for arch in archs:
+        renderer = AMDRenderer(arch)
+        find_toolchain(arch)
+        start = time.perf_counter()
+        srcs = _distinct(render_corpus(asts, renderer))
+        rendered = time.perf_counter()
+        built = compile_batches(srcs, batch, workers, functools.partial(_compile_group, renderer=renderer))
+        infos = [k for group in built for k in group]
+        done = time.perf_counter()
+        results.append(ArchResult(arch, len(srcs), len(built),
+                                  sum(1 for k in infos if k.private_segment_fixed_size > 0),
+                                  max((k.vgpr_count for k in infos), default=0),
+                                  max((k.sgpr_count for k in infos), default=0), rendered - start, done - rendered))
     return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ember_amd.corpus_check DIR [--arch gfx1100 ...]``: compile a recorded corpus, print timings."""
-    from ember.testing import load_corpus
-
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("corpus", help="a folder recorded with KERNEL_CORPUS=<folder>")
-    parser.add_argument("--arch", action="append", help=f"gfx target (repeatable; default {' '.join(ARCHS)})")
-    parser.add_argument("--batch", type=int, default=BATCH, help="kernels per clang call")
-    args = parser.parse_args(argv)
-    asts = load_corpus(args.corpus)
-    if not asts:
-        print(f"{args.corpus}: the corpus is empty", file=sys.stderr)
-        return 1
-    start = time.perf_counter()
-    try:
-        results = check_corpus(asts, args.arch or ARCHS, args.batch)
-    except CompileError as e:
-        print(e, file=sys.stderr)
-        return 1
-    for r in results:
-        print(f"{r.arch}: {r.kernels} kernels in {r.programs} programs, render {r.render_s:.1f} s, "
-              f"clang {r.compile_s:.1f} s; {r.with_scratch} use scratch; max {r.max_vgprs} VGPRs, {r.max_sgprs} SGPRs")
-    print(f"total {time.perf_counter() - start:.1f} s")
-    return 0
+    def describe(r: object) -> str:
+        assert isinstance(r, ArchResult)
+        return (f"{r.arch}: {r.kernels} kernels in {r.programs} programs, render {r.render_s:.1f} s, clang "
+                f"{r.compile_s:.1f} s; {r.with_scratch} use scratch; max {r.max_vgprs} VGPRs, {r.max_sgprs} SGPRs")
+    return corpus_main(argv, (__doc__ or "").split("\n")[0], ARCHS, BATCH, "clang", check_corpus, describe)
 
 
 if __name__ == "__main__":

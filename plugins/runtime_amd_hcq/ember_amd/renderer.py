@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes
+from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes, round_result
 from ember_amd.kernel_lib import helpers_for
 
 #: the comments around the block of macros :func:`host_opencl_source` replaces
@@ -63,8 +63,8 @@ _VECTOR_ALIGN: dict[DType, int] = {dt: dt.itemsize for dt in (
     dtypes.float32, dtypes.float64)}
 _VECTOR_ALIGN_BY_NAME = {_BASE_TYPES[dt]: n for dt, n in _VECTOR_ALIGN.items()}
 
-#: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
+#: the 16-bit floats this target holds in float registers: every ALU result of them is rounded
+_HELD_IN_FLOAT = (dtypes.float16, dtypes.bfloat16)
 #: math computed by the double-precision helpers of :mod:`ember_amd.kernel_lib` (float32 rounded once)
 _LIB_MATH = {Ops.EXP: "ember_exp", Ops.LOG: "ember_log", Ops.EXP2: "ember_exp2", Ops.LOG2: "ember_log2",
              Ops.SIN: "ember_sin", Ops.POW: "ember_pow", Ops.MOD: "ember_fmod"}
@@ -416,21 +416,13 @@ class AMDRenderer(CStyleRenderer):
         if op in _LIB_MATH and sdt.kind == "f":
             expr = self.math_fn(op, dt)(*a)
         elif op is Ops.IDIV and dt.kind == "f":
-            quotient = self._round_result(dt, f"({a[0]} / {a[1]})")
+            quotient = round_result(dt, f"({a[0]} / {a[1]})", _HELD_IN_FLOAT)
             expr = f"__builtin_trunc({quotient})" if dt == dtypes.float64 else f"__builtin_truncf({quotient})"
         elif op is Ops.RECIP and dt.kind == "f":
             expr = f"(1.0 / {a[0]})" if dt == dtypes.float64 else f"(1.0f / {a[0]})"
         else:
             expr = super().render_alu(u, a)
-        return expr if op in _EXACT_OPS else self._round_result(dt, expr)
-
-    def _round_result(self, dt: DType, expr: str) -> str:
-        """``expr`` (computed in float) rounded to ``dt`` when ``dt`` is a 16-bit float held in a float."""
-        if dt == dtypes.float16:
-            return f"ember_f16_round({expr})"
-        if dt == dtypes.bfloat16:
-            return f"ember_bf16_round({expr})"
-        return expr
+        return round_result(dt, expr, _HELD_IN_FLOAT, op)
 
     def render_cast(self, u: UOp, x: str) -> str:
         dt, sdt = u.dtype, u.src[0].dtype

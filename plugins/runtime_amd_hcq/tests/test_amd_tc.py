@@ -234,7 +234,7 @@ def test_heuristic_chooses_wmma_and_the_kernels_compile():
     A tile that does not fit (M = 24) or a target without WMMA (gfx942) gets the other opts."""
     from ember_amd.corpus_check import check_corpus
 
-    from ember.codegen.opts import heuristic_opts
+    from ember.codegen.heuristic import heuristic_opts
 
     amd = AMDRenderer("gfx1100")
     cases = [(layout, dt) for layout in ("a@b", "a.T@b", "batched") for dt in DTYPES]

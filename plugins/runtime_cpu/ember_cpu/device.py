@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ember.device import Compiled, Compiler, Renderer, getenv
+from ember.device import Compiled, Compiler, Renderer, getenv, host_allreduce
 from ember_cpu.allocator import CPUAllocator
 from ember_cpu.compiler import CPUCompiler
 from ember_cpu.graph import CPUGraph
@@ -24,6 +24,9 @@ class CPUDevice(Compiled):
     The compiler and the renderer are made when first used: they need the compiler's probe (which flags,
     whether float16 is native), and with an empty cache that probe is still building its program in the
     background when the device is opened. A program meanwhile builds its first graph and schedule."""
+
+    #: CPU devices share host memory: an allreduce over them is one pass over the partials (no ring of copies)
+    allreduce = host_allreduce
 
     def __init__(self, device: str = "CPU"):
         self._compiler: Compiler | None = None

@@ -31,6 +31,7 @@ from ember.renderer import (
     PtrDType,
     UOp,
     dtypes,
+    round_result,
     split_terms,
     term_coeff,
     toposort,
@@ -103,8 +104,6 @@ static inline float ember_f16_round(float f) { return ember_f16_to_f32(ember_f32
 #: the unroll; gcc deinterleaves them into one vector per accumulator)
 MAX_SIMD_UNROLL = 8
 
-#: ops whose float16 result needs no rounding (it is one of the inputs, or exact)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
 #: gcc's -O2 vectorizer cost model ("very cheap") leaves a register tile scalar when its loop body does more than
@@ -271,7 +270,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     preamble = C_PREAMBLE + CPU_MATH
     has_local = False
     parallel_threads = os.cpu_count() or 1
-    #: the register file register tiles are sized for (see :func:`ember.codegen.opts.heuristic_opts`)
+    #: the register file register tiles are sized for (see :func:`ember.codegen.heuristic.heuristic_opts`)
     vector_floats, vector_registers = host_vector_registers()
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
@@ -281,6 +280,21 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     #: a register tile of a float max along a non-contiguous axis is rendered as a vectorized loop over an array
     #: (see :class:`MaxTile`), so the heuristic may make it wider than the register file
     vector_max_tiles = True
+    # the codegen and frontend policy (see ember.renderer.Renderer), tuned on gcc and clang at -O2 for x86-64
+    # (AVX2, AVX-512) and aarch64 on 2-16 cores: what a register tile costs to compile against what it saves
+    max_tile_ops = 1536
+    small_kernel_work, small_kernel_tile = 1 << 22, 64
+    tiny_kernel_work = 1 << 13
+    small_shared_tile = 2
+    thread_min_work = 1 << 17
+    wide_sum_min_work = 1 << 22
+    row_max_unroll = 2
+    transpose_min_size, transpose_tile = 1 << 14, (8, 2)
+    # the compiler vectorizes a register tile's row only when an operand is contiguous along it: the frontend
+    # copies matmul operands and convolution inputs into such layouts where the copy costs less than it saves
+    matmul_copy_min_macs, matmul_copy_min_dim = 1 << 21, 64
+    matmul_copy_min_k_across, matmul_copy_min_outputs_across = 1024, 1 << 17
+    conv_pad_copy_min, conv_channels_last = 1 << 16, True
     #: no column max tile open (a render sets its own, see render_program)
     _open_tile: tuple[MaxTile, str] | None = None
     _tile_load: tuple[str, str] | None = None
@@ -321,7 +335,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
 
     def render_alu(self, u: UOp, a: list[str]) -> str:
         expr = super().render_alu(u, a)
-        return f"ember_f16_round({expr})" if self._is_soft_half(u.dtype) and u.op not in _EXACT_OPS else expr
+        return round_result(u.dtype, expr, (dtypes.float16,) if self.emulated_half else (), u.op)
 
     def render_cast(self, u: UOp, x: str) -> str:
         dt, sdt = u.dtype, u.src[0].dtype

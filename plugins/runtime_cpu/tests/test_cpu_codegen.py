@@ -13,7 +13,8 @@ import pytest
 
 from ember import Tensor
 from ember.codegen import get_program
-from ember.codegen.opts import Opt, heuristic_opts
+from ember.codegen.heuristic import heuristic_opts
+from ember.codegen.opts import Opt
 from ember_cpu.compiler import BASE_FLAGS, find_cc
 from ember_cpu.renderer import CPURenderer
 
@@ -63,19 +64,17 @@ def run_with_opts(t: Tensor, opts: list[Opt]) -> np.ndarray:
                                                   (8, 16, [Opt("UPCAST", 1, 16), Opt("UPCAST", 0, 4)]),
                                                   (4, 16, [Opt("UPCAST", 1, 8), Opt("UPCAST", 0, 4)])])
 def test_matmul_tile_fits_the_register_file(lanes, registers, tile):
-    a, b = realized(randf(256, 256), randf(256, 128))  # large enough for a full tile (SMALL_KERNEL_WORK)
+    a, b = realized(randf(256, 256), randf(256, 128))  # large enough for a full tile (small_kernel_work)
     assert heuristic_opts(kernel_ast(a @ b), RegisterFile(lanes, registers)) == tile
 
 
 def test_a_small_matmul_gets_a_small_tile():
-    """A 64 x 48 x 64 product runs for microseconds whatever its tile: it gets at most SMALL_KERNEL_TILE
+    """A 64 x 48 x 64 product runs for microseconds whatever its tile: it gets at most small_kernel_tile
     accumulators (a 256-output tile costs the C compiler several times as long), and still matches numpy."""
-    from ember.codegen.heuristic import SMALL_KERNEL_TILE
-
     a_np, b_np = randf(64, 48), randf(48, 64)
     a, b = realized(a_np, b_np)
     opts = heuristic_opts(kernel_ast(a @ b), RegisterFile(16, 32))
-    assert opts and np.prod([o.amount for o in opts]) <= SMALL_KERNEL_TILE
+    assert opts and np.prod([o.amount for o in opts]) <= CPURenderer.small_kernel_tile
     np.testing.assert_allclose((a @ b).numpy(), a_np @ b_np, rtol=1e-5, atol=1e-5)
 
 
@@ -91,17 +90,16 @@ def test_tile_rows_are_whole_half_registers_where_the_size_allows():
 
 def test_transposed_matmul_tile_is_a_block_of_vector_sums(monkeypatch):
     """``x @ w.T`` reads both inputs along the reduce axis: a square block of outputs (one vector sum each) shares
-    the loads, 4 x 4 in a large kernel, SMALL_SHARED_TILE per axis in a small one (where a bigger block costs the
+    the loads, 4 x 4 in a large kernel, small_shared_tile per axis in a small one (where a bigger block costs the
     compiler more than it saves); both match numpy."""
-    from ember.codegen import heuristic
-
     x_np, w_np = randf(64, 48), randf(64, 48)
     x, w = realized(x_np, w_np)
     ast = kernel_ast(x @ w.T)
     small = heuristic_opts(ast, RegisterFile(16, 32))
-    assert sorted(o.amount for o in small) == [heuristic.SMALL_SHARED_TILE] * 2
-    monkeypatch.setattr(heuristic, "SMALL_KERNEL_WORK", 0)  # as if it were large
-    large = heuristic_opts(ast, RegisterFile(16, 32))
+    assert sorted(o.amount for o in small) == [CPURenderer.small_shared_tile] * 2
+    as_if_large = RegisterFile(16, 32)
+    as_if_large.small_kernel_work = 0
+    large = heuristic_opts(ast, as_if_large)
     assert sorted(o.amount for o in large) == [4, 4]
     want = x_np @ w_np.T
     for opts in (small, large):
@@ -109,14 +107,12 @@ def test_transposed_matmul_tile_is_a_block_of_vector_sums(monkeypatch):
 
 
 def test_a_tiny_reduction_gets_no_tile():
-    """A reduction of fewer than TINY_KERNEL_WORK steps (an MLP's 256 x 10 softmax sums) runs for a microsecond
+    """A reduction of fewer than tiny_kernel_work steps (an MLP's 256 x 10 softmax sums) runs for a microsecond
     whatever its tile: it gets none (a tile costs the C compiler more than the kernel ever runs), but an axis its
     value does not depend on is still computed once."""
-    from ember.codegen.heuristic import TINY_KERNEL_WORK
-
     x_np = randf(256, 10)
     x = realized(x_np)[0]
-    assert 256 * 10 < TINY_KERNEL_WORK
+    assert 256 * 10 < CPURenderer.tiny_kernel_work
     assert heuristic_opts(kernel_ast(x.sum(0)), RegisterFile(16, 32)) == []
     assert heuristic_opts(kernel_ast(x.exp().max(1)), RegisterFile(16, 32)) == []
     np.testing.assert_allclose(x.sum(0).numpy(), x_np.sum(0), rtol=1e-5, atol=1e-5)
@@ -334,3 +330,40 @@ def test_register_tiled_matmul_with_64_bit_indices():
     src = get_program(kernel_ast(rows @ w), CPURenderer()).src
     assert "vector_size" in src and "for (long long ridx1 = 0ll; ridx1 < 64ll; ridx1++)" in src
     np.testing.assert_allclose((rows @ w).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+#: the CPU's codegen and frontend policy, as the plugin declares it (ember.renderer.Renderer documents each field)
+CPU_POLICY = {"max_tile_ops": 1536, "small_kernel_work": 1 << 22, "small_kernel_tile": 64, "tiny_kernel_work": 1 << 13,
+              "small_shared_tile": 2, "thread_min_work": 1 << 17, "wide_sum_min_work": 1 << 22, "row_max_unroll": 2,
+              "transpose_min_size": 1 << 14, "transpose_tile": (8, 2), "matmul_copy_min_macs": 1 << 21,
+              "matmul_copy_min_dim": 64, "matmul_copy_min_k_across": 1024, "matmul_copy_min_outputs_across": 1 << 17,
+              "conv_pad_copy_min": 1 << 16, "conv_channels_last": True, "vector_max_tiles": True}
+
+
+def test_the_cpu_plugin_declares_its_policy():
+    """Every tuned value is the CPU plugin's own declaration (not a default it happens to inherit)."""
+    for name, value in CPU_POLICY.items():
+        assert name in vars(CPURenderer), f"CPURenderer inherits {name} instead of declaring it"
+        assert getattr(CPURenderer, name) == value, name
+
+
+def test_the_heuristic_follows_the_renderers_policy():
+    """The heuristic reads the tile limits from the renderer it is given: the 256 x 16 column sum that is too small
+    for a tile on the CPU gets one from a renderer whose tiny-kernel threshold is lower."""
+    x = realized(randf(256, 16))[0]
+    ast = kernel_ast(x.sum(0))
+    assert heuristic_opts(ast, RegisterFile(16, 32)) == []
+    eager = RegisterFile(16, 32)
+    eager.tiny_kernel_work = 0
+    assert heuristic_opts(ast, eager) != []
+
+
+def test_matmul_layout_copies_follow_the_policy(monkeypatch):
+    """``a @ b.T`` (both operands contiguous along k) of 256 x 512 x 256 gets one operand copied first on the CPU
+    (two kernels); on a device whose policy says no copy pays, it is one kernel."""
+    from ember.device import Device
+
+    a, b = realized(randf(256, 512), randf(256, 512))
+    assert len([si for si in (a @ b.T).schedule() if si.ast.op.name == "SINK"]) == 2
+    monkeypatch.setattr(Device["CPU"].renderer, "matmul_copy_min_macs", None)
+    assert len([si for si in (a @ b.T).schedule() if si.ast.op.name == "SINK"]) == 1

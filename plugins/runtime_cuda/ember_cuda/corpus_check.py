@@ -14,8 +14,7 @@ Run it on a recorded corpus::
 """
 from __future__ import annotations
 
-import argparse
-import concurrent.futures
+import functools
 import os
 import shutil
 import subprocess
@@ -25,8 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ember.codegen import get_program
-from ember.device import CompileError, join_sources
+from ember.device import CompileError, compile_batches, corpus_main, corpus_sources, first_failure, join_sources
 from ember.ir import UOp
 from ember_cuda.compiler import CUDACompiler, nvrtc_compile
 from ember_cuda.renderer import CUDARenderer, parse_arch
@@ -66,8 +64,7 @@ class ArchResult:
 
 def render_corpus(asts: Sequence[UOp], arch: str, first: int = 0) -> list[str]:
     """The CUDA source of every AST, lowered by codegen for ``arch`` (kernel ``i`` is called ``k{first + i}``)."""
-    renderer = CUDARenderer(arch)
-    return [get_program(ast, renderer, f"k{first + i}").src for i, ast in enumerate(asts)]
+    return corpus_sources(asts, CUDARenderer(arch), first)
 
 
 def _compile_group(srcs: Sequence[str], arch: str, ptxas: str | None, workdir: str) -> float:
@@ -82,8 +79,7 @@ def _compile_group(srcs: Sequence[str], arch: str, ptxas: str | None, workdir: s
     try:
         out = nvrtc_compile(joined[0], target, CUDACompiler.options)
     except CompileError:
-        for src in srcs:  # raises with the failing kernel's own source and log
-            nvrtc_compile(src, target, CUDACompiler.options)
+        first_failure(srcs, lambda src: nvrtc_compile(src, target, CUDACompiler.options))
         raise
     if ptxas is None:
         return 0.0
@@ -113,47 +109,28 @@ def check_corpus(asts: Sequence[UOp], archs: Sequence[str] = ARCHS, batch: int =
     assembler = find_ptxas() if ptxas == "auto" else ptxas
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     results: list[ArchResult] = []
-    with tempfile.TemporaryDirectory(prefix="ember-cuda-corpus-") as workdir, \
-            concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    with tempfile.TemporaryDirectory(prefix="ember-cuda-corpus-") as workdir:
         for arch in archs:
             start = time.perf_counter()
             srcs = render_corpus(asts, arch)
             rendered = time.perf_counter()
             render_s = rendered - start
-            groups = [srcs[i:i + batch] for i in range(0, len(srcs), batch)]
-            # NVRTC releases the GIL and ptxas is a process: groups compile in parallel
-            ptxas_s = sum(pool.map(_compile_group, groups, [arch] * len(groups), [assembler] * len(groups),
-                                   [workdir] * len(groups)))
+            # NVRTC releases the GIL and ptxas is a process: programs compile in parallel
+            build = functools.partial(_compile_group, arch=arch, ptxas=assembler, workdir=workdir)
+            ptxas_s = sum(compile_batches(srcs, batch, workers, build))
             done = time.perf_counter()
-            results.append(ArchResult(arch, len(srcs), len(groups), "ptxas" if assembler else "nvrtc",
+            results.append(ArchResult(arch, len(srcs), -(-len(srcs) // batch), "ptxas" if assembler else "nvrtc",
                                       render_s, done - rendered - ptxas_s / workers, ptxas_s / workers))
     return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ember_cuda.corpus_check DIR [--arch sm_80 ...]``: compile a recorded corpus, print timings."""
-    from ember.testing import load_corpus
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("corpus", help="a folder recorded with KERNEL_CORPUS=<folder>")
-    parser.add_argument("--arch", action="append", help=f"architecture (repeatable; default {' '.join(ARCHS)})")
-    parser.add_argument("--batch", type=int, default=BATCH, help="kernels per NVRTC program")
-    args = parser.parse_args(argv)
-    asts = load_corpus(args.corpus)
-    if not asts:
-        print(f"{args.corpus}: the corpus is empty", file=sys.stderr)
-        return 1
-    start = time.perf_counter()
-    try:
-        results = check_corpus(asts, args.arch or ARCHS, args.batch)
-    except CompileError as e:
-        print(e, file=sys.stderr)
-        return 1
-    for r in results:
-        print(f"{r.arch}: {r.kernels} kernels in {r.programs} programs, render {r.render_s:.1f} s, "
-              f"NVRTC {r.nvrtc_s:.1f} s, {r.assembler} {r.ptxas_s:.1f} s")
-    print(f"total {time.perf_counter() - start:.1f} s")
-    return 0
+    def describe(r: object) -> str:
+        assert isinstance(r, ArchResult)
+        return (f"{r.arch}: {r.kernels} kernels in {r.programs} programs, render {r.render_s:.1f} s, "
+                f"NVRTC {r.nvrtc_s:.1f} s, {r.assembler} {r.ptxas_s:.1f} s")
+    return corpus_main(argv, (__doc__ or "").split("\n")[0], ARCHS, BATCH, "NVRTC", check_corpus, describe)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.ir import Ops, UOp
-from ember.renderer import CStyleRenderer, TensorCore
+from ember.renderer import CStyleRenderer, TensorCore, round_result
 
 #: every float16 or bfloat16 result is computed in float and rounded back by these (under include guards:
 #: the kernels of a batch are joined into one program). Finite values round to nearest even (the headers'
@@ -108,8 +108,8 @@ _BASE_TYPES: dict[DType, str] = {
     dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float",
     dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double"}
 
-#: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
+#: the 16-bit floats this target holds in float registers: every ALU result of them is rounded
+_HELD_IN_FLOAT = (dtypes.float16, dtypes.bfloat16)
 
 #: the grid registers of each launch dimension
 _DIMS = ("x", "y", "z")
@@ -412,7 +412,7 @@ class CUDARenderer(CStyleRenderer):
         op, dt = u.op, u.dtype
         assert isinstance(dt, DType)
         if op is Ops.IDIV and dt.kind == "f":
-            quotient = self._round_result(dt, f"({a[0]} / {a[1]})")
+            quotient = round_result(dt, f"({a[0]} / {a[1]})", _HELD_IN_FLOAT)
             expr = f"trunc({quotient})" if dt == dtypes.float64 else f"truncf({quotient})"
         elif op is Ops.MOD and dt.kind == "f":
             expr = f"fmod({a[0]}, {a[1]})" if dt == dtypes.float64 else f"fmodf({a[0]}, {a[1]})"
@@ -420,15 +420,7 @@ class CUDARenderer(CStyleRenderer):
             expr = f"(1.0 / {a[0]})" if dt == dtypes.float64 else f"(1.0f / {a[0]})"
         else:
             expr = super().render_alu(u, a)
-        return expr if op in _EXACT_OPS else self._round_result(dt, expr)
-
-    def _round_result(self, dt: DType, expr: str) -> str:
-        """``expr`` (computed in float) rounded to ``dt`` when ``dt`` is a 16-bit float held in a float."""
-        if dt == dtypes.float16:
-            return f"ember_f16_round({expr})"
-        if dt == dtypes.bfloat16:
-            return f"ember_bf16_round({expr})"
-        return expr
+        return round_result(dt, expr, _HELD_IN_FLOAT, op)
 
     def render_cast(self, u: UOp, x: str) -> str:
         dt, sdt = u.dtype, u.src[0].dtype
@@ -441,7 +433,7 @@ class CUDARenderer(CStyleRenderer):
                 fn = {(4, "i"): "int", (4, "u"): "uint", (8, "i"): "ll", (8, "u"): "ull"}[(sdt.itemsize, sdt.kind)]
                 return f"__half2float(__{fn}2half_rn({x}))" if dt == dtypes.float16 else \
                     f"__bfloat162float(__{fn}2bfloat16_rn({x}))"
-            return self._round_result(dt, f"((float){x})")
+            return round_result(dt, f"((float){x})", _HELD_IN_FLOAT)
         if dt in (dtypes.float16, dtypes.bfloat16):  # from bool
             return f"({x} ? 1.0f : 0.0f)"
         return super().render_cast(u, x)

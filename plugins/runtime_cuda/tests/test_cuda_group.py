@@ -10,7 +10,8 @@ from ember_cuda.runtime import launch_dims
 
 from ember import Tensor, dtypes
 from ember.codegen import get_program
-from ember.codegen.opts import Opt, heuristic_opts
+from ember.codegen.heuristic import heuristic_opts
+from ember.codegen.opts import Opt
 from ember.ir.uop import Ops
 
 pytestmark = pytest.mark.usefixtures("nvrtc_available")

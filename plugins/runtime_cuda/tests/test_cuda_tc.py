@@ -100,7 +100,7 @@ def heuristic_cases() -> list[tuple[ScheduleItem, np.ndarray, DType]]:
 def test_heuristic_chooses_tc_and_the_kernels_compile(arch: str):
     from ember_cuda.corpus_check import check_corpus, render_corpus
 
-    from ember.codegen.opts import heuristic_opts
+    from ember.codegen.heuristic import heuristic_opts
 
     cuda = CUDARenderer(arch)
     cases = heuristic_cases()

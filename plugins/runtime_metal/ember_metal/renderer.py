@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes
+from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes, round_result
 
 #: the buffer index of the launch's int variables (``constant long*``); Metal binds at most 31 buffers
 #: (indices 0-30), so a kernel has at most 30 tensor buffers
@@ -61,8 +61,6 @@ _INDEX_ATTRS = {"gid": ("uint3", "thread_position_in_grid"),
                 "lid": ("uint3", "thread_position_in_threadgroup"),
                 "group": ("uint3", "threadgroup_position_in_grid")}
 
-#: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
 def _guarded(macro: str, code: str) -> str:
@@ -335,9 +333,8 @@ class MetalRenderer(CStyleRenderer):
             expr = f"fmod({a[0]}, {a[1]})"
         else:
             expr = super().render_alu(u, a)
-        if dt == dtypes.bfloat16 and op not in _EXACT_OPS and op not in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-            return f"ember_bf16_round({expr})"
-        return expr
+        # half is native; bfloat16 is float arithmetic rounded after each op (a comparison's result is a bool)
+        return round_result(dt, expr, (dtypes.bfloat16,), op)
 
     def render_cast(self, u: UOp, x: str) -> str:
         dt, sdt = u.dtype, u.src[0].dtype

@@ -71,7 +71,7 @@ def test_heuristic_chooses_simdgroup_matrices_and_they_type_check(clang: str) ->
     """The work-group heuristic puts float32 and float16 matmuls whose sizes are multiples of 8 on the tile of
     their dtype (bfloat16 only where the renderer declares it); the kernels type-check in one clang run and the
     oracle, given the same opts, matches numpy."""
-    from ember.codegen.opts import heuristic_opts
+    from ember.codegen.heuristic import heuristic_opts
 
     rng = np.random.default_rng(4)
     sources = []

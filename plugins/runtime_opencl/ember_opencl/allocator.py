@@ -1,10 +1,13 @@
-"""Device memory for the CL device: ``cl.Buffer`` objects, blocking host copies, sub-buffer views."""
+"""Device memory for the CL device: ``cl.Buffer`` objects, host copies (small uploads queued), sub-buffer views."""
 from __future__ import annotations
 
 from typing import Any
 
 from ember.device import LRUAllocator, copyin_source, copyout_dest
 from ember_opencl.platforms import import_pyopencl
+
+#: host-to-device copies up to this many bytes are queued without waiting (larger ones block)
+QUEUED_COPYIN_MAX = 1 << 16
 
 
 class CLBuffer:
@@ -27,6 +30,8 @@ class CLBuffer:
 
 class CLAllocator(LRUAllocator):
     """Allocates ``cl.Buffer``s in ``device``'s context; copies run on its queue and block until done."""
+
+    copyout_waits = True  # see copyout
 
     def __init__(self, device: Any):
         super().__init__()
@@ -52,16 +57,34 @@ class CLAllocator(LRUAllocator):
         pass
 
     def copyin(self, dest: CLBuffer, src: memoryview) -> None:
-        """Copy the host bytes ``src`` into the start of ``dest`` (returns when the copy is done)."""
+        """Copy the host bytes ``src`` into the start of ``dest``; ``src`` may be reused as soon as this returns.
+
+        A copy of at most :data:`QUEUED_COPYIN_MAX` bytes is queued from a private copy of ``src`` without
+        waiting: the queue runs in order, so whatever is queued later (kernels, copies out) sees the new bytes,
+        and a decoding step's token upload costs no round trip to the driver's threads. Larger copies block.
+        """
         src = copyin_source(src, dest.nbytes)
-        if src.nbytes:
+        if not src.nbytes:
+            return
+        if src.nbytes > QUEUED_COPYIN_MAX:
             self.cl.enqueue_copy(self.device.queue, dest.mem, src, is_blocking=True)
+            return
+        event = self.cl.enqueue_copy(self.device.queue, dest.mem, bytes(src), is_blocking=False)
+        # pyopencl waits for a copy when its event is dropped: the device keeps the event until it synchronizes
+        self.device.keep_until_synchronized(event)
 
     def copyout(self, dest: memoryview, src: CLBuffer) -> None:
-        """Fill the writable memoryview ``dest`` from the start of ``src``, after all queued work."""
+        """Fill the writable memoryview ``dest`` from the start of ``src``; returns after all queued work.
+
+        The read is queued behind that work (the queue runs in order) rather than after a separate wait for
+        it: the driver's thread that ends the last kernel goes on to the read, one hand-over fewer.
+        """
         dest = copyout_dest(dest, src.nbytes)
         if dest.nbytes:
             self.cl.enqueue_copy(self.device.queue, dest, src.mem, is_blocking=True)
+            self.device.release_finished()
+        else:
+            self.device.synchronize()
 
     def transfer(self, dest: CLBuffer, src: CLBuffer, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
         """Copy ``nbytes`` from ``src`` (on ``src_dev``) to ``dest`` (on ``dest_dev``).

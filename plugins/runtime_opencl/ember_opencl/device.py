@@ -15,6 +15,9 @@ from ember_opencl.platforms import find_device, import_pyopencl, platform_contex
 from ember_opencl.renderer import CLRenderer
 from ember_opencl.runtime import CLProgram
 
+#: queued host copies a device holds before it waits for them all
+MAX_PENDING = 256
+
 
 class CLDevice(Compiled):
     """``CL`` (the first OpenCL device) or ``CL:N`` (the N-th, counted across platforms).
@@ -33,6 +36,7 @@ class CLDevice(Compiled):
         self.queue = cl.CommandQueue(self.context, self.cl_device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.extensions = frozenset(self.cl_device.extensions.split())
+        self._pending: list[Any] = []  # events of queued host copies (see keep_until_synchronized)
         self._programs: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
         super().__init__(device, CLAllocator(self), self._make_renderer(device), CLCompiler(self.cl_device),
                          functools.partial(CLProgram, self), CLGraph)
@@ -57,6 +61,17 @@ class CLDevice(Compiled):
                 program = self._programs[key] = cl.Program(self.context, [self.cl_device], [binary]).build()
         return program
 
+    def keep_until_synchronized(self, event: Any) -> None:
+        """Hold ``event`` (a queued copy's) until the next :meth:`synchronize`; many pending copies synchronize."""
+        self._pending.append(event)
+        if len(self._pending) >= MAX_PENDING:
+            self.synchronize()
+
     def synchronize(self) -> None:
         """Wait until every command queued on this device has finished."""
         self.queue.finish()
+        self.release_finished()
+
+    def release_finished(self) -> None:
+        """Drop the events of queued copies once the queue has run past them (after a wait on it)."""
+        self._pending.clear()

@@ -2,7 +2,8 @@
 
 Each call gets its own ``cl.Kernel`` object with its arguments bound once, at capture time, so
 a replay is only one ``clEnqueueNDRangeKernel`` per kernel: no argument setting, no size
-checks, no Python objects built.
+checks, no Python objects built. On a CPU device the kernels start once all are queued
+(``CLGraph.gated``); a new symbolic value rebinds only the int arguments.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ember_opencl.runtime import CLProgram, event_seconds, launch_sizes, set_kernel_args
+from ember_opencl.runtime import CLProgram, event_seconds, launch_sizes, set_kernel_args, set_val_args
 
 
 class CLGraph:
@@ -49,6 +50,9 @@ class CLGraph:
         self.device = self.programs[0].device if self.programs else None
         # empty grids are skipped when replaying
         self._launches = [(k, g, lsz) for k, (g, lsz) in zip(self.kernels, self.sizes) if 0 not in g]
+        #: hold the kernels until all are queued: on a CPU device (PoCL) the kernels run on host threads that
+        #: would otherwise contend with the enqueueing thread for each launch; a GPU gains from starting early
+        self.gated = self.device is not None and bool(self.device.cl_device.type & self.programs[0].cl.device_type.CPU)
 
     def __call__(self, wait: bool = False) -> float | None:
         """Enqueue every call in order; with ``wait``, wait and return the device time in seconds."""
@@ -59,11 +63,16 @@ class CLGraph:
         queue = self.device.queue
         enqueue = cl.enqueue_nd_range_kernel
         start = time.perf_counter()
-        first = last = None
-        for kernel, gsize, lsize in self._launches:
-            last = enqueue(queue, kernel, gsize, lsize)
-            if first is None:
-                first = last
+        # when gated, the first kernel waits on a user event released once every kernel is queued
+        gate = cl.UserEvent(self.device.context) if self.gated else None
+        try:
+            kernel, gsize, lsize = self._launches[0]
+            first = last = enqueue(queue, kernel, gsize, lsize, wait_for=None if gate is None else [gate])
+            for kernel, gsize, lsize in self._launches[1:]:
+                last = enqueue(queue, kernel, gsize, lsize)
+        finally:
+            if gate is not None:
+                gate.set_status(cl.command_execution_status.COMPLETE)
         if not wait:
             return None
         assert last is not None, "a graph with launches enqueued none"
@@ -87,9 +96,12 @@ class CLGraph:
         count = len(self.vals[call_index])
         if len(vals) != count:
             raise ValueError(f"call {call_index} takes {count} int variables, got {len(vals)}")
-        self.vals[call_index] = tuple(vals)
-        prg = self.programs[call_index]
-        set_kernel_args(self.kernels[call_index], prg.buffer_args(self.bufs[call_index], vals), vals)
+        vals = tuple(vals)
+        if vals == self.vals[call_index]:
+            return
+        self.vals[call_index] = vals
+        # the buffers stay bound: only the int parameters (after the used buffers) change
+        set_val_args(self.kernels[call_index], self.programs[call_index].num_args - count, vals)
 
     def __len__(self) -> int:
         return len(self.programs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes
+from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes, round_result
 
 _BF16_HELPERS = """float ember_bf16_to_f32(ushort b) { return as_float(((uint)b) << 16); }
 ushort ember_f32_to_bf16(float f) { uint u = as_uint(f);
@@ -54,8 +54,6 @@ _BASE_TYPES: dict[DType, str] = {
     dtypes.float64: "double"}
 
 
-#: ALU ops whose 16-bit float result needs no rounding (an operand, its negation, or its integer part)
-_EXACT_OPS = frozenset({Ops.MAX, Ops.WHERE, Ops.NEG, Ops.TRUNC})
 
 
 class CLRenderer(CStyleRenderer):
@@ -234,22 +232,19 @@ class CLRenderer(CStyleRenderer):
         elif op is Ops.IDIV and dt.kind == "f":
             # half arithmetic rounds the quotient before truncating; bfloat16 rounds once, after (as float32 would)
             quotient = f"({a[0]} / {a[1]})"
-            expr = f"trunc({self._round_result(dt, quotient) if self._emulated_half(dt) else quotient})"
+            rounded = round_result(dt, quotient, self._held_in_float()) if self._emulated_half(dt) else quotient
+            expr = f"trunc({rounded})"
         elif op is Ops.MOD and dt.kind == "f":
             expr = f"fmod({a[0]}, {a[1]})"
         elif op in (Ops.SHL, Ops.SHR):
             expr = self._render_shift(u, a)
         else:
             expr = super().render_alu(u, a)
-        return expr if op in _EXACT_OPS else self._round_result(dt, expr)
+        return round_result(dt, expr, self._held_in_float(), op)
 
-    def _round_result(self, dt: DType, expr: str) -> str:
-        """``expr`` (computed in float) rounded to ``dt`` when ``dt`` is a 16-bit float held in a float."""
-        if self._emulated_half(dt):
-            return f"ember_f16_round({expr})"
-        if dt == dtypes.bfloat16:
-            return f"ember_bf16_round({expr})"
-        return expr
+    def _held_in_float(self) -> tuple[DType, ...]:
+        """The 16-bit floats computed in float (float16 only without the ``cl_khr_fp16`` extension)."""
+        return (dtypes.bfloat16,) if self.fp16 else (dtypes.float16, dtypes.bfloat16)
 
     def _render_shift(self, u: UOp, a: list[str]) -> str:
         """Shifts in the operand's width; an amount outside [0, width) gives 0 (-1 for SHR of a negative value).

@@ -370,6 +370,12 @@ def test_graph_replays_in_order_and_updates(dev):
     # the program objects themselves are unaffected by the graph's bound arguments
     add(tmp, ba, ba, global_size=(n, 1, 1), wait=True)
     np.testing.assert_array_equal(download(dev, tmp, n, np.float32), a * 2)
+    # the same replays with and without holding the kernels until all are queued (GPU and CPU devices)
+    for gated in (False, True):
+        graph.gated = gated
+        graph.update_vals(1, (n, 2 + gated))
+        assert graph(wait=True) >= 0
+        np.testing.assert_array_equal(download(dev, out, n, np.float32), (a + 10) * (2 + gated))
 
 
 def test_graph_checks_its_calls(dev):
@@ -399,3 +405,111 @@ def test_device_synchronize_and_capabilities(dev):
 
     assert (dtypes.float64 in r.supported_dtypes) == ("cl_khr_fp64" in dev.cl_device.extensions.split())
     assert r.fp16 == ("cl_khr_fp16" in dev.cl_device.extensions.split())
+
+
+def test_graph_update_vals_binds_64_bit_values(dev):
+    """Only the int parameters change on update_vals (the buffers stay bound), as full 64-bit values."""
+    from ember_opencl.graph import CLGraph
+
+    scale = program(dev, "scale", SCALE_SRC)
+    n = 8
+    a = np.arange(n, dtype=np.float32)
+    ba, out = upload(dev, a), dev.allocator.alloc(n * 4)
+    graph = CLGraph([(scale, [out, ba], (n, 2), (n, 1, 1))])
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), a * 2)
+    # n = 2**32 + 4 as a 32-bit value would be 4: the kernel would write only the first 4 elements
+    graph.update_vals(0, (2 ** 32 + 4, 7))
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), a * 7)
+    graph.update_vals(0, (3, 7))  # the same k again, a smaller n: elements past 3 keep the last values
+    graph.update_buffer(0, 1, upload(dev, np.ones(n, np.float32)))
+    graph()
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), [7, 7, 7, *(a[3:] * 7)])
+    with pytest.raises(Exception, match="format requires|out of range|too large"):
+        graph.update_vals(0, (2 ** 64, 1))
+
+
+def test_small_copyin_is_queued_and_keeps_its_bytes(dev):
+    """A small copyin returns before the copy runs: the source may change at once, and work queued after it
+    (kernels, copies out) sees the copied bytes; a large one still blocks."""
+    from ember_opencl.allocator import QUEUED_COPYIN_MAX
+    from ember_opencl.device import MAX_PENDING
+
+    add = program(dev, "add", ADD_SRC)
+    n = 16
+    src = np.arange(n, dtype=np.float32)
+    a, out = dev.allocator.alloc(n * 4), dev.allocator.alloc(n * 4)
+    dev.allocator.copyin(a, memoryview(src).cast("B"))
+    assert dev._pending, "a small copyin is queued, its event held by the device"
+    src[:] = -1  # the copy was taken from a private copy of the bytes
+    add(out, a, a, global_size=(n, 1, 1))
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), np.arange(n) * 2)
+    dev.synchronize()
+    assert not dev._pending
+    # many queued copies into one buffer land in order; the device waits for them before holding too many
+    for i in range(MAX_PENDING + 3):
+        dev.allocator.copyin(a, memoryview(np.full(n, i, np.float32)).cast("B"))
+    assert len(dev._pending) < MAX_PENDING
+    np.testing.assert_array_equal(download(dev, a, n, np.float32), np.full(n, MAX_PENDING + 2))
+    big = np.arange(QUEUED_COPYIN_MAX // 4 + 1, dtype=np.float32)
+    b = dev.allocator.alloc(big.nbytes)
+    dev.synchronize()
+    dev.allocator.copyin(b, memoryview(big).cast("B"))
+    assert not dev._pending, "a copy larger than QUEUED_COPYIN_MAX blocks"
+    np.testing.assert_array_equal(download(dev, b, big.size, np.float32), big)
+
+
+def test_graph_replay_releases_its_gate_when_an_enqueue_fails(dev, monkeypatch: pytest.MonkeyPatch):
+    """A replay queues its kernels behind a user event; a failed enqueue must still release it, or the queue
+    would wait forever."""
+    import threading
+
+    import pyopencl as cl
+    from ember_opencl.graph import CLGraph
+
+    add = program(dev, "add", ADD_SRC)
+    n = 4
+    a, out = upload(dev, np.arange(n, dtype=np.float32)), dev.allocator.alloc(n * 4)
+    graph = CLGraph([(add, [out, a, a], (), (n, 1, 1)), (add, [out, out, a], (), (n, 1, 1))])
+    assert graph.gated == bool(dev.cl_device.type & cl.device_type.CPU)
+    graph.gated = True  # what a CPU device (PoCL) does; the ungated replay is test_graph_replays_in_order_and_updates
+    real, calls = cl.enqueue_nd_range_kernel, []
+
+    def failing(*args, **kwargs):
+        calls.append(kwargs.get("wait_for"))
+        if len(calls) == 2:
+            raise cl.Error("enqueue failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", failing)
+    with pytest.raises(cl.Error, match="enqueue failed"):
+        graph()
+    assert calls[0] and isinstance(calls[0][0], cl.UserEvent), "the first kernel waits on the gate"
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", real)
+    done = threading.Thread(target=dev.synchronize, daemon=True)
+    done.start()
+    done.join(timeout=30)
+    assert not done.is_alive(), "the queue still waits on the replay's gate"
+    np.testing.assert_array_equal(download(dev, out, n, np.float32), np.arange(n) * 2)  # the first kernel ran
+
+
+def test_reading_a_result_waits_once(dev, monkeypatch: pytest.MonkeyPatch):
+    """Buffer.copyout on CL queues its blocking read behind the kernels instead of waiting for the queue first:
+    the result is complete all the same."""
+    from ember.device import Device
+    from ember.device.buffer import Buffer
+    from ember.dtype import dtypes
+
+    add = program(dev, "add", ADD_SRC)
+    n = 1 << 16
+    a = Buffer("CL", n, dtypes.float32).copyin(memoryview(np.ones(n, np.float32)).cast("B"))
+    out = Buffer("CL", n, dtypes.float32).allocate()
+    for _ in range(20):  # a queue of work the read must wait for
+        add(out._buf, a._buf, a._buf, global_size=(n, 1, 1))
+        add(a._buf, out._buf, a._buf, global_size=(n, 1, 1))
+    waits = []
+    monkeypatch.setattr(Device["CL"], "synchronize", lambda: waits.append(1))
+    got = np.frombuffer(a.as_bytes(), np.float32)
+    assert not waits, "the read itself waits for the queue"
+    np.testing.assert_array_equal(got, np.full(n, 3.0 ** 20, np.float32))
