@@ -338,6 +338,8 @@ def result_type_scalar(tensor_dt: DType, scalar: Any) -> DType:
 
 def truncate(dt: DType, x: Any) -> Any:
     """Convert a Python value to what storing it in ``dt`` gives (wraps ints, rounds floats)."""
+    if dt.count != 1:  # a vector constant holds the value in every lane
+        dt = dt.scalar()
     kind = dt.kind
     if kind == "b":
         return bool(x)

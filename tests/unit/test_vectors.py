@@ -14,7 +14,7 @@ from ember.builtin_devices.python import PythonRenderer, encode_program
 from ember.codegen import get_program
 from ember.codegen.opts import Opt
 from ember.device import Device
-from ember.dtype import dtypes, to_np_dtype
+from ember.dtype import dtypes, from_np_dtype, to_np_dtype
 from ember.engine.realize import CompiledRunner, run_schedule
 from ember.ir.uop import Ops, UOp
 
@@ -220,3 +220,48 @@ def test_corpus_uses_aligned_vector_access(name: str, corpus: list[UOp]) -> None
                 vector_stores += u.op is Ops.STORE
     print(f"{name}: {vector_loads} vector loads, {vector_stores} vector stores in {len(corpus)} kernels")
     assert vector_loads >= VECTOR_FLOOR[name][0] and vector_stores >= VECTOR_FLOOR[name][1]
+
+
+def _vector_alu(renderer):
+    r = copy.copy(renderer)
+    r.vector_alu = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV})
+    return r
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_upcast_matmul_tile_is_vector_arithmetic_and_accumulators(dt) -> None:
+    a = RNG.standard_normal((8, 16)).astype(dt)
+    b = RNG.standard_normal((16, 8)).astype(dt)
+    si = _last(Tensor(a, device="PYTHON") @ Tensor(b, device="PYTHON"))
+    opts = [Opt("UPCAST", 1, 4), Opt("UPCAST", 0, 2)]
+    got, uops = _run(si, opts, _vector_alu(PythonRenderer()))
+    accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    # 2 x 4 accumulators: two 4-lane vectors, each updated by one vector multiply and one vector add
+    assert [u.dtype.count for u in accs] == [4, 4]
+    assert sum(u.op is Ops.MUL and u.dtype.count == 4 for u in uops) == 2
+    assert not any(u.op is Ops.ADD and u.dtype == from_np_dtype(dt) for u in uops)  # no scalar float add left
+    assert [_lanes(u) for u in _memory_ops(uops) if u.op is Ops.STORE] == [4, 4]  # the accumulators stored whole
+    want, scalar_uops = _run(si, opts, _scalar(PythonRenderer()))
+    assert not any(u.dtype is not None and getattr(u.dtype, "count", 1) != 1 for u in scalar_uops)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_vector_alu_broadcasts_shared_operands_and_keeps_other_ops_scalar() -> None:
+    a = RNG.standard_normal((4, 32)).astype(np.float32)
+    ta = Tensor(a, device="PYTHON")
+    si = _last((ta * 3.0 - ta / 7.0).maximum(0.5))
+    got, uops = _run(si, [Opt("UPCAST", 1, 8)], _vector_alu(PythonRenderer()))
+    ops = {u.op for u in uops if u.dtype == dtypes.float32.vec(8)}
+    assert {Ops.MUL, Ops.SUB, Ops.FDIV} <= ops or {Ops.MUL, Ops.SUB} <= ops
+    assert Ops.MAX not in ops  # not a lane-wise operator in every dialect: its lanes stay scalar
+    want, _ = _run(si, [Opt("UPCAST", 1, 8)], _scalar(PythonRenderer()))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got.reshape(4, 32), np.maximum(a * np.float32(3) - a / np.float32(7), 0.5))
+
+
+def test_vector_alu_off_leaves_arithmetic_scalar() -> None:
+    a = RNG.standard_normal((4, 32)).astype(np.float32)
+    si = _last(Tensor(a, device="PYTHON") * 2.0)
+    _, uops = _run(si, [Opt("UPCAST", 1, 4)], PythonRenderer())
+    assert PythonRenderer.vector_alu == frozenset()
+    assert all(u.dtype.count == 1 for u in uops if u.op is Ops.MUL)

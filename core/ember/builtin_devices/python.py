@@ -11,8 +11,9 @@ It is slow and complete. :class:`PythonRenderer` writes the linear program (the 
   n-1-d of the n grid axes) cuts the grid into work-groups, and a LOAD or STORE of local memory reaches its
   own work-group's array. Every instruction runs for the whole grid before the next, so a BARRIER holds by
   construction; a BARRIER source of a LOAD only orders it.
-* a vector register (a LOAD, STORE or VECTORIZE of ``dtype.vec(n)``) is a tuple of its lanes' values; a vector
-  LOAD or STORE is one scalar access per lane, at an index checked to be a multiple of ``n``; GEP picks a lane.
+* a vector register (a LOAD, STORE, VECTORIZE, CONST, ALU op or accumulator of ``dtype.vec(n)``) is a tuple of its
+  lanes' values; a vector LOAD or STORE is one scalar access per lane, at an index checked to be a multiple of
+  ``n``; GEP picks a lane; a vector ALU op is the scalar op on each lane.
 * WMMA (a tensor-core instruction, see :mod:`ember.codegen.tc`) gathers the lanes' elements of A and B along
   the last grid axis into tiles by the layout its arg carries, multiplies them in float32 and hands each lane
   its element of D.
@@ -412,7 +413,9 @@ class PythonProgram:
             elif op is Ops.DEFINE_VAR:
                 self._vars.append((i, dt, *arg[:3]))
             elif op is Ops.CONST:
-                self._init_regs[i] = _const_value(value_dt(i, dt), arg)
+                cdt = value_dt(i, dt)
+                lane_value = _const_value(cdt.scalar(), arg)
+                self._init_regs[i] = lane_value if cdt.count == 1 else (lane_value,) * cdt.count
             elif op is Ops.SPECIAL:
                 if open_ranges and not all(g for _, _, g in open_ranges):
                     raise fail(i, "SPECIAL inside a sequential loop")
@@ -441,12 +444,17 @@ class PythonProgram:
                 else:
                     self._code[start_pos][4][0] = end_pos + 1
                     self._code.append((_K_ENDLOOP, reg[srcs[0]], (), None, (start_pos, _reg_np(dts[srcs[0]]).type)))
+            elif op is Ops.DEFINE_ACC and value_dt(i, dt).count != 1:  # an accumulator vector: a tuple
+                self._code.append((_K_ALU, i, rs, _lanes_as(_reg_np(dt.scalar())), None))
             elif op is Ops.DEFINE_ACC:
                 self._code.append((_K_ACC, i, rs, None, _reg_np(value_dt(i, dt))))
             elif op is Ops.ASSIGN:
                 reg[i] = rs[0]
                 acc_dt = dts[srcs[0]]
-                self._code.append((_K_ASSIGN, rs[0], rs[1:], None, _reg_np(acc_dt)))
+                if acc_dt.count != 1:
+                    self._code.append((_K_ALU, rs[0], rs[1:], _lanes_as(_reg_np(acc_dt.scalar())), None))
+                else:
+                    self._code.append((_K_ASSIGN, rs[0], rs[1:], None, _reg_np(acc_dt)))
             elif op is Ops.DEFINE_LOCAL:
                 if not isinstance(dt, PtrDType) or not (isinstance(arg, tuple) and len(arg) == 2
                                                         and isinstance(arg[1], int) and arg[1] >= 0):
@@ -496,6 +504,14 @@ class PythonProgram:
                         and dt == vdt.scalar()):
                     raise fail(i, f"GEP {arg!r} to {dt!r} of {vdt!r}")
                 self._code.append((_K_ALU, i, rs, operator.itemgetter(arg), None))
+            elif op in GroupOp.ALU and value_dt(i, dt).count != 1:  # lane by lane, each as the scalar op
+                if any(not isinstance(dts[s], DType) or dts[s].count != dt.count for s in srcs):
+                    raise fail(i, f"{op.name} to {dt!r} of {[dts[s] for s in srcs]}")
+                try:
+                    fn = _make_alu(op, dt.scalar(), tuple(dts[s].scalar() for s in srcs))
+                except TypeError as e:
+                    raise fail(i, str(e)) from None
+                self._code.append((_K_ALU, i, rs, functools.partial(_lanewise, fn), None))
             elif op in GroupOp.ALU:
                 try:
                     fn = _make_alu(op, value_dt(i, dt), tuple(dts[s] for s in srcs))
@@ -749,6 +765,16 @@ def _store(regs: list[Any], srcs: tuple[int, ...], is_bf16: bool, conv: Callable
 def _lanes(*vals: Any) -> tuple[Any, ...]:
     """A vector register: its lanes' values, in order."""
     return vals
+
+
+def _lanewise(fn: Callable[..., Any], *vecs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A vector ALU op: the scalar op ``fn`` on each lane of its vector operands."""
+    return tuple(fn(*lanes) for lanes in zip(*vecs))
+
+
+def _lanes_as(npdt: np.dtype) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A copy of a vector register with each lane held as ``npdt`` (an accumulator vector's start and update)."""
+    return lambda v: tuple(_as(x, npdt) for x in v)
 
 
 def _aligned_index(idx: Any, n: int, what: str, kernel: str, label: str) -> Any:

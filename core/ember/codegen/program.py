@@ -61,7 +61,8 @@ def _size_name(d: int | UOp) -> str:
 
 
 def estimate(uops: list[UOp]) -> tuple[int, int]:
-    """(ALU ops, bytes of global memory) executed, counting loop trip counts."""
+    """(ALU ops, bytes of global memory) executed, counting loop trip counts (and a vector op's lanes: the same
+    count as the scalar program's)."""
     mult, ops = 1, 0
     stack: list[int] = []
     for u in uops:
@@ -72,7 +73,7 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
         elif u.op is Ops.ENDRANGE:
             mult = stack.pop()
         elif u.op in GroupOp.ALU and isinstance(u.dtype, object) and not _is_index(u):
-            ops += mult
+            ops += mult * getattr(u.dtype, "count", 1)  # a vector op does one op per lane
         elif u.op is Ops.WMMA:
             # each lane's share of one instruction's multiply-adds, split over the elements of D it holds
             (m, n, k), threads, counts = u.arg[1], u.arg[2], u.arg[3]
@@ -102,7 +103,7 @@ def lower_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt], name: str |
 def _lower_program(ast: UOp, renderer: Renderer, opts: list[Opt], name: str | None) -> ProgramSpec:
     plan = apply_opts(ast, renderer, opts)
     sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
-    sink = vectorize_memory(sink, renderer.vector_widths)
+    sink = vectorize_memory(sink, renderer.vector_widths, renderer.vector_alu)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

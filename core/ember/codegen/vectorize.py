@@ -14,9 +14,11 @@ constant too). ALU ops stay scalar.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
-from ember.dtype import DType, PtrDType
+from ember.dtype import DType, PtrDType, dtypes
 from ember.ir.symbolic import split_terms, term_coeff
 from ember.ir.uop import Ops, UOp, toposort
 
@@ -67,12 +69,47 @@ def _element(u: UOp) -> DType | None:
     return buf.dtype.base
 
 
-def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
+def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]],
+                     alu_ops: AbstractSet[Ops] = frozenset()) -> UOp:
     """``sink`` (a lowered kernel, see :func:`ember.codegen.lowerer.lower_ast`) with each aligned run of
     neighbouring global loads and stores (see the module docstring) made one vector access of a width in
-    ``widths[element dtype]``."""
+    ``widths[element dtype]``; with ``alu_ops``, the lanes' float arithmetic and reductions computed on vectors
+    too (see :func:`vectorize_alu`)."""
     if not widths:
         return sink
+    sink, scalar_of = _vectorize_loads(sink, widths)
+    if not alu_ops:
+        return _vectorize_stores(sink, widths)
+    # with vector arithmetic, the vector accesses kept are those it reads or writes (or a copy's): a load whose
+    # lanes only scalar ops read, or a store of lanes computed one by one, stays scalar, as the target's own loop
+    # vectorizer regroups scalar work best (an unrolled row max read through a 2-lane load: 4x slower with gcc)
+    sink = _scalar_loads(vectorize_alu(sink, alu_ops), scalar_of)
+    return _vectorize_stores(sink, widths, gathers=False)
+
+
+def _scalar_loads(sink: UOp, scalar_of: dict[UOp, UOp]) -> UOp:
+    """``sink`` with each vector load that only GEPs read given back as the scalar loads it replaced
+    (``scalar_of``: each lane's GEP -> its load)."""
+    nodes = toposort([sink])
+    vector_use: set[UOp] = set()
+    for n in nodes:
+        if n.op is not Ops.GEP:
+            vector_use.update(s for s in n.src if s.op is Ops.LOAD and s.dtype.count > 1)
+    if not any(n in scalar_of and n.src[0] not in vector_use for n in nodes):
+        return sink
+    done: dict[UOp, UOp] = {}
+    for n in nodes:
+        if n in scalar_of and n.src[0] not in vector_use:
+            done[n] = scalar_of[n]
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink]
+
+
+def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> tuple[UOp, dict[UOp, UOp]]:
+    """``sink`` with each aligned run of neighbouring ungated global loads made one vector load whose lanes its
+    users read through GEP, and each such GEP's scalar load."""
     nodes = toposort([sink])
     # loads: (buffer, variable part) -> offset -> load
     load_groups: dict[tuple[UOp, UOp | None], dict[int, UOp]] = {}
@@ -88,16 +125,22 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             vload = UOp(Ops.LOAD, dt.vec(n), (buf, by_off[first].src[1]))
             for k in range(n):
                 replace[by_off[first + k]] = UOp(Ops.GEP, dt, (vload,), k)
+    if not replace:
+        return sink, {}
+    done: dict[UOp, UOp] = {}
+    for n in nodes:
+        if n in replace:
+            done[n] = replace[n]
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink], {gep: load for load, gep in replace.items()}
+
+
+def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gathers: bool = True) -> UOp:
+    """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store;
+    without ``gathers``, only runs whose values are lanes of vectors (a tile stored across its vectors: a shuffle)."""
     stores = list(sink.src)
-    if replace:
-        done: dict[UOp, UOp] = {}
-        for n in nodes:
-            if n in replace:
-                done[n] = replace[n]
-                continue
-            src = tuple(done.get(s, s) for s in n.src)
-            done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
-        stores = [done[s] for s in stores]
     # stores: (buffer, variable part, gate) -> offset -> position in the sink
     store_groups: dict[tuple[UOp, UOp | None, UOp | None], dict[int, int]] = {}
     for i, s in enumerate(stores):
@@ -113,12 +156,129 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> UOp:
             at = [positions[first + k] for k in range(n)]
             vals = tuple(stores[i].src[2] for i in at)
             value = _vectorized(vals, dt.vec(n))
+            if not gathers and value.op is Ops.VECTORIZE and not all(v.op is Ops.GEP for v in vals):
+                continue
             srcs = (buf, stores[at[0]].src[1], value) + ((gate,) if gate is not None else ())
             stores[min(at)] = UOp(Ops.STORE, None, srcs)
             drop.update(i for i in at if i != min(at))
-    if not replace and not drop:
+    if not drop:
         return sink
     return UOp(Ops.SINK, sink.dtype, tuple(s for i, s in enumerate(stores) if i not in drop), sink.arg)
+
+
+#: the float ops a vector may compute, each lane exactly as the scalar op would (C's vector extension and
+#: OpenCL's vector operators are lane-wise IEEE arithmetic; MAX keeps ember's nan rule, see
+#: :meth:`ember.renderer.cstyle.CStyleRenderer.render_vector_max`)
+VECTOR_FLOAT_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX})
+_FLOATS = (dtypes.float32, dtypes.float64)
+
+
+def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
+    """``sink`` (its loads vectorized) with the lanes' arithmetic done on vectors: ``n`` float ops of one kind
+    (in ``ops``), one per lane of a vector, whose other sources are lane ``k`` of another such vector or one node
+    shared by all (broadcast), become one vector op; ``n`` REDUCEs of an op in ``ops`` over the same loops become
+    one vector REDUCE (an accumulator vector). Each lane computes what its scalar op did, in the same order, so
+    results are bit for bit those of the scalar program. Users outside a group read its lanes through GEP."""
+    nodes = toposort([sink])
+    users: dict[UOp, list[UOp]] = {}
+    for n in nodes:
+        for s in dict.fromkeys(n.src):
+            users.setdefault(s, []).append(n)
+    # a pack: n scalar nodes, lane k the k-th; a load pack's vector is the load, a group's is built below
+    lane: dict[UOp, tuple[int, int]] = {}
+    packs: list[tuple[UOp, ...]] = []
+    pack_vector: dict[int, UOp] = {}
+    # each group's sources as its signature named them when it was made
+    sources: dict[int, tuple[tuple[str, object], ...]] = {}
+    for n in nodes:
+        if n.op is Ops.LOAD and isinstance(n.dtype, DType) and n.dtype.count > 1:
+            gs = {u.arg: u for u in users.get(n, []) if u.op is Ops.GEP}
+            if len(gs) == n.dtype.count:
+                pack_vector[len(packs)] = n
+                lane.update((gs[k], (len(packs), k)) for k in range(n.dtype.count))
+                packs.append(tuple(gs[k] for k in range(n.dtype.count)))
+
+    def sig(u: UOp, k: int, n: int) -> tuple:
+        # a source is lane k of a pack of n lanes (named by the pack) or the same node in every lane (a broadcast;
+        # a lane of a vector of another width is one too: an outer product's other factor)
+        return (u.op, u.dtype, u.arg, tuple(("L", lane[s][0]) if s in lane and lane[s][1] == k
+                                            and len(packs[lane[s][0]]) == n else ("S", s) for s in u.src))
+
+    def groupable(u: UOp) -> bool:
+        if u in lane or u.dtype not in _FLOATS:
+            return False
+        if u.op is not Ops.REDUCE:
+            return u.op in ops
+        # an accumulator vector is updated by its reduction's op (a product's by MUL); a reduction split over cores
+        # (a "thread" loop) keeps scalars, which every OpenMP-style combiner handles
+        return u.arg in ops and not any(r.op is Ops.RANGE and r.arg[1] == "thread" for r in u.src[1:])
+
+    # the widest packs first: an op reading lanes of two vectors (an outer product) joins the wider one's group
+    work = [(-len(p), i) for i, p in enumerate(packs)]
+    heapq.heapify(work)
+    while work:
+        members = packs[heapq.heappop(work)[1]]
+        n = len(members)
+        for u0 in users.get(members[0], []):
+            if not groupable(u0):
+                continue
+            want = sig(u0, 0, n)
+            group = [u0]
+            for k in range(1, n):
+                found = [u for u in users.get(members[k], []) if groupable(u) and sig(u, k, n) == want]
+                if len(found) != 1 or found[0] in group:
+                    break
+                group.append(found[0])
+            if len(group) != n:
+                continue
+            if u0.op is Ops.REDUCE and _combined(group, users):
+                # an unrolled reduction: its accumulators are one result's partial sums, combined after the loop;
+                # left as scalars (a single accumulator vector would be one dependency chain; the scalar
+                # accumulators are what a target's own loop vectorizer splits into several)
+                continue
+            lane.update((u, (len(packs), k)) for k, u in enumerate(group))
+            sources[len(packs)] = want[3]
+            heapq.heappush(work, (-n, len(packs)))
+            packs.append(tuple(group))
+    if len(packs) == len(pack_vector):
+        return sink
+
+    done: dict[UOp, UOp] = {}
+
+    def vector(p: int) -> UOp:
+        if p in pack_vector:
+            return pack_vector[p]
+        u0, n = packs[p][0], len(packs[p])
+        srcs = []
+        for (kind, q), s in zip(sources[p], u0.src):
+            if kind == "L":
+                srcs.append(vector(q))  # type: ignore[arg-type]
+            elif u0.op is Ops.REDUCE and s.op is Ops.RANGE:
+                srcs.append(done.get(s, s))
+            else:
+                srcs.append(_broadcast(done.get(s, s), n))
+        pack_vector[p] = UOp(u0.op, u0.dtype.vec(n), tuple(srcs), u0.arg)
+        return pack_vector[p]
+
+    for n in nodes:
+        if n in lane and n.op is not Ops.GEP:
+            p, k = lane[n]
+            done[n] = UOp(Ops.GEP, n.dtype, (vector(p),), k)
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    return done[sink]
+
+
+def _combined(group: list[UOp], users: dict[UOp, list[UOp]]) -> bool:
+    """Whether some node reads two members of ``group`` (the members are parts of one value)."""
+    members = set(group)
+    return any(sum(s in members for s in u.src) > 1 for m in group for u in users.get(m, []))
+
+
+def _broadcast(s: UOp, n: int) -> UOp:
+    """The vector of ``n`` copies of the scalar ``s``."""
+    return UOp(Ops.VECTORIZE, s.dtype.vec(n), (s,) * n)
 
 
 def _vectorized(vals: tuple[UOp, ...], dt: DType) -> UOp:
@@ -131,4 +291,4 @@ def _vectorized(vals: tuple[UOp, ...], dt: DType) -> UOp:
     return UOp(Ops.VECTORIZE, dt, vals)
 
 
-__all__ = ["vectorize_memory"]
+__all__ = ["VECTOR_FLOAT_OPS", "vectorize_alu", "vectorize_memory"]

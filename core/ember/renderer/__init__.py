@@ -147,6 +147,10 @@ class Renderer:
     #: (see :mod:`ember.codegen.vectorize`); empty: every access stays scalar. A renderer that declares widths
     #: renders LOAD and STORE of ``dt.vec(n)``, VECTORIZE and GEP. Read only, never written in place.
     vector_widths: dict[DType, tuple[int, ...]] = {}
+    #: the float ALU ops the target computes on those vectors (a subset of
+    #: :data:`ember.codegen.vectorize.VECTOR_FLOAT_OPS`; a reduction by one of them accumulates in vectors too);
+    #: empty: arithmetic stays scalar and reads the lanes of vector loads
+    vector_alu: frozenset = frozenset()
     #: anything else that changes the rendered source for the same UOps (a dialect option such as
     #: how float16 is emulated); part of every cache key, like the capabilities above
     variant: str = ""

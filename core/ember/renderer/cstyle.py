@@ -60,6 +60,14 @@ class CStyleRenderer(Renderer):
         return f"typedef {self.type_map[dt.scalar()]} {self.render_vector_dtype(dt)} " \
                f"__attribute__((vector_size({dt.itemsize})));"
 
+    def render_vector_max(self, a: str, b: str, dt: DType) -> str:
+        """MAX of two float vectors, each lane as the scalar MAX (``(a > b || a != a) ? a : b``: a nan in ``a``
+        kept). C has no vector ``?:``: a lane mask from the comparisons selects the bits of ``a`` or ``b``
+        (casting between vector types of one size keeps the bits, in gcc and clang alike)."""
+        t = self.render_vector_dtype(dt)
+        return (f"({{ {t} a_ = {a}, b_ = {b}; __typeof__(a_ > b_) m_ = (a_ > b_) | (a_ != a_); "
+                f"({t})((m_ & (__typeof__(m_))a_) | (~m_ & (__typeof__(m_))b_)); }})")
+
     def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
         """Reading the ``dt.count`` elements from ``buf[idx]`` on (``idx`` a multiple of the count) as one
         ``dt`` value."""
@@ -122,6 +130,8 @@ class CStyleRenderer(Renderer):
 
     # --- literals and ops -------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
+        if dt.count != 1:  # a vector constant (an accumulator vector's start): every lane the scalar's value
+            return self.render_vectorize([self.render_const(value, dt.scalar())] * dt.count, dt)
         if dt.kind == "b":
             return "1" if value else "0"
         if dt.kind == "f":
@@ -163,6 +173,8 @@ class CStyleRenderer(Renderer):
             return f"(!{a[0]})" if dt.kind == "b" else f"(-{a[0]})"
         if op is Ops.RECIP:
             return f"(1/{a[0]})"
+        if op is Ops.MAX and dt.count != 1:
+            return self.render_vector_max(a[0], a[1], dt)
         if op is Ops.MAX:
             if dt.kind == "f":
                 # against a constant that is not nan (relu's 0) one compare says it all, and it vectorizes:
@@ -271,6 +283,8 @@ class CStyleRenderer(Renderer):
             op = u.op
             if op in _VALUE_OPS:  # the most common uops first (the branches are exclusive)
                 srcs = [r[s] for s in u.src]
+                if u.value_dtype.count != 1:
+                    declare_vector(u.value_dtype)
                 if op is Ops.CAST:
                     expr = self.render_cast(u, srcs[0])
                 elif op is Ops.BITCAST:
@@ -324,6 +338,8 @@ class CStyleRenderer(Renderer):
                         line(s)
                     r.update(zip(accs, names))
             elif op is Ops.DEFINE_ACC:
+                if u.value_dtype.count != 1:
+                    declare_vector(u.value_dtype)
                 self.open_accs.append(u)
                 r[u] = fresh("acc")
                 if u not in self._undeclared:
