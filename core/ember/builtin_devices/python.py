@@ -52,7 +52,7 @@ import json
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -445,7 +445,7 @@ class PythonProgram:
                     self._code[start_pos][4][0] = end_pos + 1
                     self._code.append((_K_ENDLOOP, reg[srcs[0]], (), None, (start_pos, _reg_np(dts[srcs[0]]).type)))
             elif op is Ops.DEFINE_ACC and value_dt(i, dt).count != 1:  # an accumulator vector: a tuple
-                self._code.append((_K_ALU, i, rs, _lanes_as(_reg_np(dt.scalar())), None))
+                self._code.append((_K_ALU, i, rs, _lanes_as(_reg_np(cast(DType, dt).scalar())), None))
             elif op is Ops.DEFINE_ACC:
                 self._code.append((_K_ACC, i, rs, None, _reg_np(value_dt(i, dt))))
             elif op is Ops.ASSIGN:
@@ -505,10 +505,10 @@ class PythonProgram:
                     raise fail(i, f"GEP {arg!r} to {dt!r} of {vdt!r}")
                 self._code.append((_K_ALU, i, rs, operator.itemgetter(arg), None))
             elif op in GroupOp.ALU and value_dt(i, dt).count != 1:  # lane by lane, each as the scalar op
-                if any(not isinstance(dts[s], DType) or dts[s].count != dt.count for s in srcs):
+                if any(not isinstance(dts[s], DType) or dts[s].count != cast(DType, dt).count for s in srcs):
                     raise fail(i, f"{op.name} to {dt!r} of {[dts[s] for s in srcs]}")
                 try:
-                    fn = _make_alu(op, dt.scalar(), tuple(dts[s].scalar() for s in srcs))
+                    fn = _make_alu(op, cast(DType, dt).scalar(), tuple(dts[s].scalar() for s in srcs))
                 except TypeError as e:
                     raise fail(i, str(e)) from None
                 self._code.append((_K_ALU, i, rs, functools.partial(_lanewise, fn), None))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from typing import cast
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.ir.symbolic import split_terms, term_coeff
@@ -257,7 +258,7 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
                 srcs.append(done.get(s, s))
             else:
                 srcs.append(_broadcast(done.get(s, s), n))
-        pack_vector[p] = UOp(u0.op, u0.dtype.vec(n), tuple(srcs), u0.arg)
+        pack_vector[p] = UOp(u0.op, cast(DType, u0.dtype).vec(n), tuple(srcs), u0.arg)
         return pack_vector[p]
 
     for n in nodes:
@@ -278,7 +279,7 @@ def _combined(group: list[UOp], users: dict[UOp, list[UOp]]) -> bool:
 
 def _broadcast(s: UOp, n: int) -> UOp:
     """The vector of ``n`` copies of the scalar ``s``."""
-    return UOp(Ops.VECTORIZE, s.dtype.vec(n), (s,) * n)
+    return UOp(Ops.VECTORIZE, cast(DType, s.dtype).vec(n), (s,) * n)
 
 
 def _vectorized(vals: tuple[UOp, ...], dt: DType) -> UOp:
