@@ -22,6 +22,17 @@ fi
 command -v clang-19 >/dev/null 2>&1 || missing+=(clang-19)
 command -v ld.lld-19 >/dev/null 2>&1 || missing+=(lld-19)
 command -v llvm-objdump-19 >/dev/null 2>&1 || missing+=(llvm-19)
+# Optional: Chromium and its WebDriver for the browser test of ember.llm's chat page. Best effort: without them
+# that one test skips with the reason, so a failed install here does not fail the run.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+            && echo "installed: chromium chromium-driver" \
+            || echo "note: chromium could not be installed; the chat page's browser test will skip"
+    else
+        echo "note: no chromium/chromedriver (Debian: apt-get install chromium chromium-driver); the chat page's browser test will skip"
+    fi
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "system packages missing: ${missing[*]}"
