@@ -167,6 +167,43 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[Strides, int]], int]:
     return moving, max(1, ops)
 
 
+def row_shared_ops(ast: UOp, axis: int) -> tuple[int, int]:
+    """(the operations of one reduction step whose value does not move along the kernel's ``axis``, all of the
+    step's operations), counted as :func:`weighted_reduce_loads` counts an indexed body: a tile with several rows
+    along ``axis`` computes the first once for all of its rows (a weight gradient's input recomputed through a
+    fused layer norm is the same for every output row).
+
+    The reductions' bodies are indexed with one variable per axis; a value moves along ``axis`` when that axis's
+    variable is among its sources. (0, 0) for a kernel without a reduction indexed like its first."""
+    ks = kernel_shape(ast)
+    to_src = {f: s for f, s in ks.reduce_src.items()} | {o: s for o, s in ks.out_to_src.items()}
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if not reduces or not ks.reduce_axes or axis not in to_src:
+        return 0, 0
+    memo: dict[UOp, tuple[int, ...]] = {}
+    first = ast_shape(reduces[0].src[0], memo)
+    reduces = [r for r in reduces if ast_shape(r.src[0], memo) == first]
+    vars_ = axis_vars(first, "a")
+    var = vars_[to_src[axis]]
+    moves: dict[UOp, bool] = {}
+    shared = total = 0
+    for body in lower_values([red.src[0] for red in reduces], vars_):
+        for n in body.toposort():
+            if n in moves:
+                continue
+            moves[n] = n is var or any(moves.get(x, False) for x in n.src)
+            if n.op is Ops.LOAD:
+                cost = 2 + 3 * (len(n.src) > 2)
+            elif n.op in GroupOp.ALU and not (isinstance(n.dtype, type(dtypes.int32)) and n.dtype.kind in "iub"):
+                cost = 1
+            else:
+                continue
+            total += cost
+            if not moves[n]:
+                shared += cost
+    return shared, total
+
+
 def _indexed_loads(reduces: list[UOp], shape: tuple[int, ...]) -> tuple[list[tuple[Strides, int]], int]:
     """The reductions' bodies indexed with one variable per axis of their input (of ``shape``): each load's stride
     map and cost, and the operations of one step."""
