@@ -10,6 +10,7 @@ each load's index expression (:func:`index_strides`).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -167,41 +168,42 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[Strides, int]], int]:
     return moving, max(1, ops)
 
 
-def row_shared_ops(ast: UOp, axis: int) -> tuple[int, int]:
-    """(the operations of one reduction step whose value does not move along the kernel's ``axis``, all of the
-    step's operations), counted as :func:`weighted_reduce_loads` counts an indexed body: a tile with several rows
-    along ``axis`` computes the first once for all of its rows (a weight gradient's input recomputed through a
-    fused layer norm is the same for every output row).
+@functools.lru_cache(maxsize=256)
+def tile_step_ops(ast: UOp, axes: tuple[int, ...]) -> dict[frozenset[int], int]:
+    """The operations of one reduction step (counted as :func:`weighted_reduce_loads` counts an indexed body),
+    grouped by which of the kernel's ``axes`` their value moves along. A register tile over those axes computes a
+    value once per position along the axes it moves along, and shares it along the others: a weight gradient's
+    input recomputed through a fused layer norm is the same for every output row, a forward projection's is the
+    same across a row of output features.
 
-    The reductions' bodies are indexed with one variable per axis; a value moves along ``axis`` when that axis's
-    variable is among its sources. (0, 0) for a kernel without a reduction indexed like its first."""
+    The reductions' bodies are indexed with one variable per axis; a value moves along an axis when that axis's
+    variable is among its sources. Empty for a kernel without a reduction, or with an axis not indexed like the
+    reduction's input."""
     ks = kernel_shape(ast)
     to_src = {f: s for f, s in ks.reduce_src.items()} | {o: s for o, s in ks.out_to_src.items()}
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
-    if not reduces or not ks.reduce_axes or axis not in to_src:
-        return 0, 0
+    if not reduces or not ks.reduce_axes or any(a not in to_src for a in axes):
+        return {}
     memo: dict[UOp, tuple[int, ...]] = {}
     first = ast_shape(reduces[0].src[0], memo)
     reduces = [r for r in reduces if ast_shape(r.src[0], memo) == first]
     vars_ = axis_vars(first, "a")
-    var = vars_[to_src[axis]]
-    moves: dict[UOp, bool] = {}
-    shared = total = 0
+    wanted = {vars_[to_src[a]]: a for a in axes}
+    moves: dict[UOp, frozenset[int]] = {}
+    out: dict[frozenset[int], int] = {}
     for body in lower_values([red.src[0] for red in reduces], vars_):
         for n in body.toposort():
             if n in moves:
                 continue
-            moves[n] = n is var or any(moves.get(x, False) for x in n.src)
+            moves[n] = frozenset({wanted[n]} if n in wanted else ()).union(*(moves.get(x, frozenset()) for x in n.src))
             if n.op is Ops.LOAD:
                 cost = 2 + 3 * (len(n.src) > 2)
             elif n.op in GroupOp.ALU and not (isinstance(n.dtype, type(dtypes.int32)) and n.dtype.kind in "iub"):
                 cost = 1
             else:
                 continue
-            total += cost
-            if not moves[n]:
-                shared += cost
-    return shared, total
+            out[moves[n]] = out.get(moves[n], 0) + cost
+    return out
 
 
 def _indexed_loads(reduces: list[UOp], shape: tuple[int, ...]) -> tuple[list[tuple[Strides, int]], int]:
