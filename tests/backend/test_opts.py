@@ -435,3 +435,22 @@ def test_transposing_copy_of_a_costly_value_stays_untiled():
     si = last_kernel(Tensor.randn(256, 784, device="CPU"))
     assert elementwise_loads(si.ast)[1] > 100
     assert heuristic_opts(si.ast, Device["CPU"].renderer) == []
+
+
+def test_tile_step_ops_groups_a_steps_work_by_the_axes_it_moves_along():
+    from ember.codegen.access import tile_step_ops
+
+    # a weight gradient with a norm recomputed in the step: (4, 8, 32, 16), reduced over (0, 1); the norm's
+    # loads and arithmetic move along the input features (3) only, the output gradient along the outputs (2)
+    h, g = (Tensor(randf(4, 8, n), device="CPU").realize() for n in (16, 32))
+    w, b = (Tensor(randf(16), device="CPU").realize() for _ in range(2))
+    mean, sd = Tensor(randf(4, 8, 1), device="CPU").realize(), Tensor(randf(4, 8, 1) + 2, device="CPU").realize()
+    norm = (h - mean) * (1 / sd) * w + b
+    si = last_kernel((g.reshape(4, 8, 32, 1) * norm.reshape(4, 8, 1, 16)).sum((0, 1)))
+    step = tile_step_ops(si.ast, (2, 3))
+    # loads h, w, b (2 each) and sub, mul, mul, add along 3; mean and sd (2 each) and 1 / sd along neither; g along
+    # 2; the product along both
+    assert step == {frozenset({3}): 10, frozenset(): 5, frozenset({2}): 2, frozenset({2, 3}): 1}, step
+    # a plain matmul: each operand along its own axis, only the product along both
+    si = last_kernel((g.reshape(4, 8, 32, 1) * h.reshape(4, 8, 1, 16)).sum((0, 1)))
+    assert tile_step_ops(si.ast, (2, 3)) == {frozenset({3}): 2, frozenset({2}): 2, frozenset({2, 3}): 1}

@@ -10,6 +10,7 @@ each load's index expression (:func:`index_strides`).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -165,6 +166,44 @@ def weighted_reduce_loads(ast: UOp) -> tuple[list[tuple[Strides, int]], int]:
     walk = None  # type: ignore[assignment]  # a recursive closure holds itself: unbound, it goes with refcounts
     moving = [(s, c) for s, c in out if any(s.get(a, 0) != 0 for a in reduce_axes)]
     return moving, max(1, ops)
+
+
+@functools.lru_cache(maxsize=256)
+def tile_step_ops(ast: UOp, axes: tuple[int, ...]) -> dict[frozenset[int], int]:
+    """The operations of one reduction step (counted as :func:`weighted_reduce_loads` counts an indexed body),
+    grouped by which of the kernel's ``axes`` their value moves along. A register tile over those axes computes a
+    value once per position along the axes it moves along, and shares it along the others: a weight gradient's
+    input recomputed through a fused layer norm is the same for every output row, a forward projection's is the
+    same across a row of output features.
+
+    The reductions' bodies are indexed with one variable per axis; a value moves along an axis when that axis's
+    variable is among its sources. Empty for a kernel without a reduction, or with an axis not indexed like the
+    reduction's input."""
+    ks = kernel_shape(ast)
+    to_src = {f: s for f, s in ks.reduce_src.items()} | {o: s for o, s in ks.out_to_src.items()}
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE_AXIS]
+    if not reduces or not ks.reduce_axes or any(a not in to_src for a in axes):
+        return {}
+    memo: dict[UOp, tuple[int, ...]] = {}
+    first = ast_shape(reduces[0].src[0], memo)
+    reduces = [r for r in reduces if ast_shape(r.src[0], memo) == first]
+    vars_ = axis_vars(first, "a")
+    wanted = {vars_[to_src[a]]: a for a in axes}
+    moves: dict[UOp, frozenset[int]] = {}
+    out: dict[frozenset[int], int] = {}
+    for body in lower_values([red.src[0] for red in reduces], vars_):
+        for n in body.toposort():
+            if n in moves:
+                continue
+            moves[n] = frozenset({wanted[n]} if n in wanted else ()).union(*(moves.get(x, frozenset()) for x in n.src))
+            if n.op is Ops.LOAD:
+                cost = 2 + 3 * (len(n.src) > 2)
+            elif n.op in GroupOp.ALU and not (isinstance(n.dtype, type(dtypes.int32)) and n.dtype.kind in "iub"):
+                cost = 1
+            else:
+                continue
+            out[moves[n]] = out.get(moves[n], 0) + cost
+    return out
 
 
 def _indexed_loads(reduces: list[UOp], shape: tuple[int, ...]) -> tuple[list[tuple[Strides, int]], int]:

@@ -367,3 +367,78 @@ def test_matmul_layout_copies_follow_the_policy(monkeypatch):
     assert len([si for si in (a @ b.T).schedule() if si.ast.op.name == "SINK"]) == 2
     monkeypatch.setattr(Device["CPU"].renderer, "matmul_copy_min_macs", None)
     assert len([si for si in (a @ b.T).schedule() if si.ast.op.name == "SINK"]) == 1
+
+
+def layer_norm_weight_gradient(batch: int = 16, tokens: int = 64, features: int = 64, outputs: int = 256):
+    """A linear layer's weight gradient whose input is recomputed through a layer norm inside the kernel (as the
+    scheduler fuses a pre-norm block's backward): ``g^T @ ((h - mean) / sd * w + b)``, reduced over batch and
+    tokens. Returns the tensor and the numpy inputs."""
+    h, g = randf(batch, tokens, features), randf(batch, tokens, outputs)
+    w, b, mean = randf(features), randf(features), randf(batch, tokens, 1)
+    sd = np.abs(randf(batch, tokens, 1)) + 1
+    th, tg, tw, tb, tm, ts = realized(h, g, w, b, mean, sd)
+    ln = (th - tm) * (1 / ts) * tw + tb
+    out = (tg.reshape(batch, tokens, outputs, 1) * ln.reshape(batch, tokens, 1, features)).sum((0, 1))
+    return out, (h, g, w, b, mean, sd)
+
+
+def test_a_weight_gradient_with_a_fused_norm_gets_rows():
+    # the norm is the same for every output row: the tile pays it once per row vector, so it has room for a
+    # full register file of rows (a count per output left 2 rows: 37 against 80 GFLOPS on 1024 x 64 x 256)
+    out, _ = layer_norm_weight_gradient()
+    opts = heuristic_opts(kernel_ast(out), RegisterFile(16, 32))
+    upcast = {o.axis: o.amount for o in opts if o.op == "UPCAST"}
+    assert upcast == {3: 32, 2: 8}, opts
+    # a plain weight gradient (nothing recomputed in the step) keeps its tile
+    g, h = realized(randf(16, 64, 256), randf(16, 64, 64))
+    plain = (g.reshape(16, 64, 256, 1) * h.reshape(16, 64, 1, 64)).sum((0, 1))
+    assert heuristic_opts(kernel_ast(plain), RegisterFile(16, 32)) == [Opt("UPCAST", 3, 32), Opt("UPCAST", 2, 8)]
+
+
+def test_a_projection_with_a_fused_concatenated_input_gets_rows():
+    # the input gradient through a concatenation (q, k, v): each row's gated value is shared across the row's
+    # output features, so the tile is not held to the narrow rows of a body costed per output
+    a, b, c, w = realized(randf(16, 64, 64), randf(16, 64, 64), randf(16, 64, 64), randf(192, 64))
+    cat = a.cat(b, c, dim=2)
+    out = (cat.reshape(16, 64, 192, 1) * w.reshape(1, 1, 192, 64)).sum(2)
+    opts = heuristic_opts(kernel_ast(out), RegisterFile(16, 32))
+    rows = [o.amount for o in opts if o.op == "UPCAST" and o.axis == 1]
+    assert rows and rows[0] >= 8, opts
+
+
+def test_weight_gradient_with_a_fused_norm_is_exact():
+    # its tiles keep the reduction's order: bit for bit what the untiled kernel computes, and numpy within float32
+    out, (h, g, w, b, mean, sd) = layer_norm_weight_gradient(4, 32, 64, 64)
+    tiled = run_with_opts(out, heuristic_opts(kernel_ast(out), CPURenderer()))
+    plain = run_with_opts(out, [])
+    np.testing.assert_array_equal(tiled, plain)
+    ln = (h - mean) * (1 / sd) * w + b
+    want = np.einsum("bto,bti->oi", g.astype(np.float64), ln.astype(np.float64))
+    np.testing.assert_allclose(tiled.reshape(64, 64), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fused_tile_reducing_across_rows_keeps_the_loop_to_the_tile():
+    # gcc's cheap cost model vectorized the reduction over rows itself, gathering strided elements with permutes
+    # of whole rows (35 ms against 0.5 ms): such kernels are marked so that only the tile is vectorized; kernels
+    # whose reduction reads along it (x @ w.T with a relu) and plain matmuls are as before
+    out, _ = layer_norm_weight_gradient()
+    src = get_program(kernel_ast(out), RegisterFile(16, 32)).src
+    assert re.search(r"^EMBER_STRIDED_TILE void r_", src, re.MULTILINE), src[:2000]
+    a, b, w = realized(randf(64, 48), randf(48, 64), randf(64, 48))
+    for t in (a @ b, (a.reshape(64, 1, 48) * w.reshape(1, 64, 48)).relu().sum(2)):
+        assert "EMBER_STRIDED_TILE" not in get_program(kernel_ast(t), RegisterFile(16, 32)).src
+
+
+@pytest.mark.skipif(not is_gcc(), reason="reads gcc's vectorizer report")
+def test_gcc_leaves_a_strided_fused_tiles_reduction_loop_alone(tmp_path):
+    out, _ = layer_norm_weight_gradient()
+    src = get_program(kernel_ast(out), RegisterFile(16, 32)).src
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    cc = find_cc()
+    assert cc is not None
+    flags = [f for f in BASE_FLAGS if f != "-shared"]
+    res = subprocess.run([*cc, *flags, "-fopenmp", "-fopt-info-vec-optimized", "-c", str(path), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True, check=True)
+    assert "loop vectorized" not in res.stderr, res.stderr
+    assert "basic block part vectorized" in res.stderr, res.stderr
