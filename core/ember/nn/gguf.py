@@ -286,7 +286,7 @@ def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
 def _nibbles16(qs: Tensor) -> Tensor:
     """(..., blocks, 16) bytes -> (..., blocks, 32): the low nibbles, then the high ones, as one expression (a
     concatenation of the two would be a masked select with index arithmetic on every element)."""
-    return _g_split(qs, 2, 4, 0x0F, -1).reshape(*qs.shape[:-1], 32)
+    return Tensor.stack(qs & 0x0F, qs >> 4, dim=-2).reshape(*qs.shape[:-1], 32)
 
 
 def _w_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
