@@ -102,8 +102,7 @@ def _register_tile(ast: UOp, renderer: Renderer, lanes: int, acc_regs: int, skip
                 # most of a step's work is shared along one of the tile's axes (an input recomputed through a fused
                 # layer norm: the same for every output row of a weight gradient, for every output feature of a
                 # projection): the tile computes each value once per position along the axes it moves along, so
-                # it has room for more rows than a per-output count gives (1024 x 64 by 1024 x 256 with the norm
-                # inside: 32 x 2 ran at 37 GFLOPS, 32 x 8 at 82)
+                # it has room for more rows than a per-output count gives
                 def cost(r: int) -> int:
                     return sum(c * (width if v in k else 1) * (r if d in k else 1) for k, c in step.items())
                 most = acc_regs // vecs_per_row

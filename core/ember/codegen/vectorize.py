@@ -83,7 +83,7 @@ def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]],
         return _vectorize_stores(sink, widths)
     # with vector arithmetic, the vector accesses kept are those it reads or writes (or a copy's): a load whose
     # lanes only scalar ops read, or a store of lanes computed one by one, stays scalar, as the target's own loop
-    # vectorizer regroups scalar work best (an unrolled row max read through a 2-lane load: 4x slower with gcc)
+    # vectorizer regroups scalar work best
     sink = _scalar_loads(vectorize_alu(sink, alu_ops), scalar_of)
     return _vectorize_stores(sink, widths, gathers=False)
 
