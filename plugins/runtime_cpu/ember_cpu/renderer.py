@@ -120,8 +120,9 @@ FUSED_TILE_ATTR = """#ifndef EMBER_FUSED_TILE
 
 #: a fused tile whose reduction loop reads some input with a stride past one element (a weight gradient, the
 #: reduction over rows): under the "cheap" model gcc also vectorizes that loop, across the reduction, building each
-#: vector of strided elements with permutes of whole rows. The tile's own vectors are what pays: such kernels keep the cost model and leave the loop to the tile. Declared
-#: only in the kernels that use it, so other kernels' sources stay as they were.
+#: vector of strided elements with permutes of whole rows. The tile's own vectors are what pays: such kernels keep
+#: the cost model and leave the loop to the tile. Declared only in the kernels that use it, so other kernels'
+#: sources stay as they were.
 STRIDED_TILE_ATTR = """#ifndef EMBER_STRIDED_TILE
 #if defined(__GNUC__) && !defined(__clang__)
 #define EMBER_STRIDED_TILE __attribute__((optimize("vect-cost-model=cheap", "no-tree-loop-vectorize")))
