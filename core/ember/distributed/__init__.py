@@ -235,7 +235,9 @@ class Work:
                 raise DistributedTimeout(
                     f"{self.what} on rank {_state.backend.rank if _state.backend else '?'} did not complete within "
                     f"{limit:g} s (EMBER_DIST_TIMEOUT): another rank died, hangs, or called a different collective")
-            if now - start > 0.02:  # spin for 20 ms (as MPI's blocking calls do), then back off up to 1 ms
+            # spin (MPI makes progress only inside its calls, so a sleeping rank stalls every peer's transfer)
+            # for as long as a large collective takes; only a wait past that backs off, up to 1 ms
+            if now - start > 2.0:
                 pause = min(max(pause * 2, 2e-5), 1e-3)
                 time.sleep(pause)
             else:  # let a peer rank sharing this core run (more ranks than cores)

@@ -1,6 +1,8 @@
 """Host memory for the CPU device: 64-byte aligned blocks with a cached cffi pointer."""
 from __future__ import annotations
 
+import ctypes
+import sys
 from typing import Any
 
 from ember.device import LRUAllocator, copyin_source, copyout_dest
@@ -11,6 +13,33 @@ ALIGNMENT = 64
 
 # malloc without zero-filling: a fresh buffer's contents are undefined anyway
 _raw_alloc = ffi.new_allocator(should_clear_after_alloc=False)
+
+#: Buffers at least this large ask the kernel for transparent huge pages (as numpy does for its arrays): a
+#: kernel streaming tens of MiB otherwise spends a measurable part of its time on TLB misses of 4 KiB pages.
+HUGE_PAGE_MIN = 4 << 20
+_MADV_HUGEPAGE, _PAGE = 14, 4096
+
+
+def _madvise_huge() -> Any:
+    """libc's ``madvise`` on Linux (where transparent huge pages are often given only on request), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_madvise = _madvise_huge()
+
+
+def _ask_huge_pages(address: int, nbytes: int) -> None:
+    """Advise huge pages for the whole pages inside ``[address, address + nbytes)``; a refusal is harmless."""
+    start, end = -(-address // _PAGE) * _PAGE, (address + nbytes) // _PAGE * _PAGE
+    if _madvise is not None and end > start:
+        _madvise(start, end - start, _MADV_HUGEPAGE)  # fails only where THP is off: small pages as before
 
 
 class CPUBuffer:
@@ -37,6 +66,8 @@ class CPUAllocator(LRUAllocator):
         block = _raw_alloc("char[]", nbytes + ALIGNMENT)  # size-0 buffers still get a valid, aligned address
         raw = int(ffi.cast("uintptr_t", block))
         pad = -raw % ALIGNMENT
+        if nbytes >= HUGE_PAGE_MIN:  # before anything touches the memory, so its first faults get huge pages
+            _ask_huge_pages(raw + pad, nbytes)
         view = memoryview(ffi.buffer(block))[pad:pad + nbytes]  # the memoryview keeps `block` alive
         return CPUBuffer(block, ffi.cast("char *", block) + pad, raw + pad, view, nbytes)
 

@@ -599,3 +599,40 @@ def test_loading_the_runtime_parses_no_declarations():
     code = "import sys, ember_cpu.runtime as r; r.CPUProgram; print('pycparser' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unavailable"
+
+
+def _vma_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding ``address`` in this process."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds 0x{address:x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() in ("never", "unavailable"),
+                    reason="transparent huge pages are off or absent on this machine")
+def test_large_buffers_ask_for_huge_pages_and_small_ones_do_not():
+    from ember_cpu.allocator import HUGE_PAGE_MIN
+
+    alloc = CPUAllocator()
+    big = alloc.alloc(HUGE_PAGE_MIN * 2)
+    assert "hg" in _vma_flags(big.address + HUGE_PAGE_MIN)  # MADV_HUGEPAGE shows as the "hg" flag
+    mid = big.address + HUGE_PAGE_MIN
+    np.frombuffer(big.view, dtype=np.uint8)[:] = 7  # the advice changes nothing a program can see
+    assert np.frombuffer(alloc.as_buffer(big), dtype=np.uint8)[mid - big.address] == 7
+    small = alloc.alloc(4096)
+    assert "hg" not in _vma_flags(small.address)
