@@ -128,6 +128,31 @@ def test_collectives_through_a_host_backend(mirror: Any, dev: str) -> None:
     assert type(mirror).calls == ["all_reduce"] * 4 + ["broadcast", "all_gather", "reduce_scatter", "barrier"]
 
 
+def test_empty_tensors_get_the_shapes_a_peer_would_give(mirror: Any) -> None:
+    """Nothing is sent, but the result has the collective's shape (a world of two)."""
+    assert dist.all_gather(Tensor.empty(0, 3)).shape == (0, 3)
+    assert dist.reduce_scatter(Tensor.empty(4, 0)).shape == (2, 0)
+    t = Tensor.empty(2, 0)
+    assert dist.all_reduce(t) is t and dist.broadcast(t, src=1) is t
+    assert type(mirror).calls == []
+
+
+def test_collectives_of_a_tensor_on_several_devices(mirror: Any) -> None:
+    """Through one device and back: in place keeps the placement, a new tensor comes back on the same devices."""
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    devs = ("CPU", "CPU:1")
+    s = Tensor(x).shard(devs, axis=0)
+    assert dist.all_reduce(s) is s and s.device == devs
+    np.testing.assert_array_equal(s.numpy(), 2 * x)
+    g = dist.all_gather(Tensor(x).to(devs))
+    assert g.shape == (8, 2) and g.device == devs
+    np.testing.assert_array_equal(g.numpy(), np.concatenate([x, x]))
+    rs = dist.reduce_scatter(Tensor(x).to(devs))
+    assert rs.device == devs
+    np.testing.assert_array_equal(rs.numpy(), 2 * x[:2])
+    assert type(mirror).calls == ["all_reduce", "all_gather", "reduce_scatter"]
+
+
 def test_results_computed_from_the_old_values_are_not_reused(mirror: Any) -> None:
     t = Tensor([1.0, 2.0, 3.0])
     later, now = t * 2, t * 2  # one graph node: realizing `now` remembers its result for `later`
