@@ -326,3 +326,15 @@ def test_matmul_of_regrouped_heads_reads_a_copy():
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in spec.uops)
     want = att.transpose(0, 2, 1, 3).reshape(2, 128, 256) @ w.T
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+
+def test_matmul_of_a_broadcast_constant(device, check):
+    # a constant expanded to a matrix is one loop-invariant load in the matmul's reduce loop (the fuzzer's seed
+    # 5828 on CPU: the vector tile expected every load of its loop inside it and raised KeyError)
+    x = randf(13, 8)
+    c = Tensor([-1.5], device=device).reshape(1, 1, 1, 1).expand(7, 7, 2, 13)
+    check(c @ Tensor(x, device=device), np.full((7, 7, 2, 13), -1.5, np.float32) @ x, rtol=1e-5, atol=1e-5)
+    y = randf(5, 13)
+    c2 = Tensor([0.75], device=device).reshape(1, 1).expand(13, 8)
+    check(Tensor(y, device=device) @ c2, y @ np.full((13, 8), 0.75, np.float32), rtol=1e-5, atol=1e-5)

@@ -133,6 +133,27 @@ def test_mismatch_tolerances() -> None:
     assert fuzz.mismatch(np.zeros((2, 3)), np.zeros((3, 2)), "float32") == "shape (2, 3) != (3, 2)"
 
 
+def test_integers_cast_from_computed_floats_get_the_floats_tolerance() -> None:
+    # a float32 sum rounded differently on two devices (another order, a fused multiply-add) is 1 ulp apart: 64
+    # at 8e8; cast to an integer, that difference stays, and near an integer it becomes a difference of 1
+    Node = fuzz.Node
+    g = fuzz.FuzzGraph(0, (Node("input", shape=(3,)), Node("({0} * 2)", (0,), shape=(3,)),
+                           Node("{0}.cast(dtypes.int64)", (1,), shape=(3,), dtype="int64"),
+                           Node("({0} + 1)", (2,), shape=(3,), dtype="int64"),
+                           Node("{0}.cast(dtypes.int64)", (0,), shape=(3,), dtype="int64")), (3, 4))
+
+    def problems(computed: list[int], want: list[int], from_input: list[int] | None = None) -> list[str]:
+        w = np.array(want, np.int64)
+        got = [np.array(computed, np.int64), np.array(from_input if from_input is not None else want, np.int64)]
+        return fuzz.compare(g, fuzz.Evaluation(got, ["int64"] * 2), fuzz.Evaluation([w, w], ["int64"] * 2))
+
+    assert problems([791853056, 1], [791852992, 1]) == []
+    assert problems([792852992, 1], [791852992, 1]) != []  # 1e6 apart: beyond float32's tolerance
+    assert problems([3, -5, 7], [2, -5, 7]) == []  # the float was on the other side of 3.0
+    assert problems([4, -5, 7], [2, -5, 7]) != []
+    assert problems([2, -5, 7], [2, -5, 7], from_input=[3, -5, 7]) != []  # cast straight from an input: exact
+
+
 def test_a_crash_on_one_side_is_a_finding() -> None:
     g = fuzz.generate(5)
     ok = fuzz.Evaluation([np.zeros(1)], ["float32"])

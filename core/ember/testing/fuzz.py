@@ -198,7 +198,9 @@ def compare(graph: FuzzGraph, ours: Evaluation, ref: Evaluation,
         tol = precision[k] if ours.dtypes[k] in TOLERANCE else ours.dtypes[k]
         # gradients sum many products: give them more room than forward values
         if (why := mismatch(got, want, tol, scale=4.0 if grad else 1.0)) is not None:
-            problems.append(f"{what} vs {REFERENCE}: {why}")
+            truncated = None if grad else _truncated_from(graph, graph.outputs[k])
+            if truncated is None or (why := truncation_mismatch(got, want, truncated)) is not None:
+                problems.append(f"{what} vs {REFERENCE}: {why}")
     if np_ref is not None and not grad:
         for k, (got, twin) in enumerate(zip(ours.arrays, np_ref)):
             if twin is None:
@@ -206,6 +208,44 @@ def compare(graph: FuzzGraph, ours: Evaluation, ref: Evaluation,
             if (why := mismatch(got, twin.astype(got.dtype), precision[k], scale=10.0)) is not None:
                 problems.append(f"output {k} (v{graph.outputs[k]}) vs numpy: {why}")
     return [p for p in problems if p]
+
+
+def truncation_mismatch(got: np.ndarray, want: np.ndarray, float_dtype: str) -> str | None:
+    """Why integers cast from computed ``float_dtype`` values differ beyond what the floats' rounding allows, or None.
+
+    Two devices may round a float sum differently within ``float_dtype``'s tolerance (another summation order, a
+    fused multiply-add); the cast to an integer keeps that difference (64 at 8e8 in float32) or moves a value
+    across an integer (a difference of 1). Anything more is a finding."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    rtol, atol = TOLERANCE[float_dtype]
+    peak = float(np.abs(w).max()) if w.size else 0.0
+    bad = np.abs(g - w) > np.maximum(1.0, rtol * np.abs(w) + atol * max(1.0, peak))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (f"{int(bad.sum())} of {bad.size} differ beyond {float_dtype} rounding before the cast to an "
+                f"integer; first at {idx}: {got[idx]!r} != {want[idx]!r}")
+    return None
+
+
+def _truncated_from(graph: FuzzGraph, node: int) -> str | None:
+    """The least precise float dtype of the computed float values an integer ``node`` was cast from (through any
+    integer ops after the cast), or None when its value never passed through a float to integer cast."""
+    if graph.nodes[node].dtype in TOLERANCE or graph.nodes[node].dtype == "bool":
+        return None
+    found: list[int] = []
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        j = stack.pop()
+        if j in seen or graph.nodes[j].dtype in TOLERANCE or graph.nodes[j].dtype == "bool":
+            continue
+        seen.add(j)
+        for src in graph.nodes[j].srcs:
+            if graph.nodes[src].dtype in TOLERANCE and graph.nodes[src].expr != "input":
+                found.append(src)
+            else:
+                stack.append(src)
+    return _least_precise(graph, *found) if found else None
 
 
 def _least_precise(graph: FuzzGraph, *nodes: int) -> str:

@@ -192,6 +192,10 @@ class VectorTile:
         body_loads = [u for u in body if u.op is Ops.LOAD]
         if any(u.src[0] not in bufs for u in body_loads):
             return None
+        # a load the tile reads but the loop does not hold (a loop-invariant one, e.g. a broadcast constant
+        # hoisted out of it) is not rendered inside the loop: the scalar program handles it
+        if any(u not in body_loads for u in (best.x_load, *best.y_loads)):
+            return None
         # the replaced uops feed nothing else
         if any(s in best.dropped for u in uops if u not in best.dropped for s in u.src):
             return None
