@@ -625,14 +625,26 @@ def _vma_flags(address: int) -> list[str]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() in ("never", "unavailable"),
                     reason="transparent huge pages are off or absent on this machine")
-def test_large_buffers_ask_for_huge_pages_and_small_ones_do_not():
+def test_large_buffers_ask_for_huge_pages():
     from ember_cpu.allocator import HUGE_PAGE_MIN
 
     alloc = CPUAllocator()
     big = alloc.alloc(HUGE_PAGE_MIN * 2)
     assert "hg" in _vma_flags(big.address + HUGE_PAGE_MIN)  # MADV_HUGEPAGE shows as the "hg" flag
-    mid = big.address + HUGE_PAGE_MIN
     np.frombuffer(big.view, dtype=np.uint8)[:] = 7  # the advice changes nothing a program can see
-    assert np.frombuffer(alloc.as_buffer(big), dtype=np.uint8)[mid - big.address] == 7
-    small = alloc.alloc(4096)
-    assert "hg" not in _vma_flags(small.address)
+    assert (np.frombuffer(alloc.as_buffer(big), dtype=np.uint8) == 7).all()
+
+
+def test_only_large_buffers_are_advised(monkeypatch):
+    import ember_cpu.allocator as allocator
+
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(allocator, "_madvise", lambda addr, n, advice: calls.append((addr, n, advice)) or 0)
+    alloc = CPUAllocator()
+    alloc.alloc(allocator.HUGE_PAGE_MIN - 1)
+    assert calls == []
+    big = alloc.alloc(allocator.HUGE_PAGE_MIN + 100)
+    (addr, n, advice), = calls
+    # whole pages inside the buffer, nothing outside it
+    assert addr % 4096 == 0 and n % 4096 == 0 and big.address <= addr and addr + n <= big.address + big.nbytes
+    assert n >= big.nbytes - 2 * 4096
