@@ -106,6 +106,17 @@ class CStyleRenderer(Renderer):
         (default: none, the accumulators themselves)."""
         return [], accs
 
+    def render_reg(self, name: str, dt: DType, size: int, vals: list[tuple[str, DType]]) -> list[str]:
+        """The lines declaring the private array ``name`` of ``size`` ``dt`` values and filling it with the lanes of
+        ``vals`` (each a named scalar or vector, in order; see ``Ops.DEFINE_REG``)."""
+        lines = [f"{self.render_dtype(dt)} {name}[{size}];"]
+        at = 0
+        for v, vdt in vals:
+            lanes = [v] if vdt.count == 1 else [self.render_gep(v, k, vdt) for k in range(vdt.count)]
+            lines += [f"{name}[{at + k}] = {lane};" for k, lane in enumerate(lanes)]
+            at += vdt.count
+        return lines
+
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         """Reading one element; bfloat16 is stored as 16-bit patterns and widened to float."""
         if dt == dtypes.bfloat16:
@@ -252,7 +263,7 @@ class CStyleRenderer(Renderer):
         counts: dict[str, int] = {}
         work = 1
         for u in uops:
-            if u.op is Ops.RANGE:
+            if u.op is Ops.RANGE and u.arg[1] != "loop":  # (an epilogue's loop runs per output, not over outputs)
                 # a symbolic bound counts at its maximum (the loop may run that long)
                 work *= max(1, (u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)) - u.src[0].arg)
         first_global = True
@@ -361,6 +372,14 @@ class CStyleRenderer(Renderer):
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
                      f"{self.render_vector_load(r[u.src[0]], r[u.src[1]], u.value_dtype)};")
+            elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG:
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {r[u.src[0]]}[{r[u.src[1]]}];")
+            elif op is Ops.DEFINE_REG:
+                r[u] = fresh("reg")
+                for s in self.render_reg(r[u], u.pointer_dtype.base, u.arg[1],
+                                         [(r[s], s.value_dtype) for s in u.src]):
+                    line(s)
             elif op is Ops.LOAD:
                 # a BARRIER source only orders the load after it
                 ins = [s for s in u.src if s.op is not Ops.BARRIER]

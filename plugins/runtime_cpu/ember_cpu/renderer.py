@@ -161,9 +161,10 @@ def _fused_tile(uops: list[UOp], in_loop: bool = False) -> bool:
         return False
     inside, outside, depth = 0, 0, 0
     for u in uops:
-        if u.op is Ops.RANGE and u.arg[1] != "global":
+        # (a rolled epilogue's loop is work after the tile's loop)
+        if u.op is Ops.RANGE and u.arg[1] not in ("global", "loop"):
             depth += 1
-        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] != "global":
+        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] not in ("global", "loop"):
             depth -= 1
         elif u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind == "f":
             if depth:
@@ -215,12 +216,20 @@ def _kernel_steps(uops: list[UOp]) -> int:
     """About how many elements a kernel computes: its loops' trip counts multiplied (a loop of symbolic length
     counts as long), times the copies its body computes per step (an upcast tile's outputs, an unrolled
     reduction's accumulators)."""
-    steps = 1
+    steps, stores, per_store = 1, 0, [1]
     for u in uops:
         if u.op is Ops.RANGE:
             lo, hi = u.src
-            steps *= hi.arg - lo.arg if lo.op is Ops.CONST and hi.op is Ops.CONST else 1 << 20
-    copies = max(sum(u.op is Ops.STORE for u in uops), sum(u.op is Ops.DEFINE_ACC for u in uops), 1)
+            size = hi.arg - lo.arg if lo.op is Ops.CONST and hi.op is Ops.CONST else 1 << 20
+            if u.arg[1] == "loop":  # a rolled epilogue: its store is one per lane of the tile
+                per_store.append(per_store[-1] * size)
+            else:
+                steps *= size
+        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] == "loop":
+            per_store.pop()
+        elif u.op is Ops.STORE:
+            stores += per_store[-1]
+    copies = max(stores, sum(u.op is Ops.DEFINE_ACC for u in uops), 1)
     return steps * copies
 
 
@@ -241,6 +250,9 @@ class CPURenderer(CStyleRenderer):
     #: arithmetic and accumulators in the IR itself (see :mod:`ember.codegen.vectorize`), GCC/clang vector code
     vector_widths = host_vector_widths()
     vector_alu = VECTOR_FLOAT_OPS
+    #: a tile's epilogue of this many lanes or more is a loop (see :mod:`ember.codegen.epilogue`): gcc builds the
+    #: unrolled statements of a 32 x 8 tile in several times the time of the rest of the kernel
+    epilogue_loop_min = 64
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
     #: a kernel of fewer steps than this (see :func:`_kernel_steps`) gets no ``omp simd``: an MLP's
@@ -355,7 +367,7 @@ class CPURenderer(CStyleRenderer):
         stored: dict[UOp, set[int]] = {}
         hidden: set[UOp] = set()
         for u in uops:
-            if u.op in (Ops.LOAD, Ops.STORE):
+            if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is not Ops.DEFINE_REG:
                 affine, inside = _index_terms(u.src[1])
                 hidden |= inside
                 for r, c in affine.items():
@@ -380,7 +392,8 @@ class CPURenderer(CStyleRenderer):
                 last_open = u
             elif u.op is Ops.ENDRANGE and u.src[0] is last_open:
                 innermost.add(last_open)
-        self.simd_ranges = set() if tiny else {r for r in innermost if r.arg[1] == "global" and r not in hidden
+        self.simd_ranges = set() if tiny else {r for r in innermost if r.arg[1] in ("global", "loop")
+                            and r not in hidden
                             and stored.get(r) == {1} and walks[r] <= {1} and r.src[1].op is Ops.CONST
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
         self._declared: dict[str, str] = {}
@@ -435,6 +448,17 @@ class CPURenderer(CStyleRenderer):
         lines += [f"{tile}[{j}] = {a};" for j, a in enumerate(accs)]
         lines.append(f'__asm__ volatile("" : : "r"({tile}) : "memory");')
         return lines, [f"{tile}[{j}]" for j in range(len(accs))]
+
+    def render_reg(self, name: str, dt: DType, size: int, vals: list[tuple[str, DType]]) -> list[str]:
+        """A rolled epilogue's array, filled with one copy per vector; the compiler barrier keeps the stores, so the
+        loop after it reads memory the compiler sees written as one block (rather than spilling each lane)."""
+        lines = [f"{self.render_dtype(dt)} {name}[{size}];"]
+        at = 0
+        for v, vdt in vals:
+            lines.append(f"__builtin_memcpy(&{name}[{at}], &{v}, sizeof({v}));" if vdt.count != 1
+                         else f"{name}[{at}] = {v};")
+            at += vdt.count
+        return lines + [f'__asm__ volatile("" : : "r"({name}) : "memory");']
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
