@@ -57,6 +57,7 @@ class _Template:
         self.nodes: list[UOp] = []  # the node each parameter was taken from
         self.loads: list[tuple[UOp, UOp | None, int]] = []  # (buffer, base, offset) of each load with an offset
         self._seen: dict[UOp, int] = {}
+        self.ops = 0
         base, off = _split_index(store.src[1])
         self.store = (store.src[0], base, off)
         self._param(_OFF, off, store)
@@ -88,7 +89,14 @@ class _Template:
             return ("const", u.dtype, u.arg)
         if not u.src:
             return ("id", u)
+        self.ops += 1
         return (u.op, u.dtype, u.arg, tuple(self.walk(s) for s in u.src))
+
+    def worth_a_loop(self) -> bool:
+        """Whether the store reads an accumulator lane of a vector, or computes from a scalar accumulator (a scalar
+        accumulator stored as it is is one statement: the loop would only copy it through the array)."""
+        return any(kind == _SLOT and n.op is Ops.GEP for (kind, _), n in zip(self.params, self.nodes)) or \
+            (self.ops > 0 and any(kind == _SLOT for kind, _ in self.params))
 
 
 def _digits(seqs: list[list[int]], n: int) -> list[tuple[int, int]] | None:
@@ -144,7 +152,7 @@ def roll_epilogues(sink: UOp, min_stores: int) -> UOp:
             t = _Template(s)
         except _TooLarge:
             continue
-        if any(kind == _SLOT for kind, _ in t.params):
+        if t.worth_a_loop():
             groups.setdefault(t.key, []).append((i, t))
     groups = {k: g for k, g in groups.items() if len(g) >= min_stores}
     if not groups:

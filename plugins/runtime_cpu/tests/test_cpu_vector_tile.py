@@ -125,7 +125,27 @@ def test_sgd_step_after_the_tile():
     lr = Tensor(np.array([0.125], np.float32), device="CPU").realize()
     src, vec, scalar = run_both(w - lr * (x.T @ g), [Opt("UPCAST", 0, 32), Opt("UPCAST", 1, 8)])
     assert vector_accs(src) and not scalar_float_accs(src), src
+    # the tile's vectors run across the output: the update is one loop (the weights' contiguous axis inside)
+    assert len(epilogue_loops(src)) == 2 and src.count("data0[") == 1, src
     np.testing.assert_allclose(vec, w_np - np.float32(0.125) * (x_np.T @ g_np), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vec, scalar)
+
+
+def epilogue_loops(src: str) -> list[str]:
+    """The loops of a rolled epilogue (``for (int ridxN = ...``) after the array they read (``reg0``)."""
+    return re.findall(r"for \(int (ridx\d+) = 0; ridx\d+ < \d+;", src[src.index("reg0["):]) if "reg0[" in src else []
+
+
+def test_relu_mask_after_the_tile_is_one_loop():
+    """A relu's backward mask after the tile (a compare and a select on each lane: no vector ops) is one loop over
+    the accumulators (ember.codegen.epilogue): the rows outside, the contiguous columns inside (omp simd), one
+    store statement instead of 256; each element the same operations as the unrolled program's."""
+    a_np, b_np, m_np = randf(64, 33), randf(33, 64), randf(64, 64)
+    a, b, m = tensors(a_np, b_np, m_np)
+    src, vec, scalar = run_both((m > 0).where(a @ b, 0.0), [Opt("UPCAST", 1, 32), Opt("UPCAST", 0, 8)])
+    assert len(vector_accs(src)) == 16 and len(epilogue_loops(src)) == 2, src
+    assert src.count("data0[") == 1 and "#pragma omp simd\n" in src[src.index("reg0["):], src
+    np.testing.assert_allclose(vec, np.where(m_np > 0, a_np @ b_np, 0), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(vec, scalar)
 
 
