@@ -223,7 +223,7 @@ def _roll(members: list[_Template], stores: list[UOp], written: dict[UOp, set[UO
             where[v] = size
             size += v.dtype.count
         # the lanes in the array's order (each vector's lanes together)
-        order = sorted(members, key=lambda t: [_position(t, k, where) for k in slots])
+        order = sorted(members, key=lambda t: [*(_position(t, k, where) for k in slots), t.store[2]])
         digits = _digits([[_position(t, k, where) for t in order] for k in varying], len(order))
         if digits is not None and (best is None or len(digits) < len(best[2])):
             best = (where, order, digits)

@@ -60,11 +60,15 @@ class CStyleRenderer(Renderer):
         return f"typedef {self.type_map[dt.scalar()]} {self.render_vector_dtype(dt)} " \
                f"__attribute__((vector_size({dt.itemsize})));"
 
-    def render_vector_max(self, a: str, b: str, dt: DType) -> str:
+    def render_vector_max(self, a: str, b: str, dt: DType, b_const: bool = False) -> str:
         """MAX of two float vectors, each lane as the scalar MAX (``(a > b || a != a) ? a : b``: a nan in ``a``
         kept). C has no vector ``?:``: a lane mask from the comparisons selects the bits of ``a`` or ``b``
-        (casting between vector types of one size keeps the bits, in gcc and clang alike)."""
+        (casting between vector types of one size keeps the bits, in gcc and clang alike). Against a constant
+        that is no nan (``b_const``: relu's 0) one compare says it all: a nan ``a`` fails ``a <= b`` and is kept."""
         t = self.render_vector_dtype(dt)
+        if b_const:
+            return (f"({{ {t} a_ = {a}, b_ = {b}; __typeof__(a_ > b_) m_ = a_ <= b_; "
+                    f"({t})((~m_ & (__typeof__(m_))a_) | (m_ & (__typeof__(m_))b_)); }})")
         return (f"({{ {t} a_ = {a}, b_ = {b}; __typeof__(a_ > b_) m_ = (a_ > b_) | (a_ != a_); "
                 f"({t})((m_ & (__typeof__(m_))a_) | (~m_ & (__typeof__(m_))b_)); }})")
 
@@ -185,7 +189,7 @@ class CStyleRenderer(Renderer):
         if op is Ops.RECIP:
             return f"(1/{a[0]})"
         if op is Ops.MAX and dt.count != 1:
-            return self.render_vector_max(a[0], a[1], dt)
+            return self.render_vector_max(a[0], a[1], dt, _non_nan_const(u.src[1]))
         if op is Ops.MAX:
             if dt.kind == "f":
                 # against a constant that is not nan (relu's 0) one compare says it all, and it vectorizes:
@@ -452,6 +456,13 @@ class CStyleRenderer(Renderer):
         """How a dialect renders an op the shared loop does not handle: the name later uops use for ``u``'s
         value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
         raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
+
+
+def _non_nan_const(u: UOp) -> bool:
+    """Whether ``u`` is a constant that is no nan in every lane (a vector CONST, or a VECTORIZE of one CONST)."""
+    if u.op is Ops.VECTORIZE and all(s is u.src[0] for s in u.src):
+        u = u.src[0]
+    return u.op is Ops.CONST and not math.isnan(float(u.arg))
 
 
 #: the ops C spells as an infix operator

@@ -450,15 +450,14 @@ class CPURenderer(CStyleRenderer):
         return lines, [f"{tile}[{j}]" for j in range(len(accs))]
 
     def render_reg(self, name: str, dt: DType, size: int, vals: list[tuple[str, DType]]) -> list[str]:
-        """A rolled epilogue's array, filled with one copy per vector; the compiler barrier keeps the stores, so the
-        loop after it reads memory the compiler sees written as one block (rather than spilling each lane)."""
+        """A rolled epilogue's array, filled with one copy per vector (rather than a statement per lane)."""
         lines = [f"{self.render_dtype(dt)} {name}[{size}];"]
         at = 0
         for v, vdt in vals:
             lines.append(f"__builtin_memcpy(&{name}[{at}], &{v}, sizeof({v}));" if vdt.count != 1
                          else f"{name}[{at}] = {v};")
             at += vdt.count
-        return lines + [f'__asm__ volatile("" : : "r"({name}) : "memory");']
+        return lines
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
