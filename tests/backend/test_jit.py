@@ -101,6 +101,41 @@ def test_capture_count_and_replay(device):
     assert f.captured is not None and f.captured.kernel_count == 1
 
 
+def test_capture_first_records_on_the_first_call(device):
+    calls = []
+
+    def fn(a: Tensor) -> Tensor:
+        calls.append(1)
+        return (a * 3 + 1).relu()
+
+    f = TinyJit(fn, capture_first=True)
+    a = _arr(3, 4)
+    np.testing.assert_allclose(f(Tensor(a, device=device)).numpy(), np.maximum(a * 3 + 1, 0), rtol=1e-6)
+    assert f.captured is not None and f.captured.kernel_count == 1 and len(calls) == 1
+    for i in range(1, 3):
+        a = _arr(3, 4, seed=i)
+        GlobalCounters.reset()
+        out = f(Tensor(a, device=device))
+        assert GlobalCounters.kernel_count == 1 and GlobalCounters.kernels_compiled == 0
+        np.testing.assert_allclose(out.numpy(), np.maximum(a * 3 + 1, 0), rtol=1e-6)
+    assert len(calls) == 1 and f.cnt == 3  # recorded once, then replayed twice
+    f.reset()
+    f(Tensor(_arr(3, 4), device=device))
+    assert f.captured is not None and len(calls) == 2  # reset keeps the choice: the next call records again
+
+
+def test_default_runs_first_call_eagerly(device):
+    f = TinyJit(lambda a: a * 2)
+    f(Tensor(_arr(3), device=device))
+    assert f.captured is None and not f.capture_first  # the default: call 1 only runs, as tinygrad does
+
+
+@pytest.mark.parametrize("kw", ["capture_first", "plan_memory"])
+def test_jit_flags_must_be_bool(kw):
+    with pytest.raises(TypeError, match=kw):
+        TinyJit(lambda a: a, **{kw: 1})
+
+
 def test_replay_compiles_and_schedules_nothing(device):
     f = TinyJit(lambda x: (x * 3 + 1).sum(axis=1))
     for i in range(2):

@@ -3,10 +3,12 @@ group), the tensor side of every collective against a backend that stands in for
 errors, the sampler, and the NCCL backend's checks (its runtime needs two GPUs: skipped with the reason)."""
 from __future__ import annotations
 
+import ctypes
 import pathlib
 import re
 import sys
 import textwrap
+import types
 from typing import Any, Iterator
 
 import numpy as np
@@ -14,9 +16,11 @@ import pytest
 
 import ember.distributed as dist
 from ember import Device, Tensor, dtypes
+from ember.device import DeviceSpec, hookimpl
 from ember.distributed import DistributedSampler, DistributedTimeout
 from ember.distributed.backend import ENTRY_POINT_GROUP, backends, get_backend
-from ember.distributed.nccl import NCCLBackend, _gpu_count, nccl_dtype, nccl_op
+from ember.distributed.nccl import NCCLBackend, nccl_devices, nccl_dtype, nccl_op
+from ember_cpu.device import CPUDevice
 
 # A backend as a third party would ship it: a world of two ranks whose peer always holds the same values as
 # this rank (so a sum doubles, a gather repeats) and a "stuck" mode whose requests never finish.
@@ -122,6 +126,31 @@ def test_collectives_through_a_host_backend(mirror: Any, dev: str) -> None:
     assert rs.numpy().tolist() == [0.0, 2.0]
     assert dist.barrier() is None
     assert type(mirror).calls == ["all_reduce"] * 4 + ["broadcast", "all_gather", "reduce_scatter", "barrier"]
+
+
+def test_empty_tensors_get_the_shapes_a_peer_would_give(mirror: Any) -> None:
+    """Nothing is sent, but the result has the collective's shape (a world of two)."""
+    assert dist.all_gather(Tensor.empty(0, 3)).shape == (0, 3)
+    assert dist.reduce_scatter(Tensor.empty(4, 0)).shape == (2, 0)
+    t = Tensor.empty(2, 0)
+    assert dist.all_reduce(t) is t and dist.broadcast(t, src=1) is t
+    assert type(mirror).calls == []
+
+
+def test_collectives_of_a_tensor_on_several_devices(mirror: Any) -> None:
+    """Through one device and back: in place keeps the placement, a new tensor comes back on the same devices."""
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    devs = ("CPU", "CPU:1")
+    s = Tensor(x).shard(devs, axis=0)
+    assert dist.all_reduce(s) is s and s.device == devs
+    np.testing.assert_array_equal(s.numpy(), 2 * x)
+    g = dist.all_gather(Tensor(x).to(devs))
+    assert g.shape == (8, 2) and g.device == devs
+    np.testing.assert_array_equal(g.numpy(), np.concatenate([x, x]))
+    rs = dist.reduce_scatter(Tensor(x).to(devs))
+    assert rs.device == devs
+    np.testing.assert_array_equal(rs.numpy(), 2 * x[:2])
+    assert type(mirror).calls == ["all_reduce", "all_gather", "reduce_scatter"]
 
 
 def test_results_computed_from_the_old_values_are_not_reused(mirror: Any) -> None:
@@ -243,8 +272,112 @@ def test_nccl_backend_rejects_a_host_tensor(mirror: Any, monkeypatch: pytest.Mon
         dist.all_reduce(Tensor([1.0], device="CPU"))
 
 
+# --- the NCCL backend over a plugin that declares buffers NCCL can address (ember.device.NCCLMemory) ----------
+class NcclHostDevice(CPUDevice):
+    """A host device standing in for a GPU: its "device pointer" is the host address of the buffer, so the fake
+    NCCL below can reach the memory; ``count`` devices, stream handle 0x5EED."""
+
+    count = 2
+
+    @classmethod
+    def nccl_device_count(cls) -> int:
+        return cls.count
+
+    def nccl_pointer(self, opaque: Any) -> int:
+        return int(opaque.address)
+
+    def nccl_stream(self) -> int:
+        return 0x5EED
+
+
+class NcclHostPlugin:
+    @hookimpl
+    def ember_devices(self) -> list[DeviceSpec]:
+        return [DeviceSpec("NCCLHOST", factory=f"{__name__}:NcclHostDevice", priority=-100)]
+
+
+class _FakeComm:
+    """nccl4py's communicator for a world of two whose peer holds the same values: a sum doubles in place."""
+
+    calls: list[tuple[str, int, str, Any, int]] = []
+
+    def allreduce(self, send: Any, recv: Any, op: Any, stream: int) -> None:
+        ai = recv.__cuda_array_interface__
+        self.calls.append(("allreduce", ai["data"][0], ai["typestr"], op, stream))
+        ptr, (n,) = ai["data"][0], ai["shape"]
+        arr = np.ctypeslib.as_array((ctypes.c_float * n).from_address(ptr))
+        arr *= 2
+
+    def destroy(self) -> None:
+        pass
+
+
+class _FakeMPI(dist.Backend):
+    """The MPI bootstrap of rank 0 of 2, without MPI."""
+
+    name, memory = "mpi", "host"
+
+    def __init__(self) -> None:
+        self.rank, self.world_size = 0, 2
+        self.comm = types.SimpleNamespace(Bcast=lambda buf, root: None)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A stand-in ``nccl.core`` and MPI bootstrap, the NCCLHOST plugin registered, no backend initialized."""
+    import ember.distributed.mpi as mpi
+
+    nc = types.ModuleType("nccl.core")
+    nc.SUM, nc.MAX = "ncclSum", "ncclMax"  # type: ignore[attr-defined]
+    nc.get_unique_id = lambda empty=False: b"\0" * 128  # type: ignore[attr-defined]
+    nc.UniqueId = types.SimpleNamespace(from_bytes=bytes)  # type: ignore[attr-defined]
+    nc.Communicator = types.SimpleNamespace(init=lambda n, rank, uid: _FakeComm())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nccl", types.ModuleType("nccl"))
+    monkeypatch.setitem(sys.modules, "nccl.core", nc)
+    monkeypatch.setattr(mpi, "MPIBackend", _FakeMPI)
+    for var in ("EMBER_RANK", "EMBER_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # init() wraps it for a world > 1
+    dist.shutdown()
+    Device.register_plugin(NcclHostPlugin(), "nccl-host")
+    _FakeComm.calls.clear()
+    try:
+        yield nc
+    finally:
+        dist.shutdown()
+        NcclHostDevice.count = 2
+        Device.unregister_plugin("nccl-host")
+
+
+def test_nccl_backend_runs_on_the_buffers_a_plugin_declares(fake_nccl: types.ModuleType) -> None:
+    assert nccl_devices() == ("NCCLHOST", 2, None)
+    assert NCCLBackend.probe() is None
+    b = dist.init(backend="nccl")
+    assert (b.memory, b.device_name) == ("NCCLHOST", "NCCLHOST")  # local rank 0
+    t = Tensor([1.0, 2.0, 3.0], device="NCCLHOST") * 1
+    dist.all_reduce(t)
+    np.testing.assert_array_equal(t.numpy(), [2.0, 4.0, 6.0])  # the fake NCCL wrote the tensor's own memory
+    [(what, ptr, typestr, op, stream)] = _FakeComm.calls
+    assert (what, typestr, op, stream) == ("allreduce", "<f4", "ncclSum", 0x5EED)
+    assert ptr == t._buffer().opaque.address
+    with pytest.raises(ValueError, match="the nccl backend works on NCCLHOST tensors; this one is on CPU"):
+        dist.all_reduce(Tensor([1.0], device="CPU"))
+
+
+def test_nccl_backend_names_why_no_device_fits(fake_nccl: types.ModuleType) -> None:
+    NcclHostDevice.count = 0
+    kind, count, reason = nccl_devices()
+    assert (kind, count) == (None, 0) and "NCCLHOST: no device NCCL can address" in str(reason)
+    assert "no device for NCCL: " in str(NCCLBackend.probe())
+    with pytest.raises(RuntimeError, match="the nccl backend has no device: .*NCCLHOST: no device NCCL can addr"):
+        NCCLBackend()
+
+
 _NCCL_REASON = NCCLBackend.probe()
-_GPUS = _gpu_count()[0] if _NCCL_REASON is None else 0
+_GPUS = nccl_devices()[1] if _NCCL_REASON is None else 0
 
 
 @pytest.mark.skipif(_GPUS < 2, reason=f"the NCCL runtime test needs two CUDA devices; here: "

@@ -10,7 +10,8 @@ of ``PLUGIN_API`` (see ``docs/contracts.md``):
   :class:`Allocator` / :class:`LRUAllocator` with :class:`BufferSpec` options and the copy checks
   :func:`copyin_source` / :func:`copyout_dest`, :class:`Compiler` / :class:`BatchCompiler` with
   :class:`KernelBinary`, :func:`join_sources` and :class:`CompileError`, and the Protocols :class:`Renderer`,
-  :class:`Program` and :class:`Graph` (with :data:`GraphCall`, :data:`GraphFactory`);
+  :class:`Program` and :class:`Graph` (with :data:`GraphCall`, :data:`GraphFactory`), and the optional
+  capability :class:`NCCLMemory`;
 * what a plugin reads from the environment: :func:`getenv`, :data:`DEBUG`,
   :class:`GlobalCounters`, :func:`cache_dir`, and :mod:`~ember.diskcache` (crash-safe cache
   entries, for a plugin that caches its own probe results);
@@ -27,7 +28,7 @@ from ember.device.batch_compiler import BatchCompiler, KernelBinary, join_source
 from ember.device.collective import host_allreduce
 from ember.device.compiled import Compiled
 from ember.device.compiler import CompileError, Compiler
-from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, Program, Renderer
+from ember.device.contracts import BufferSpec, Graph, GraphCall, GraphFactory, NCCLMemory, Program, Renderer
 from ember.device.hookspecs import PLUGIN_API, hookimpl, hookspec
 from ember.device.registry import Device, DeviceNotFoundError, DevicePluginError, DeviceUnavailableError
 from ember.device.spec import DeviceSpec
@@ -128,6 +129,7 @@ __all__ = [
     "GraphFactory",
     "KernelBinary",
     "LRUAllocator",
+    "NCCLMemory",
     "Program",
     "Renderer",
     "cache_dir",

@@ -139,3 +139,23 @@ def native_allreduce_of(devices: Sequence[str]) -> Any:
     if len({Device.origin(d) for d in devices}) != 1:
         return None
     return objs[0].allreduce
+
+
+def kinds_offering(*methods: str) -> list[tuple[str, Any, str | None]]:
+    """``(name, device class, why it is unusable or None)`` of each installed compute device kind whose device
+    class defines every one of ``methods`` (an optional capability such as :class:`~ember.device.NCCLMemory`),
+    highest priority first. Only those kinds are probed; a kind whose class cannot be imported is left out (the
+    doctor reports it)."""
+    from ember.device.registry import Device, DevicePluginError
+
+    found = []
+    for spec in sorted(Device.specs().values(), key=lambda s: (-s.priority, s.name)):
+        if not spec.compute:
+            continue
+        try:
+            cls = Device._resolve_factory(spec)
+        except DevicePluginError:
+            continue
+        if all(callable(getattr(cls, m, None)) for m in methods):
+            found.append((spec.name, cls, Device.probe(spec.name)))
+    return found

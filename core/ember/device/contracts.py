@@ -11,6 +11,9 @@ plugin against them without the plugin inheriting anything:
 * :class:`Graph` -- an optional batch of kernel calls replayed as one, made by
   ``device.graph(calls)``.
 
+Optional capabilities are methods a device class may define: ``allreduce`` (see
+:mod:`ember.device.collective`) and the three of :class:`NCCLMemory` (buffers NCCL can address).
+
 Everything here is re-exported by :mod:`ember.device`; plugins import it from there.
 """
 from __future__ import annotations
@@ -208,4 +211,30 @@ class Renderer(Protocol):
     def tensor_core_layout(self, tc: Any, operand: str, lane: Any, element: int) -> tuple[Any, Any]:
         """(row, col) of element ``element`` of ``operand`` that work-item ``lane`` of a ``tc`` instruction holds
         (only renderers that declare ``tensor_cores`` define it)."""
+        ...
+
+
+@runtime_checkable
+class NCCLMemory(Protocol):
+    """Optional: a device class whose buffers NCCL can address directly (the CUDA plugin's does).
+
+    ``ember.distributed``'s nccl backend looks, among the usable device kinds, for a class defining all three
+    and runs its collectives on those devices' buffers, in place. Core names no device: a plugin whose driver
+    shares NCCL's address space and streams declares it here.
+    """
+
+    @classmethod
+    def nccl_device_count(cls) -> int:
+        """How many devices of this kind (``FOO``, ``FOO:1`` ...) NCCL can address in this process; called
+        before any device is opened, after the kind's probe said it is usable."""
+        ...
+
+    def nccl_pointer(self, opaque: Any) -> int:
+        """The device address of the opaque buffer ``opaque`` (from this device's allocator, a view included),
+        as NCCL takes it."""
+        ...
+
+    def nccl_stream(self) -> int:
+        """The handle of the stream NCCL should queue on (0: the default stream); work queued there runs after
+        the kernels and copies this device has queued, so a collective reads what they wrote."""
         ...

@@ -422,38 +422,43 @@ def _to_multi(t: Tensor, value: Tensor) -> Tensor:
 # --- collectives ---------------------------------------------------------------------------------------------
 
 
+def _dispatch(kind: str, t: Tensor, what: str, async_op: bool, again: Callable[[Tensor], Any],
+              local: Callable[[], Tensor], shape: tuple[int, ...] | None = None, op: str | None = None,
+              src: int = 0) -> Any:
+    """Run the checked collective ``kind`` on ``t``, in place (``shape`` None) or into a new tensor of ``shape``.
+
+    A tensor on several devices of this process is hierarchical: its value inside the process (replicas agree;
+    shards are gathered) goes through ``again`` across the ranks, and the result is put back with ``t``'s
+    placement (in place) or returned on ``t``'s devices. With no element to send or no peer, ``local()`` is the
+    result."""
+    if _multi(t):
+        one = _from_multi(t)
+        inner = again(one)
+        done = (lambda: (inner.wait(), _to_multi(t, one))[1]) if shape is None else (lambda: inner.wait().to(t.device))
+        return _run(what, inner._request, done, async_op)
+    if t.numel() == 0 or _backend().world_size == 1:
+        return _run(what, DoneRequest(), local, async_op)
+    return _collective(kind, t, None if shape is None else _new_like(t, shape), op, src, what, async_op)
+
+
 def all_reduce(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
     """Reduce ``t`` over every rank with ``op`` (sum, prod, max, min, avg) and leave the result in ``t``.
 
     Returns ``t``, or a :class:`Work` whose ``wait()`` returns it when ``async_op``."""
     t = _check_tensor(t, "all_reduce")
     op = _check_op(op, t, "all_reduce")
-    b = _backend()
-    what = f"all_reduce({op}) of {t.shape} {t.dtype}"
-    if _multi(t):
-        # hierarchical: the value inside this process (replicas agree; shards are gathered), across ranks, put back
-        one = _from_multi(t)
-        inner = all_reduce(one, op, async_op=True)
-        return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
-    if t.numel() == 0 or b.world_size == 1:
-        return _run(what, DoneRequest(), lambda: t, async_op)
-    return _collective("all_reduce", t, None, op, 0, what, async_op)
+    return _dispatch("all_reduce", t, f"all_reduce({op}) of {t.shape} {t.dtype}", async_op,
+                     lambda one: all_reduce(one, op, async_op=True), lambda: t, op=op)
 
 
 def broadcast(t: Tensor, src: int = 0, async_op: bool = False) -> Any:
     """Give ``t`` on every rank the value it has on rank ``src`` (in place); returns ``t`` (or a :class:`Work`)."""
     t = _check_tensor(t, "broadcast")
-    b = _backend()
-    if not isinstance(src, int) or not 0 <= src < b.world_size:
-        raise ValueError(f"broadcast: src={src!r} is not a rank of this world of {b.world_size}")
-    what = f"broadcast from rank {src} of {t.shape} {t.dtype}"
-    if _multi(t):
-        one = _from_multi(t)
-        inner = broadcast(one, src, async_op=True)
-        return _run(what, inner._request, lambda: (inner.wait(), _to_multi(t, one))[1], async_op)
-    if t.numel() == 0 or b.world_size == 1:
-        return _run(what, DoneRequest(), lambda: t, async_op)
-    return _collective("broadcast", t, None, None, src, what, async_op)
+    n = _backend().world_size
+    if not isinstance(src, int) or not 0 <= src < n:
+        raise ValueError(f"broadcast: src={src!r} is not a rank of this world of {n}")
+    return _dispatch("broadcast", t, f"broadcast from rank {src} of {t.shape} {t.dtype}", async_op,
+                     lambda one: broadcast(one, src, async_op=True), lambda: t, src=src)
 
 
 def _new_like(t: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -464,17 +469,11 @@ def all_gather(t: Tensor, async_op: bool = False) -> Any:
     """Every rank's ``t`` concatenated along axis 0 in rank order (shape ``(world * n, ...)``; a 0-d ``t``
     gives shape ``(world,)``); a new tensor on ``t``'s device (or a :class:`Work` returning it)."""
     t = _check_tensor(t, "all_gather")
-    b = _backend()
-    n = b.world_size
+    n = _backend().world_size
     shape = (n,) if t.ndim == 0 else (n * t.shape[0], *t.shape[1:])
-    what = f"all_gather of {t.shape} {t.dtype}"
-    if _multi(t):
-        one = _from_multi(t)
-        inner = all_gather(one, async_op=True)
-        return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
-    if t.numel() == 0 or n == 1:
-        return _run(what, DoneRequest(), lambda: t.reshape(shape).contiguous().realize(), async_op)
-    return _collective("all_gather", t, _new_like(t, shape), None, 0, what, async_op)
+    return _dispatch("all_gather", t, f"all_gather of {t.shape} {t.dtype}", async_op,
+                     lambda one: all_gather(one, async_op=True), lambda: t.reshape(shape).contiguous().realize(),
+                     shape)
 
 
 def reduce_scatter(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
@@ -482,19 +481,14 @@ def reduce_scatter(t: Tensor, op: str = "sum", async_op: bool = False) -> Any:
     chunk ``rank()`` (shape ``(n // world, ...)``); a new tensor (or a :class:`Work` returning it)."""
     t = _check_tensor(t, "reduce_scatter")
     op = _check_op(op, t, "reduce_scatter")
-    b = _backend()
-    n = b.world_size
+    n = _backend().world_size
     if t.ndim == 0 or t.shape[0] % n:
         raise ValueError(f"reduce_scatter: axis 0 of shape {t.shape} does not split evenly over {n} ranks")
     shape = (t.shape[0] // n, *t.shape[1:])
-    what = f"reduce_scatter({op}) of {t.shape} {t.dtype}"
-    if _multi(t):
-        one = _from_multi(t)
-        inner = reduce_scatter(one, op, async_op=True)
-        return _run(what, inner._request, lambda: inner.wait().to(t.device), async_op)
-    if t.numel() == 0 or n == 1:
-        return _run(what, DoneRequest(), lambda: t.contiguous().realize(), async_op)
-    return _collective("reduce_scatter", t, _new_like(t, shape), op, 0, what, async_op)
+    # with no element the part has the part's shape (a world of one: all of t)
+    return _dispatch("reduce_scatter", t, f"reduce_scatter({op}) of {t.shape} {t.dtype}", async_op,
+                     lambda one: reduce_scatter(one, op, async_op=True), lambda: t[:shape[0]].contiguous().realize(),
+                     shape, op)
 
 
 def barrier(async_op: bool = False) -> Any:

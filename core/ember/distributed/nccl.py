@@ -1,9 +1,11 @@
-"""The NCCL backend: collectives on CUDA buffers through ``nccl4py`` (``pip install 'ember[nccl]'``).
+"""The NCCL backend: collectives on device buffers through ``nccl4py`` (``pip install 'ember[nccl]'``).
 
-Each rank drives one GPU (``CUDA:<local rank>``). MPI is the bootstrap: rank 0 makes NCCL's unique id and
-broadcasts it over MPI, then every rank joins the NCCL communicator. A collective takes the device pointer
-of the tensor's buffer straight from the CUDA plugin's allocator and runs on that device's stream, after the
-kernels that wrote it; ``wait()`` waits for the stream.
+Which devices hold buffers NCCL can address is the device plugin's word: its device class offers the optional
+capability :class:`ember.device.NCCLMemory` (the CUDA plugin's does), and the first usable kind that offers it
+is used. Each rank drives one device of that kind (``KIND:<local rank>``). MPI is the bootstrap: rank 0 makes
+NCCL's unique id and broadcasts it over MPI, then every rank joins the NCCL communicator. A collective takes the
+device pointer of the tensor's buffer from the plugin (``nccl_pointer``) and runs on the stream it names
+(``nccl_stream``), after the kernels that wrote it; ``wait()`` waits for the device.
 """
 from __future__ import annotations
 
@@ -42,22 +44,35 @@ def nccl_op(op: str) -> str:
         raise ValueError(f"the nccl backend has no reduction {op!r}; expected one of {', '.join(NCCL_OPS)}") from None
 
 
-def _gpu_count() -> tuple[int, str | None]:
-    """(number of CUDA devices, why none) through ember's CUDA plugin."""
-    from ember.device.registry import Device
-
-    reason = Device.probe("CUDA")
-    if reason is not None:
-        return 0, reason
-    try:
-        driver = importlib.import_module("ember_cuda.driver")
-        return int(driver.gpu_count()), None
-    except Exception as e:  # a CUDA device from another plugin: at least the one it probed
-        return 1, f"{type(e).__name__}: {e}"
+#: the methods of a device class whose buffers NCCL can address (:class:`ember.device.NCCLMemory`)
+NCCL_METHODS = ("nccl_device_count", "nccl_pointer", "nccl_stream")
 
 
-class _CudaArray:
-    """A CUDA array interface (version 3) over an ember CUDA buffer, which nccl4py resolves to a pointer."""
+def nccl_devices() -> tuple[str | None, int, str | None]:
+    """``(device kind, how many, None)`` for the first usable device kind whose plugin declares buffers NCCL can
+    address (:class:`ember.device.NCCLMemory`), highest priority first; ``(None, 0, why none)`` otherwise."""
+    from ember.device.collective import kinds_offering
+
+    why = []
+    for name, cls, reason in kinds_offering(*NCCL_METHODS):
+        if reason is None:
+            try:
+                count = int(cls.nccl_device_count())
+            except Exception as e:
+                reason = f"counting its devices failed ({type(e).__name__}: {e})"
+            else:
+                if count > 0:
+                    return name, count, None
+                reason = "no device NCCL can address"
+        why.append(f"{name}: {reason}")
+    if not why:
+        return None, 0, ("no installed device plugin declares buffers NCCL can address (the CUDA plugin does: "
+                         "pip install 'ember[cuda]')")
+    return None, 0, "; ".join(why)
+
+
+class _ArrayInterface:
+    """A CUDA array interface (version 3) over a device pointer, which nccl4py resolves to that pointer."""
 
     def __init__(self, ptr: int, count: int, dt: DType):
         typestr = {"f": "<f", "i": "<i", "u": "<u"}.get(dt.kind, "<u")
@@ -77,10 +92,11 @@ class _StreamRequest(Request):
 
 
 class NCCLBackend(Backend):
-    """CUDA-buffer collectives over NCCL; MPI gives the rank, the world size and the bootstrap."""
+    """Device-buffer collectives over NCCL; MPI gives the rank, the world size and the bootstrap. ``memory`` is
+    the device kind found by :func:`nccl_devices` once the backend is made."""
 
     name = "nccl"
-    memory = "CUDA"
+    memory = "device"
 
     @classmethod
     def probe(cls) -> str | None:
@@ -90,9 +106,9 @@ class NCCLBackend(Backend):
             return f"nccl4py is not installed ({e}); {_INSTALL_HINT}"
         except Exception as e:  # nccl4py present, but NCCL or the CUDA runtime it needs is not
             return f"nccl4py cannot load NCCL ({type(e).__name__}: {e})"
-        count, reason = _gpu_count()
-        if count == 0:
-            return f"no CUDA device: {reason}"
+        kind, _, reason = nccl_devices()
+        if kind is None:
+            return f"no device for NCCL: {reason}"
         from ember.distributed.mpi import MPIBackend
 
         mpi = MPIBackend.probe()
@@ -105,33 +121,35 @@ class NCCLBackend(Backend):
         from ember.distributed import local_rank
         from ember.distributed.mpi import MPIBackend
 
+        kind, count, reason = nccl_devices()
+        if kind is None:
+            raise RuntimeError(f"the nccl backend has no device: {reason}")
         self.nc = nc
         self.boot = MPIBackend()
         self.rank, self.world_size = self.boot.rank, self.boot.world_size
-        count, _ = _gpu_count()
         lr = local_rank()
         if lr >= count:
             raise RuntimeError(f"rank {self.rank} is local rank {lr} on {os.uname().nodename}, which has only {count} "
-                               f"CUDA device(s): start at most one rank per GPU")
-        self.device_name = f"CUDA:{lr}" if lr else "CUDA"
+                               f"{kind} device(s) NCCL can address: start at most one rank per device")
+        self.memory = kind
+        self.device_name = f"{kind}:{lr}" if lr else kind
         self.device = Device[self.device_name]
         uid = nc.get_unique_id() if self.rank == 0 else nc.get_unique_id(empty=True)
         uid_bytes = bytearray(bytes(uid))
         self.boot.comm.Bcast(uid_bytes, root=0)
         self.comm = nc.Communicator.init(self.world_size, self.rank, nc.UniqueId.from_bytes(bytes(uid_bytes)))
 
-    def _check(self, buf: Any) -> _CudaArray:
+    def _check(self, buf: Any) -> _ArrayInterface:
         from ember.device.registry import Device
 
         if Device.canonicalize(buf.device) != Device.canonicalize(self.device_name):
             raise ValueError(f"the nccl backend of rank {self.rank} works on {self.device_name}; the tensor is on "
                              f"{buf.device}")
         nccl_dtype(buf.dtype)
-        return _CudaArray(buf.opaque.ptr, buf.size, buf.dtype)
+        return _ArrayInterface(int(self.device.nccl_pointer(buf.opaque)), buf.size, buf.dtype)
 
-    def _stream(self) -> Any:
-        stream = getattr(self.device, "stream", None)  # the CUDA plugin's CUstream: NCCL takes its handle
-        return None if stream is None else int(stream)
+    def _stream(self) -> int:
+        return int(self.device.nccl_stream())
 
     def all_reduce(self, buf: Any, op: str) -> Request:
         x = self._check(buf)

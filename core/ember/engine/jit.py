@@ -454,12 +454,19 @@ class TinyJit(Generic[R]):
     and return what call 2 returned (its tensors now hold the new results). A call whose tensor
     inputs differ in shape, dtype or device, or whose other arguments differ, raises
     :class:`JitError`. ``plan_memory=False`` keeps every intermediate in its own buffer.
+
+    ``capture_first=True`` records on call 1 and replays from call 2. The plain first call exists to
+    initialize lazy state (weights realized on first use, optimizer buffers); a function whose state
+    is all realized beforehand saves one eager run by skipping it. :meth:`reset` keeps the choice.
     """
 
-    def __init__(self, fxn: Callable[..., R], plan_memory: bool = True):
+    def __init__(self, fxn: Callable[..., R], plan_memory: bool = True, capture_first: bool = False):
         if not callable(fxn):
             raise TypeError(f"TinyJit needs a callable, got {type(fxn).__name__}")
-        self.fxn, self.plan_memory = fxn, plan_memory
+        for name, value in (("plan_memory", plan_memory), ("capture_first", capture_first)):
+            if not isinstance(value, bool):
+                raise TypeError(f"TinyJit {name} must be True or False, got {value!r}")
+        self.fxn, self.plan_memory, self.capture_first = fxn, plan_memory, capture_first
         self.reset()
         functools.update_wrapper(self, fxn)
 
@@ -483,7 +490,7 @@ class TinyJit(Generic[R]):
             self.captured, self.keep_results = None, False  # capture again, this call, computing everything
             _check_signature(self._signature, sig)
         in_bufs = [input_buffer(t) for _, t in tensors]
-        if self.cnt == 0:
+        if self.cnt == 0 and not self.capture_first:
             ret = self._run(args, kwargs)
         else:
             ret = self._capture(args, kwargs, tensors, in_bufs, sig, var_vals)

@@ -161,14 +161,12 @@ class Transformer:
         self.cache_v = [Tensor.zeros(c.n_kv_heads, cache_len, c.head_dim, device=self.device).contiguous().realize()
                         for _ in range(c.n_layers)]
         self.pos_var = Variable("pos", 0, self.max_context)
-        self._decode = TinyJit(lambda x, pos: self.logits(self.forward(x, pos)).realize())
-        self._prefill = TinyJit(lambda x, pos: self.forward(x, pos).realize())
-        self._head = TinyJit(lambda h: self.logits(h).realize())
         # every weight, table and cache buffer is realized above, so there is nothing for a plain first call to
         # initialize: each step is recorded on its first call (one eager pass over the layers instead of two,
         # which is most of the first token's time)
-        for jit in (self._decode, self._prefill, self._head):
-            jit.cnt = 1
+        self._decode = TinyJit(lambda x, pos: self.logits(self.forward(x, pos)).realize(), capture_first=True)
+        self._prefill = TinyJit(lambda x, pos: self.forward(x, pos).realize(), capture_first=True)
+        self._head = TinyJit(lambda h: self.logits(h).realize(), capture_first=True)
 
     # --- the network ------------------------------------------------------------------------------
 

@@ -256,24 +256,35 @@ def _u8f(q: Tensor, minus: int = 0) -> Tensor:
     return (q.cast(dtypes.uint32) | 0x4B000000).bitcast(dtypes.float32) - float(2 ** 23 + minus)
 
 
-def _a_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    qs = b[..., 2:18]
-    return _g_f16(b, 0), None, [_u8f(qs & 0x0F, 8), _u8f(qs >> 4, 8)]
+#: the block-affine types of 4-bit quants (Q4_0, Q4_1) and 5-bit ones (Q5_0, Q5_1): (byte of m or None, byte of
+#: the 16 bytes of nibbles, byte of the 4 bytes of fifth bits or None, what is subtracted from q); d is at byte 0
+_NIBBLE_LAYOUTS: dict[int, tuple[int | None, int, int | None, int]] = {
+    2: (None, 2, None, 8), 3: (2, 4, None, 0), 6: (None, 6, 2, 16), 7: (2, 8, 4, 0),
+}
 
 
-def _a_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    qs = b[..., 4:20]
-    return _g_f16(b, 0), _g_f16(b, 2), [_u8f(qs & 0x0F), _u8f(qs >> 4)]
+def _nibbles16(qs: Tensor) -> Tensor:
+    """(..., blocks, 16) bytes -> (..., blocks, 32): the low nibbles, then the high ones, as one expression (a
+    concatenation of the two would be a masked select with index arithmetic on every element)."""
+    return Tensor.stack(qs & 0x0F, qs >> 4, dim=-2).reshape(*qs.shape[:-1], 32)
 
 
-def _a_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    high, qs = _g_bits32(b[..., 2:6]) << 4, b[..., 6:22]
-    return _g_f16(b, 0), None, [_u8f((qs & 0x0F) | high[..., :16], 16), _u8f((qs >> 4) | high[..., 16:], 16)]
+def _nibble_blocks(ggml_type: int, whole: bool) -> Callable[[Tensor], tuple[Tensor, Tensor | None, Any]]:
+    """The unpacker of a type of :data:`_NIBBLE_LAYOUTS`: (d, m, q) with q the whole block (``whole``) or its two
+    halves of 16 (the low nibbles, then the high ones)."""
+    m_at, qs_at, qh_at, minus = _NIBBLE_LAYOUTS[ggml_type]
 
-
-def _a_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    high, qs = _g_bits32(b[..., 4:8]) << 4, b[..., 8:24]
-    return _g_f16(b, 0), _g_f16(b, 2), [_u8f((qs & 0x0F) | high[..., :16]), _u8f((qs >> 4) | high[..., 16:])]
+    def unpack(b: Tensor) -> tuple[Tensor, Tensor | None, Any]:
+        d, m, qs = _g_f16(b, 0), None if m_at is None else _g_f16(b, m_at), b[..., qs_at:qs_at + 16]
+        high = None if qh_at is None else _g_bits32(b[..., qh_at:qh_at + 4]) << 4
+        if whole:
+            q = _nibbles16(qs)
+            return d, m, _u8f(q if high is None else q | high, minus)
+        lo, hi = qs & 0x0F, qs >> 4
+        if high is not None:
+            lo, hi = lo | high[..., :16], hi | high[..., 16:]
+        return d, m, [_u8f(lo, minus), _u8f(hi, minus)]
+    return unpack
 
 
 def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
@@ -283,43 +294,19 @@ def _a_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     return _g_f16(b, 0), None, [_u8f(b[..., 2 + 16 * h:18 + 16 * h] ^ 0x80, 128) for h in range(2)]
 
 
-def _nibbles16(qs: Tensor) -> Tensor:
-    """(..., blocks, 16) bytes -> (..., blocks, 32): the low nibbles, then the high ones, as one expression (a
-    concatenation of the two would be a masked select with index arithmetic on every element)."""
-    return Tensor.stack(qs & 0x0F, qs >> 4, dim=-2).reshape(*qs.shape[:-1], 32)
-
-
-def _w_q4_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-    return _g_f16(b, 0), None, _u8f(_nibbles16(b[..., 2:18]), 8)
-
-
-def _w_q4_1(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-    return _g_f16(b, 0), _g_f16(b, 2), _u8f(_nibbles16(b[..., 4:20]))
-
-
-def _w_q5_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-    return _g_f16(b, 0), None, _u8f(_nibbles16(b[..., 6:22]) | (_g_bits32(b[..., 2:6]) << 4), 16)
-
-
-def _w_q5_1(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-    return _g_f16(b, 0), _g_f16(b, 2), _u8f(_nibbles16(b[..., 8:24]) | (_g_bits32(b[..., 4:8]) << 4))
-
-
 def _w_q8_0(b: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
     return _g_f16(b, 0), None, _u8f(b[..., 2:34] ^ 0x80, 128)
 
 
 #: block-affine types as (d, m, q) with q the whole block (..., blocks, 32): the dequantized weight of prefill
 _AFFINE_WHOLE: dict[int, Callable[[Tensor], tuple[Tensor, Tensor | None, Tensor]]] = {
-    2: _w_q4_0, 3: _w_q4_1, 6: _w_q5_0, 7: _w_q5_1, 8: _w_q8_0,
+    **{t: _nibble_blocks(t, whole=True) for t in _NIBBLE_LAYOUTS}, 8: _w_q8_0,
 }
 
 _Affine = Callable[[Tensor], tuple[Tensor, "Tensor | None", list[Tensor]]]
 #: block-affine types: a block is ``d * q + m`` (m optional) with one d (and m) per block and integer-valued q
 #: parts, so a dot product with a block is ``d * sum(x * q) + m * sum(x)``: the scales apply once per block
-_AFFINE: dict[int, _Affine] = {
-    2: _a_q4_0, 3: _a_q4_1, 6: _a_q5_0, 7: _a_q5_1, 8: _a_q8_0,
-}
+_AFFINE: dict[int, _Affine] = {**{t: _nibble_blocks(t, whole=False) for t in _NIBBLE_LAYOUTS}, 8: _a_q8_0}
 
 
 def _affine_parts(fn: _Affine) -> Callable[[Tensor], list[Tensor]]:
@@ -434,24 +421,24 @@ def ggml_matmul(x: Tensor, raw: Tensor, ggml_type: int) -> Tensor:
         return x @ ggml_dequantize_tensor(raw, ggml_type).contiguous().T
     if ggml_type in _AFFINE:
         d, m, qs = _AFFINE[ggml_type](b)
-        xr = x.reshape(*lead, 1, nb, len(qs), qs[0].shape[-1])
-        dot = None
-        for p, q in enumerate(qs):
-            term = xr[..., p, :] * q
-            dot = term if dot is None else dot + term
-        assert dot is not None
+        xr, dot = _dot_parts(x, qs)
         per_block = dot.sum(-1) * d[..., 0]
         if m is not None:
             per_block = per_block + xr.sum((-2, -1)) * m[..., 0]
         return per_block.sum(-1).reshape(*lead, out_features)
-    parts = _GRAPH_DEQUANT[ggml_type](b)
-    xr = x.reshape(*lead, 1, nb, len(parts), parts[0].shape[-1])
-    acc = None
-    for p, w in enumerate(parts):
-        term = xr[..., p, :] * w
-        acc = term if acc is None else acc + term
-    assert acc is not None
+    _, acc = _dot_parts(x, _GRAPH_DEQUANT[ggml_type](b))
     return acc.sum((-2, -1)).reshape(*lead, out_features)
+
+
+def _dot_parts(x: Tensor, parts: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """One row ``x`` (..., k) against a weight unpacked as equal parts (out, blocks, S): ``x`` as (..., 1, blocks,
+    parts, S), and the sum over the parts of each part times its slice of ``x`` (..., out, blocks, S), elementwise
+    (the parts stay separate expressions, so the kernel reads each against its slice without index arithmetic)."""
+    xr = x.reshape(*x.shape[:-1], 1, parts[0].shape[-2], len(parts), parts[0].shape[-1])
+    acc = xr[..., 0, :] * parts[0]
+    for p in range(1, len(parts)):
+        acc = acc + xr[..., p, :] * parts[p]
+    return xr, acc
 
 
 _GGUF_SCALARS: dict[int, tuple[str, str]] = {  # value type -> (struct format, name)

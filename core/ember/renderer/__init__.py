@@ -5,7 +5,8 @@ local memory, thread limits, supported dtypes, tile sizes, layout-copy threshold
 never a device name.
 
 This module is also the public facade for renderer authors: besides :class:`Renderer`,
-:class:`TensorCore` and the C-family :class:`CStyleRenderer` (with its :data:`C_PREAMBLE`), it
+:class:`TensorCore` and the C-family :class:`CStyleRenderer` (with its :data:`C_PREAMBLE`, and
+:class:`BuiltinVectorRenderer` with :class:`VectorSyntax` for dialects with built-in vector types), it
 re-exports the IR a renderer walks (:class:`UOp`, :class:`Ops`, :class:`GroupOp`,
 :func:`toposort`, and :func:`split_terms` / :func:`term_coeff` to read an index as a sum of
 ``coefficient * variable`` terms) and the dtypes (:class:`DType`, :class:`PtrDType`,
@@ -242,8 +243,9 @@ class Renderer:
 from ember.dtype import PtrDType  # noqa: E402
 from ember.ir.symbolic import split_terms, term_coeff  # noqa: E402
 from ember.ir.uop import GroupOp, Ops, toposort  # noqa: E402
-from ember.renderer.cstyle import C_PREAMBLE, CStyleRenderer  # noqa: E402
+from ember.renderer.cstyle import C_PREAMBLE, BuiltinVectorRenderer, CStyleRenderer, VectorSyntax  # noqa: E402
 from ember.renderer.rounding import EXACT_OPS, ROUND_FNS, round_result  # noqa: E402
 
-__all__ = ["C_PREAMBLE", "CStyleRenderer", "DType", "EXACT_OPS", "GroupOp", "Ops", "PtrDType", "ROUND_FNS", "Renderer",
-           "TensorCore", "UOp", "dtypes", "round_result", "split_terms", "term_coeff", "toposort"]
+__all__ = ["C_PREAMBLE", "BuiltinVectorRenderer", "CStyleRenderer", "DType", "EXACT_OPS", "GroupOp", "Ops", "PtrDType",
+           "ROUND_FNS", "Renderer", "TensorCore", "UOp", "VectorSyntax", "dtypes", "round_result", "split_terms",
+           "term_coeff", "toposort"]

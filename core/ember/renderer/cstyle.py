@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Callable
 
 from ember.dtype import DType, PtrDType, dtypes
@@ -463,6 +464,46 @@ def _non_nan_const(u: UOp) -> bool:
     if u.op is Ops.VECTORIZE and all(s is u.src[0] for s in u.src):
         u = u.src[0]
     return u.op is Ops.CONST and not math.isnan(float(u.arg))
+
+
+@dataclass(frozen=True)
+class VectorSyntax:
+    """How a C dialect with built-in vector types spells its vector accesses: format strings over ``{t}`` (the
+    vector type, ``float4``), ``{n}`` (its lane count), ``{buf}`` and ``{idx}`` (where a load or store starts),
+    ``{value}`` (the vector stored), ``{vals}`` (the lanes, comma-separated), ``{vec}`` and ``{lane}`` (a vector
+    and a lane number; ``{xyzw}`` is the lane's letter, for lanes 0 to 3)."""
+
+    load: str
+    store: str
+    vectorize: str = "(({t})({vals}))"
+    gep: str = "{vec}.s{lane:x}"
+
+
+class BuiltinVectorRenderer(CStyleRenderer):
+    """A C dialect whose vector types are built in and named ``<element><lanes>`` (OpenCL C, CUDA, MSL): no
+    typedef, and the vector hooks spelled by the table :attr:`vector_syntax`. ``vector_names`` names the element
+    part where it differs from :attr:`type_map` (CUDA's ``longlong2``)."""
+
+    vector_syntax: VectorSyntax
+    vector_names: dict[DType, str] | None = None
+
+    def render_vector_dtype(self, dt: DType) -> str:
+        return f"{(self.vector_names or self.type_map)[dt.scalar()]}{dt.count}"
+
+    def render_vector_typedef(self, dt: DType) -> str | None:
+        return None
+
+    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
+        return self.vector_syntax.load.format(t=self.render_dtype(dt), n=dt.count, buf=buf, idx=idx)
+
+    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
+        return self.vector_syntax.store.format(t=self.render_dtype(dt), n=dt.count, buf=buf, idx=idx, value=value)
+
+    def render_vectorize(self, vals: list[str], dt: DType) -> str:
+        return self.vector_syntax.vectorize.format(t=self.render_dtype(dt), n=dt.count, vals=", ".join(vals))
+
+    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
+        return self.vector_syntax.gep.format(vec=vec, lane=lane, xyzw="xyzw"[lane:lane + 1])
 
 
 #: the ops C spells as an infix operator

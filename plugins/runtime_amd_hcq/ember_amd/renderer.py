@@ -37,7 +37,17 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes, round_result
+from ember.renderer import (
+    BuiltinVectorRenderer,
+    DType,
+    Ops,
+    PtrDType,
+    TensorCore,
+    UOp,
+    VectorSyntax,
+    dtypes,
+    round_result,
+)
 from ember_amd.kernel_lib import helpers_for
 
 #: the comments around the block of macros :func:`host_opencl_source` replaces
@@ -180,7 +190,7 @@ def tensor_cores_for(arch: str) -> tuple[TensorCore, ...]:
                  for dt, name in ((dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")))
 
 
-class AMDRenderer(CStyleRenderer):
+class AMDRenderer(BuiltinVectorRenderer):
     """OpenCL C for one AMD GPU target and its limits.
 
     Args:
@@ -199,6 +209,9 @@ class AMDRenderer(CStyleRenderer):
     # local memory and barriers of grouped reductions (GROUP/GROUPTOP), through the prelude's macros
     local_prefix = "EMBER_LOCAL "
     barrier = "EMBER_BARRIER();"
+    # through the ember_u_ typedefs of the preamble: aligned like one element, as a view may start anywhere
+    vector_syntax = VectorSyntax(load="*((__global const ember_u_{t}*)({buf} + {idx}))",
+                                 store="*((__global ember_u_{t}*)({buf} + {idx})) = {value};")
     restrict = "restrict"
     has_local = True
     has_shared = True
@@ -349,24 +362,6 @@ class AMDRenderer(CStyleRenderer):
         return name, lines, ["EMBER_WMMA_SCRATCH;"]
 
     # --- loads and stores ---------------------------------------------------------------------
-    def render_vector_dtype(self, dt: DType) -> str:
-        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
-
-    def render_vector_typedef(self, dt: DType) -> str | None:
-        return None
-
-    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
-        return f"*((__global const ember_u_{self.render_dtype(dt)}*)({buf} + {idx}))"
-
-    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
-        return f"*((__global ember_u_{self.render_dtype(dt)}*)({buf} + {idx})) = {value};"
-
-    def render_vectorize(self, vals: list[str], dt: DType) -> str:
-        return f"(({self.render_dtype(dt)})({', '.join(vals)}))"
-
-    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
-        return f"{vec}.s{lane:x}"
-
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         if dt == dtypes.float16:
             return f"ember_f16_to_f32({buf}[{idx}])"

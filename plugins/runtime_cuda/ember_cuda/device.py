@@ -7,9 +7,9 @@ import threading
 from typing import Any
 
 from ember.device import Compiled
-from ember_cuda.allocator import CUDAAllocator
+from ember_cuda.allocator import CUDAAllocator, CUDABuffer
 from ember_cuda.compiler import CUDACompiler
-from ember_cuda.driver import check, device_index, gpu_info, init_driver
+from ember_cuda.driver import check, device_index, gpu_count, gpu_info, init_driver
 from ember_cuda.graph import CUDAGraph
 from ember_cuda.renderer import CUDARenderer
 from ember_cuda.runtime import CUDAProgram
@@ -81,6 +81,22 @@ class CUDADevice(Compiled):
         """Wait until every copy and kernel queued on this GPU has finished."""
         self.activate()
         check(self.driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    # --- buffers NCCL can address (ember.device.NCCLMemory): the nccl distributed backend runs on them in place
+    @classmethod
+    def nccl_device_count(cls) -> int:
+        """Every GPU the driver lists: NCCL addresses their memory with the pointers this plugin allocates."""
+        return gpu_count()
+
+    def nccl_pointer(self, opaque: CUDABuffer) -> int:
+        """The device address of ``opaque`` (a view's address includes its offset)."""
+        return opaque.ptr
+
+    def nccl_stream(self) -> int:
+        """This GPU's stream, where its copies and kernels run in order; its context is made current, as NCCL
+        queues on the current device."""
+        self.activate()
+        return int(self.stream)
 
     def finalize(self) -> None:
         """At exit: free cached buffers and pinned staging, unload modules, destroy the stream and release the

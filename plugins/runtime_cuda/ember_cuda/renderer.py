@@ -32,7 +32,7 @@ from typing import Any
 
 from ember.dtype import DType, PtrDType, dtypes
 from ember.ir import Ops, UOp
-from ember.renderer import CStyleRenderer, TensorCore, round_result
+from ember.renderer import BuiltinVectorRenderer, TensorCore, VectorSyntax, round_result
 
 #: every float16 or bfloat16 result is computed in float and rounded back by these (under include guards:
 #: the kernels of a batch are joined into one program). Finite values round to nearest even (the headers'
@@ -176,7 +176,7 @@ def parse_arch(arch: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-class CUDARenderer(CStyleRenderer):
+class CUDARenderer(BuiltinVectorRenderer):
     """CUDA C for one GPU architecture and its limits.
 
     Args:
@@ -200,6 +200,10 @@ class CUDARenderer(CStyleRenderer):
     # every thread of a block reaches it: a kernel with a barrier is launched with its LOCAL/GROUP sizes as
     # the block, which divide the global size, so each grid-stride loop runs the same trips in every thread
     barrier = "__syncthreads();"
+    vector_syntax = VectorSyntax(load="ember_vload<{t}, {n}>({buf}, {idx})",
+                                 store="ember_vstore<{t}, {n}>({buf}, {idx}, {value});",
+                                 vectorize="make_{t}({vals})", gep="{vec}.{xyzw}")
+    vector_names = _VECTOR_NAMES
     parallel_threads = 1
     supports_float16 = True
     #: compute :data:`WIDE_MATH_OPS` of float32 (and 16-bit floats) in float64, rounded once
@@ -350,27 +354,15 @@ class CUDARenderer(CStyleRenderer):
                       f": {inputs});"], []
 
     # --- loads and stores ---------------------------------------------------------------------
-    def render_vector_dtype(self, dt: DType) -> str:
-        return f"{_VECTOR_NAMES[dt.scalar()]}{dt.count}"
-
-    def render_vector_typedef(self, dt: DType) -> str | None:
-        return None
-
-    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
-        return f"ember_vload<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx})"
-
-    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
-        return f"ember_vstore<{self.render_dtype(dt)}, {dt.count}>({buf}, {idx}, {value});"
-
     def render_vectorize(self, vals: list[str], dt: DType) -> str:
         if dt.scalar() == dtypes.float16:  # the float values rounded as a store of each would
             return f"__halves2half2({', '.join(f'ember_f32_to_f16({v})' for v in vals)})"
-        return f"make_{self.render_dtype(dt)}({', '.join(vals)})"
+        return super().render_vectorize(vals, dt)
 
     def render_gep(self, vec: str, lane: int, dt: DType) -> str:
         if dt.scalar() == dtypes.float16:
             return f"__half2float({vec}.{'xy'[lane]})"
-        return f"{vec}.{'xyzw'[lane]}"
+        return super().render_gep(vec, lane, dt)
 
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         if dt == dtypes.float16:

@@ -27,7 +27,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, TensorCore, UOp, dtypes, round_result
+from ember.renderer import (
+    BuiltinVectorRenderer,
+    DType,
+    Ops,
+    PtrDType,
+    TensorCore,
+    UOp,
+    VectorSyntax,
+    dtypes,
+    round_result,
+)
 
 #: the buffer index of the launch's int variables (``constant long*``); Metal binds at most 31 buffers
 #: (indices 0-30), so a kernel has at most 30 tensor buffers
@@ -123,7 +133,7 @@ def wmma_helper(tc: TensorCore) -> str:
     return _guarded(f"EMBER_{wmma_name(tc).upper()}", code)
 
 
-class MetalRenderer(CStyleRenderer):
+class MetalRenderer(BuiltinVectorRenderer):
     """MSL for an Apple GPU.
 
     Args:
@@ -144,6 +154,10 @@ class MetalRenderer(CStyleRenderer):
     has_shared = True
     local_prefix = "threadgroup "
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    # through packed_ types: aligned like one element, as a view may start anywhere
+    vector_syntax = VectorSyntax(load="{t}(*((device const packed_{t}*)({buf} + {idx})))",
+                                 store="*((device packed_{t}*)({buf} + {idx})) = packed_{t}({value});",
+                                 vectorize="{t}({vals})", gep="{vec}.{xyzw}")
     parallel_threads = 1
     math_fns = {Ops.SQRT: "precise::sqrt", Ops.EXP: "precise::exp", Ops.LOG: "precise::log",
                 Ops.EXP2: "precise::exp2", Ops.LOG2: "precise::log2", Ops.SIN: "precise::sin", Ops.TRUNC: "trunc",
@@ -172,25 +186,6 @@ class MetalRenderer(CStyleRenderer):
             raise NotImplementedError(f"Metal has no {dt.name} (supported: "
                                       f"{', '.join(sorted(d.name for d in self.supported_dtypes))})")
         return self.type_map[dt]
-
-    def render_vector_dtype(self, dt: DType) -> str:
-        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
-
-    def render_vector_typedef(self, dt: DType) -> str | None:
-        return None
-
-    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
-        return f"{self.render_dtype(dt)}(*((device const packed_{self.render_dtype(dt)}*)({buf} + {idx})))"
-
-    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
-        t = self.render_dtype(dt)
-        return f"*((device packed_{t}*)({buf} + {idx})) = packed_{t}({value});"
-
-    def render_vectorize(self, vals: list[str], dt: DType) -> str:
-        return f"{self.render_dtype(dt)}({', '.join(vals)})"
-
-    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
-        return f"{vec}.{'xyzw'[lane]}"
 
     def storage_type(self, dt: DType) -> str:
         """The element type of a buffer of ``dt``."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ember.renderer import CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes, round_result
+from ember.renderer import BuiltinVectorRenderer, DType, Ops, PtrDType, UOp, VectorSyntax, dtypes, round_result
 
 _BF16_HELPERS = """float ember_bf16_to_f32(ushort b) { return as_float(((uint)b) << 16); }
 ushort ember_f32_to_bf16(float f) { uint u = as_uint(f);
@@ -56,7 +56,7 @@ _BASE_TYPES: dict[DType, str] = {
 
 
 
-class CLRenderer(CStyleRenderer):
+class CLRenderer(BuiltinVectorRenderer):
     """OpenCL C for one device's capabilities.
 
     Args:
@@ -78,6 +78,7 @@ class CLRenderer(CStyleRenderer):
     has_shared = True
     local_prefix = "__local "
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    vector_syntax = VectorSyntax(load="vload{n}(0, {buf} + {idx})", store="vstore{n}({value}, 0, {buf} + {idx});")
     parallel_threads = 1
     math_fns = {Ops.SQRT: "sqrt", Ops.EXP: "exp", Ops.LOG: "log", Ops.EXP2: "exp2", Ops.LOG2: "log2",
                 Ops.SIN: "sin", Ops.TRUNC: "trunc", Ops.POW: "pow"}
@@ -186,24 +187,6 @@ class CLRenderer(CStyleRenderer):
         if self._emulated_half(dt):
             return f"ember_f32_to_f16({value})"
         return super().render_store_value(value, dt)
-
-    def render_vector_dtype(self, dt: DType) -> str:
-        return f"{self.type_map[dt.scalar()]}{dt.count}"  # a built-in vector type (float4)
-
-    def render_vector_typedef(self, dt: DType) -> str | None:
-        return None
-
-    def render_vector_load(self, buf: str, idx: str, dt: DType) -> str:
-        return f"vload{dt.count}(0, {buf} + {idx})"
-
-    def render_vector_store(self, buf: str, idx: str, value: str, dt: DType) -> str:
-        return f"vstore{dt.count}({value}, 0, {buf} + {idx});"
-
-    def render_vectorize(self, vals: list[str], dt: DType) -> str:
-        return f"(({self.render_dtype(dt)})({', '.join(vals)}))"
-
-    def render_gep(self, vec: str, lane: int, dt: DType) -> str:
-        return f"{vec}.s{lane:x}"
 
     # --- literals and ops ---------------------------------------------------------------------
     def render_const(self, value: object, dt: DType) -> str:
