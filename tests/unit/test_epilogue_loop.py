@@ -92,6 +92,13 @@ def test_in_place_update_across_the_tile_vectors() -> None:
     # the inner loop walks the weights with unit stride: their index moves by one with it
     inner = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "loop"][-1]
     assert inner.src[1].arg == 4
+    # what every lane shares (the array, the learning rate) comes before the loops, the lanes' own work inside
+    first_loop = next(i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.arg[1] == "loop")
+    reg_at = next(i for i, u in enumerate(uops) if u.op is Ops.DEFINE_REG)
+    lr_at = next(i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL
+                 and u.src[1].op is Ops.CONST)
+    assert reg_at < first_loop and lr_at < first_loop
+    assert all(i > first_loop for i, u in enumerate(uops) if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG)
     tw2 = _t(w)
     want, _ = _run(tw2.assign(tw2 - lr * (_t(x).T @ _t(g))), opts, 0)
     np.testing.assert_array_equal(got, want)
