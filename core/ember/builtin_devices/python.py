@@ -14,6 +14,8 @@ It is slow and complete. :class:`PythonRenderer` writes the linear program (the 
 * a vector register (a LOAD, STORE, VECTORIZE, CONST, ALU op or accumulator of ``dtype.vec(n)``) is a tuple of its
   lanes' values; a vector LOAD or STORE is one scalar access per lane, at an index checked to be a multiple of
   ``n``; GEP picks a lane; a vector ALU op is the scalar op on each lane.
+* DEFINE_REG (a rolled epilogue's array, see :mod:`ember.codegen.epilogue`) is the tuple of its sources' lanes; a
+  LOAD from it picks the lane at its index.
 * WMMA (a tensor-core instruction, see :mod:`ember.codegen.tc`) gathers the lanes' elements of A and B along
   the last grid axis into tiles by the layout its arg carries, multiplies them in float32 and hands each lane
   its element of D.
@@ -464,6 +466,16 @@ class PythonProgram:
                 self._code.append((_K_LOCAL, i, (), None, (_reg_np(dt.base), arg[1], prog_name)))
             elif op is Ops.WMMA:
                 self._code.append((_K_WMMA, i, rs[:-1], None, (*arg, _reg_np(value_dt(i, dt)))))
+            elif op is Ops.DEFINE_REG:
+                if not isinstance(dt, PtrDType) or not (isinstance(arg, tuple) and len(arg) == 2) or \
+                        sum(value_dt(s, dts[s]).count for s in srcs) != arg[1] or \
+                        any(dts[s].scalar() != dt.base for s in srcs):
+                    raise fail(i, f"DEFINE_REG of {dt!r}, arg {arg!r} holds the lanes of {[dts[s] for s in srcs]}")
+                self._code.append((_K_ALU, i, rs, _reg_lanes, None))
+            elif op is Ops.LOAD and srcs and uops[srcs[0]][0] is Ops.DEFINE_REG:
+                if len(srcs) != 2 or dt != cast(PtrDType, dts[srcs[0]]).base:
+                    raise fail(i, f"a LOAD of {dt!r} from a DEFINE_REG needs (reg, idx) of its element dtype")
+                self._code.append((_K_ALU, i, rs, functools.partial(_reg_load, kernel=prog_name), None))
             elif (op is Ops.LOAD or op is Ops.STORE) and srcs and uops[srcs[0]][0] is Ops.DEFINE_LOCAL:
                 # local memory holds register values: nothing to convert
                 kept = tuple(r for s, r in zip(srcs, rs) if uops[s][0] is not Ops.BARRIER)
@@ -760,6 +772,21 @@ def _store(regs: list[Any], srcs: tuple[int, ...], is_bf16: bool, conv: Callable
         idx_f, val_f = idx_b[gate_b], val_b[gate_b]
     _check_bounds(idx_f, buf.size, "STORE", kernel, label)
     buf[idx_f] = val_f
+
+
+def _reg_lanes(*vals: Any) -> tuple[Any, ...]:
+    """A DEFINE_REG: the lanes of its sources (scalars and vectors), in order."""
+    return tuple(x for v in vals for x in (v if isinstance(v, tuple) else (v,)))
+
+
+def _reg_load(reg: tuple[Any, ...], idx: Any, kernel: str) -> Any:
+    """Element ``idx`` of a DEFINE_REG (an index the same for every grid point, or one per point)."""
+    if np.ndim(idx) == 0:
+        _check_bounds(np.int64(idx), len(reg), "LOAD", kernel, "a DEFINE_REG")
+        return reg[int(idx)]
+    _check_bounds(np.asarray(idx), len(reg), "LOAD", kernel, "a DEFINE_REG")
+    *lanes, where = np.broadcast_arrays(*reg, idx)
+    return np.take_along_axis(np.stack(lanes), where[None].astype(np.int64), 0)[0]
 
 
 def _lanes(*vals: Any) -> tuple[Any, ...]:

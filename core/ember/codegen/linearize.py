@@ -172,8 +172,43 @@ def linearize(sink: UOp) -> list[UOp]:
                 parent[2] += 1
         return new
 
-    for store in sink.src:
+    def emit_looped(store: UOp, loops: list[UOp]) -> None:
+        """A store inside "loop" RANGEs (a rolled epilogue, see ember.codegen.epilogue): what it needs that does
+        not depend on them is emitted before the loops (in the order the store reads it), then the loops."""
+        stack = [store]
+        hoist: list[UOp] = []
+        seen: set[UOp] = set()
+        while stack:
+            n = stack.pop()
+            if n in seen or (n in sub and visible(n)) or n.op is Ops.RANGE:
+                continue
+            seen.add(n)
+            if rsets[n] <= open_ranges:
+                hoist.append(n)
+            else:
+                stack.extend(n.src[i] for i in reversed(source_order(n)))
+        for n in hoist:
+            emit(n)
+        program.extend(loops)
+        scopes.append(set())
+        for r in loops:
+            add_to_scope(r)
+        sub.update((r, r) for r in loops)
+        open_ranges.update(loops)
         emit(store)
+        for r in reversed(loops):
+            program.append(UOp(Ops.ENDRANGE, None, (r,)))
+        open_ranges.difference_update(loops)
+        for m in scopes.pop():
+            live[m] -= 1
+
+    for store in sink.src:
+        loops = sorted((r for r in rsets[store] if r.arg[1] == "loop"), key=lambda r: r.arg[0])
+        if loops:
+            emit_looped(store, loops)
+        else:
+            emit(store)
+    emit_looped = None  # type: ignore[assignment]
     # a recursive closure holds itself, and with it the kernel's tables: unbound now, they go with the reference
     # counts (left to the cyclic collector, each collection of a cold start walked every kernel's again)
     emit = None  # type: ignore[assignment]

@@ -103,7 +103,7 @@ def lower_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt], name: str |
 def _lower_program(ast: UOp, renderer: Renderer, opts: list[Opt], name: str | None) -> ProgramSpec:
     plan = apply_opts(ast, renderer, opts)
     sink = lower_ast(ast, len(renderer.global_max) if renderer.global_max is not None else None, plan, renderer)
-    sink = vectorize_memory(sink, renderer.vector_widths, renderer.vector_alu)
+    sink = vectorize_memory(sink, renderer.vector_widths, renderer.vector_alu, renderer.epilogue_loop_min)
     uops = linearize(sink)
     if DEBUG >= 5:
         for i, u in enumerate(uops):

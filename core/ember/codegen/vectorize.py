@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import cast
 
+from ember.codegen.epilogue import roll_epilogues
 from ember.dtype import DType, PtrDType, dtypes
 from ember.ir.symbolic import split_terms, term_coeff
 from ember.ir.uop import Ops, UOp, toposort
@@ -71,21 +72,25 @@ def _element(u: UOp) -> DType | None:
 
 
 def vectorize_memory(sink: UOp, widths: Mapping[DType, tuple[int, ...]],
-                     alu_ops: AbstractSet[Ops] = frozenset()) -> UOp:
+                     alu_ops: AbstractSet[Ops] = frozenset(), epilogue_min: int = 0) -> UOp:
     """``sink`` (a lowered kernel, see :func:`ember.codegen.lowerer.lower_ast`) with each aligned run of
     neighbouring global loads and stores (see the module docstring) made one vector access of a width in
     ``widths[element dtype]``; with ``alu_ops``, the lanes' float arithmetic and reductions computed on vectors
-    too (see :func:`vectorize_alu`)."""
-    if not widths:
-        return sink
-    sink, scalar_of = _vectorize_loads(sink, widths)
-    if not alu_ops:
-        return _vectorize_stores(sink, widths)
-    # with vector arithmetic, the vector accesses kept are those it reads or writes (or a copy's): a load whose
-    # lanes only scalar ops read, or a store of lanes computed one by one, stays scalar, as the target's own loop
-    # vectorizer regroups scalar work best
-    sink = _scalar_loads(vectorize_alu(sink, alu_ops), scalar_of)
-    return _vectorize_stores(sink, widths, gathers=False)
+    too (see :func:`vectorize_alu`); with ``epilogue_min``, a fused epilogue of that many scalar stores or more
+    rolled into a loop (see :func:`ember.codegen.epilogue.roll_epilogues`)."""
+    if widths:
+        sink, scalar_of = _vectorize_loads(sink, widths)
+        if alu_ops:
+            # with vector arithmetic, the vector accesses kept are those it reads or writes (or a copy's): a load
+            # whose lanes only scalar ops read, or a store of lanes computed one by one, stays scalar, as the
+            # target's own loop vectorizer regroups scalar work best
+            sink = _scalar_loads(vectorize_alu(sink, alu_ops), scalar_of)
+    if epilogue_min:
+        # a tile stored as its own vectors stays so; lanes stored one by one (or through shuffles) may be a loop
+        if widths:
+            sink = _vectorize_stores(sink, widths, gathers=False, shuffles=False)
+        sink = roll_epilogues(sink, epilogue_min)
+    return _vectorize_stores(sink, widths, gathers=not alu_ops) if widths else sink
 
 
 def _scalar_loads(sink: UOp, scalar_of: dict[UOp, UOp]) -> UOp:
@@ -138,9 +143,11 @@ def _vectorize_loads(sink: UOp, widths: Mapping[DType, tuple[int, ...]]) -> tupl
     return done[sink], {gep: load for load, gep in replace.items()}
 
 
-def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gathers: bool = True) -> UOp:
+def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gathers: bool = True,
+                      shuffles: bool = True) -> UOp:
     """``sink`` with each aligned run of neighbouring global stores sharing one gate made one vector store;
-    without ``gathers``, only runs whose values are lanes of vectors (a tile stored across its vectors: a shuffle)."""
+    without ``gathers``, only runs whose values are lanes of vectors (a tile stored across its vectors: a shuffle);
+    without ``shuffles`` either, only runs whose values are one vector's lanes in order (a copy)."""
     stores = list(sink.src)
     # stores: (buffer, variable part, gate) -> offset -> position in the sink
     store_groups: dict[tuple[UOp, UOp | None, UOp | None], dict[int, int]] = {}
@@ -158,6 +165,8 @@ def _vectorize_stores(sink: UOp, widths: Mapping[DType, tuple[int, ...]], gather
             vals = tuple(stores[i].src[2] for i in at)
             value = _vectorized(vals, dt.vec(n))
             if not gathers and value.op is Ops.VECTORIZE and not all(v.op is Ops.GEP for v in vals):
+                continue
+            if not shuffles and value.op is Ops.VECTORIZE:
                 continue
             srcs = (buf, stores[at[0]].src[1], value) + ((gate,) if gate is not None else ())
             stores[min(at)] = UOp(Ops.STORE, None, srcs)

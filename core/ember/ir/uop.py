@@ -102,6 +102,10 @@ class Ops(Enum):
     GEP = auto()           # src=(vector,), arg=lane, dtype=the lane's scalar dtype
     ALLREDUCE = auto()     # tensor graph: src=(partial on each device of a group..., DEVICE), arg=(op, i): the
                            # combined partials on device i, by the devices' native collective (ember.ir.multi)
+    DEFINE_REG = auto()    # linear program: src=values (scalars or vectors of one scalar dtype), dtype=PtrDType(that
+                           # dtype), arg=(id, size): a private array of ``size`` elements holding the lanes of its
+                           # sources in order, read with LOAD(reg, idx) (a fused epilogue's loop, see
+                           # ember.codegen.epilogue)
 
 
 class GroupOp:

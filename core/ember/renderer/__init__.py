@@ -152,6 +152,10 @@ class Renderer:
     #: :data:`ember.codegen.vectorize.VECTOR_FLOAT_OPS`; a reduction by one of them accumulates in vectors too);
     #: empty: arithmetic stays scalar and reads the lanes of vector loads
     vector_alu: frozenset = frozenset()
+    #: a fused epilogue of at least this many scalar stores (a register tile stored across its accumulator vectors,
+    #: each lane through the same ops) is one loop over the accumulators kept in an array (see
+    #: :mod:`ember.codegen.epilogue`); 0: epilogues stay unrolled
+    epilogue_loop_min: int = 0
     #: anything else that changes the rendered source for the same UOps (a dialect option such as
     #: how float16 is emulated); part of every cache key, like the capabilities above
     variant: str = ""

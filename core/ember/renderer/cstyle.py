@@ -61,11 +61,15 @@ class CStyleRenderer(Renderer):
         return f"typedef {self.type_map[dt.scalar()]} {self.render_vector_dtype(dt)} " \
                f"__attribute__((vector_size({dt.itemsize})));"
 
-    def render_vector_max(self, a: str, b: str, dt: DType) -> str:
+    def render_vector_max(self, a: str, b: str, dt: DType, b_const: bool = False) -> str:
         """MAX of two float vectors, each lane as the scalar MAX (``(a > b || a != a) ? a : b``: a nan in ``a``
         kept). C has no vector ``?:``: a lane mask from the comparisons selects the bits of ``a`` or ``b``
-        (casting between vector types of one size keeps the bits, in gcc and clang alike)."""
+        (casting between vector types of one size keeps the bits, in gcc and clang alike). Against a constant
+        that is no nan (``b_const``: relu's 0) one compare says it all: a nan ``a`` fails ``a <= b`` and is kept."""
         t = self.render_vector_dtype(dt)
+        if b_const:
+            return (f"({{ {t} a_ = {a}, b_ = {b}; __typeof__(a_ > b_) m_ = a_ <= b_; "
+                    f"({t})((~m_ & (__typeof__(m_))a_) | (m_ & (__typeof__(m_))b_)); }})")
         return (f"({{ {t} a_ = {a}, b_ = {b}; __typeof__(a_ > b_) m_ = (a_ > b_) | (a_ != a_); "
                 f"({t})((m_ & (__typeof__(m_))a_) | (~m_ & (__typeof__(m_))b_)); }})")
 
@@ -106,6 +110,17 @@ class CStyleRenderer(Renderer):
         """Lines after a loop whose accumulators are ``accs``, and the names later code reads their results by
         (default: none, the accumulators themselves)."""
         return [], accs
+
+    def render_reg(self, name: str, dt: DType, size: int, vals: list[tuple[str, DType]]) -> list[str]:
+        """The lines declaring the private array ``name`` of ``size`` ``dt`` values and filling it with the lanes of
+        ``vals`` (each a named scalar or vector, in order; see ``Ops.DEFINE_REG``)."""
+        lines = [f"{self.render_dtype(dt)} {name}[{size}];"]
+        at = 0
+        for v, vdt in vals:
+            lanes = [v] if vdt.count == 1 else [self.render_gep(v, k, vdt) for k in range(vdt.count)]
+            lines += [f"{name}[{at + k}] = {lane};" for k, lane in enumerate(lanes)]
+            at += vdt.count
+        return lines
 
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
         """Reading one element; bfloat16 is stored as 16-bit patterns and widened to float."""
@@ -175,7 +190,7 @@ class CStyleRenderer(Renderer):
         if op is Ops.RECIP:
             return f"(1/{a[0]})"
         if op is Ops.MAX and dt.count != 1:
-            return self.render_vector_max(a[0], a[1], dt)
+            return self.render_vector_max(a[0], a[1], dt, _non_nan_const(u.src[1]))
         if op is Ops.MAX:
             if dt.kind == "f":
                 # against a constant that is not nan (relu's 0) one compare says it all, and it vectorizes:
@@ -253,7 +268,7 @@ class CStyleRenderer(Renderer):
         counts: dict[str, int] = {}
         work = 1
         for u in uops:
-            if u.op is Ops.RANGE:
+            if u.op is Ops.RANGE and u.arg[1] != "loop":  # (an epilogue's loop runs per output, not over outputs)
                 # a symbolic bound counts at its maximum (the loop may run that long)
                 work *= max(1, (u.src[1].arg if u.src[1].op is Ops.CONST else int(u.src[1].vmax)) - u.src[0].arg)
         first_global = True
@@ -362,6 +377,14 @@ class CStyleRenderer(Renderer):
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.value_dtype)} {r[u]} = "
                      f"{self.render_vector_load(r[u.src[0]], r[u.src[1]], u.value_dtype)};")
+            elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG:
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.value_dtype)} {r[u]} = {r[u.src[0]]}[{r[u.src[1]]}];")
+            elif op is Ops.DEFINE_REG:
+                r[u] = fresh("reg")
+                for s in self.render_reg(r[u], u.pointer_dtype.base, u.arg[1],
+                                         [(r[s], s.value_dtype) for s in u.src]):
+                    line(s)
             elif op is Ops.LOAD:
                 # a BARRIER source only orders the load after it
                 ins = [s for s in u.src if s.op is not Ops.BARRIER]
@@ -435,6 +458,12 @@ class CStyleRenderer(Renderer):
         value ("" if none) and the lines to emit. ``srcs`` name its sources; ``fresh(prefix)`` makes a name."""
         raise NotImplementedError(f"{type(self).__name__} cannot render {u.op}")
 
+
+def _non_nan_const(u: UOp) -> bool:
+    """Whether ``u`` is a constant that is no nan in every lane (a vector CONST, or a VECTORIZE of one CONST)."""
+    if u.op is Ops.VECTORIZE and all(s is u.src[0] for s in u.src):
+        u = u.src[0]
+    return u.op is Ops.CONST and not math.isnan(float(u.arg))
 
 
 @dataclass(frozen=True)

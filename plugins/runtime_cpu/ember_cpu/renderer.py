@@ -1,12 +1,9 @@
 """The CPU plugin's C dialect: one uniform entry point per kernel, OpenMP on the outer loop.
 
-The C it writes is mostly scalar; speed comes from giving the host compiler code it can vectorize:
-register tiles of independent accumulators (chosen in :mod:`ember.codegen.opts` from
-:attr:`CPURenderer.vector_floats` and :attr:`CPURenderer.vector_registers`; their results handed on
-in the order of their loads, see :mod:`ember_cpu.renderer_tile_order`; an outer-product tile, a matmul's,
-is written with vector types instead, which builds several times faster, see
-:mod:`ember_cpu.renderer_vector_tile`), ``omp simd`` on
-unit-stride loops, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
+The C it writes is what the IR says: an upcast tile along a contiguous axis arrives as vector loads, vector
+arithmetic and accumulator vectors (see :mod:`ember.codegen.vectorize`; :attr:`CPURenderer.vector_widths` and
+:attr:`CPURenderer.vector_alu`) and is written with GCC/clang vector types. Speed besides comes from ``omp simd``
+on unit-stride loops and reductions, and branch-free float32 ``exp``/``exp2`` that vectorize where the C library's
 scalar calls would not.
 
 float16 is ``_Float16`` where the compiler has it and converts correctly (see
@@ -19,9 +16,9 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from typing import Callable
 
+from ember.codegen.vectorize import VECTOR_FLOAT_OPS
 from ember.renderer import (
     C_PREAMBLE,
     CStyleRenderer,
@@ -37,8 +34,6 @@ from ember.renderer import (
     toposort,
 )
 from ember_cpu.compiler import host_cpu, host_machine
-from ember_cpu.renderer_tile_order import TileOrders
-from ember_cpu.renderer_vector_tile import VectorTile, VectorTiles
 
 #: float32 exp and exp2 through float64: 2**y = 2**k * 2**f with k = round(y), |f| <= 1/2, 2**f a
 #: degree-8 Taylor polynomial (relative error < 3e-10), one rounding to float at the end. That is
@@ -166,9 +161,10 @@ def _fused_tile(uops: list[UOp], in_loop: bool = False) -> bool:
         return False
     inside, outside, depth = 0, 0, 0
     for u in uops:
-        if u.op is Ops.RANGE and u.arg[1] != "global":
+        # (a rolled epilogue's loop is work after the tile's loop)
+        if u.op is Ops.RANGE and u.arg[1] not in ("global", "loop"):
             depth += 1
-        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] != "global":
+        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] not in ("global", "loop"):
             depth -= 1
         elif u.op in GroupOp.ALU and isinstance(u.dtype, DType) and u.dtype.kind == "f":
             if depth:
@@ -195,6 +191,14 @@ def host_vector_registers() -> tuple[int, int]:
     return 4, 16
 
 
+def host_vector_widths() -> dict[DType, tuple[int, ...]]:
+    """The float32 and float64 vector widths from one SSE/NEON register (16 bytes: a narrower vector is no faster
+    than its scalars) up to one vector register of the host (see :func:`host_vector_registers`)."""
+    nbytes = host_vector_registers()[0] * 4
+    return {dt: tuple(n for n in (2, 4, 8, 16) if 16 <= n * dt.itemsize <= nbytes)
+            for dt in (dtypes.float32, dtypes.float64)}
+
+
 def _index_terms(idx: UOp) -> tuple[dict[UOp, int], set[UOp]]:
     """The loops an index walks affinely (with their coefficients) and the loops hidden in other terms."""
     affine: dict[UOp, int] = {}
@@ -208,92 +212,28 @@ def _index_terms(idx: UOp) -> tuple[dict[UOp, int], set[UOp]]:
     return affine, hidden
 
 
-#: the fewest accumulators of a column max tile that is rendered as a loop over an array (see :class:`MaxTile`)
-MAX_TILE_MIN = 16
-#: how many bytes of tile rows ahead a max tile's loop prefetches (the rows are a page or more apart, which the
-#: hardware prefetcher does not follow: a 512-wide tile of a 4096^2 column max on one core took 6.4 ms without,
-#: 2.7 ms 4 rows ahead, 2.6 ms 8 rows ahead, 3.8 ms 2 rows ahead)
-MAX_TILE_PREFETCH_BYTES = 16384
-
-
-@dataclass(frozen=True)
-class MaxTile:
-    """A register tile of a float max along a non-contiguous axis (a column max): ``k`` accumulators, each
-    updated once per reduce step from the neighbouring element ``idx + j`` of one buffer.
-
-    gcc does not vectorize a tile of scalar max accumulators (a max with nan kept is a conditional, and it
-    vectorizes no group of conditional reductions), so the tile is rendered as an array and the step as a loop
-    over it, which it vectorizes; the loop also prefetches the rows ahead."""
-
-    accs: tuple[UOp, ...]
-    #: one copy's MAX (each step renders as it does), the uops the loop over the array replaces
-    combine: UOp
-    dropped: frozenset[UOp]
-    dtype: DType
-    #: how far the first element's index moves per reduce step
-    row_stride: int
-
-    @staticmethod
-    def find(uops: list[UOp], reduce_range: UOp) -> MaxTile | None:
-        """The tile updated in ``reduce_range``'s loop, or None when the loop does anything else."""
-        start = uops.index(reduce_range)
-        end = next(i for i, u in enumerate(uops) if u.op is Ops.ENDRANGE and u.src[0] is reduce_range)
-        body = uops[start + 1:end]
-        assigns = [u for u in body if u.op is Ops.ASSIGN]
-        if len(assigns) < MAX_TILE_MIN:
-            return None
-        copies: list[tuple[UOp, UOp, UOp]] = []
-        for a in assigns:
-            acc, val = a.src
-            if val.op is not Ops.MAX or val.src[0] is not acc or val.src[1].op is not Ops.LOAD \
-                    or len(val.src[1].src) != 2 or acc.value_dtype not in (dtypes.float32, dtypes.float64):
-                return None
-            copies.append((acc, val, val.src[1]))
-        first = copies[0][2]
-        buf, idx = first.src[0], first.src[1]
-        dropped: set[UOp] = set()
-        for j, (acc, val, load) in enumerate(copies):
-            lidx = load.src[1]
-            if load.src[0] is not buf or acc.value_dtype != copies[0][0].value_dtype or \
-                    acc.src[0] is not copies[0][0].src[0]:
-                return None
-            if j and not (lidx.op is Ops.ADD and lidx.src[0] is idx and lidx.src[1].op is Ops.CONST
-                          and lidx.src[1].arg == j):
-                return None
-            dropped.update((val, assigns[j]))
-            if j:
-                dropped.update((load, lidx))
-        # nothing else in the loop but the index of the first element (integer math)
-        if any(u not in dropped and u is not first and not (u.op in GroupOp.ALU and isinstance(u.dtype, DType)
-                                                              and u.dtype.kind in "iu") and u.op is not Ops.CONST
-               for u in body):
-            return None
-        # the dropped uops feed nothing outside the tile
-        if any(s in dropped for u in uops if u not in dropped for s in u.src):
-            return None
-        accs = tuple(acc for acc, _, _ in copies)
-        # the loop's accumulators (those declared since the loop before it) are the tile's, in order
-        since = max((i for i, u in enumerate(uops[:start]) if u.op in (Ops.RANGE, Ops.ENDRANGE)), default=-1)
-        if [u for u in uops[since + 1:start] if u.op is Ops.DEFINE_ACC] != list(accs):
-            return None
-        affine, _ = _index_terms(idx)
-        return MaxTile(accs, copies[0][1], frozenset(dropped), accs[0].value_dtype, affine.get(reduce_range, 0))
-
-
 def _kernel_steps(uops: list[UOp]) -> int:
     """About how many elements a kernel computes: its loops' trip counts multiplied (a loop of symbolic length
     counts as long), times the copies its body computes per step (an upcast tile's outputs, an unrolled
     reduction's accumulators)."""
-    steps = 1
+    steps, stores, per_store = 1, 0, [1]
     for u in uops:
         if u.op is Ops.RANGE:
             lo, hi = u.src
-            steps *= hi.arg - lo.arg if lo.op is Ops.CONST and hi.op is Ops.CONST else 1 << 20
-    copies = max(sum(u.op is Ops.STORE for u in uops), sum(u.op is Ops.DEFINE_ACC for u in uops), 1)
+            size = hi.arg - lo.arg if lo.op is Ops.CONST and hi.op is Ops.CONST else 1 << 20
+            if u.arg[1] == "loop":  # a rolled epilogue: its store is one per lane of the tile
+                per_store.append(per_store[-1] * size)
+            else:
+                steps *= size
+        elif u.op is Ops.ENDRANGE and u.src[0].arg[1] == "loop":
+            per_store.pop()
+        elif u.op is Ops.STORE:
+            stores += per_store[-1]
+    copies = max(stores, sum(u.op is Ops.DEFINE_ACC for u in uops), 1)
     return steps * copies
 
 
-class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
+class CPURenderer(CStyleRenderer):
     """Plain C for the host compiler.
 
     Every kernel has the signature ``void NAME(void** bufs, const long long* vals)`` so the
@@ -306,13 +246,20 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     parallel_threads = os.cpu_count() or 1
     #: the register file register tiles are sized for (see :func:`ember.codegen.heuristic.heuristic_opts`)
     vector_floats, vector_registers = host_vector_registers()
+    #: float32 and float64 vectors up to one vector register: an upcast tile along a contiguous axis is vector loads,
+    #: arithmetic and accumulators in the IR itself (see :mod:`ember.codegen.vectorize`), GCC/clang vector code
+    vector_widths = host_vector_widths()
+    vector_alu = VECTOR_FLOAT_OPS
+    #: a tile's epilogue of this many lanes or more is a loop (see :mod:`ember.codegen.epilogue`): gcc builds the
+    #: unrolled statements of a 32 x 8 tile in several times the time of the rest of the kernel
+    epilogue_loop_min = 64
     #: an innermost loop shorter than this is left scalar
     simd_min_trip = 8
     #: a kernel of fewer steps than this (see :func:`_kernel_steps`) gets no ``omp simd``: an MLP's
     #: 256 x 10 softmax kernels and 10-element bias initialization, ~1 us either way, built ~5 ms faster each
     simd_min_work = 4096
-    #: a register tile of a float max along a non-contiguous axis is rendered as a vectorized loop over an array
-    #: (see :class:`MaxTile`), so the heuristic may make it wider than the register file
+    #: a register tile of a float max along a non-contiguous axis is accumulator vectors (one vector max per
+    #: step, see :mod:`ember.codegen.vectorize`), so the heuristic may make it wider than the register file
     vector_max_tiles = True
     # the codegen and frontend policy (see ember.renderer.Renderer), tuned on gcc and clang at -O2 for x86-64
     # (AVX2, AVX-512) and aarch64 on 2-16 cores: what a register tile costs to compile against what it saves
@@ -329,11 +276,6 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
     matmul_copy_min_macs, matmul_copy_min_dim = 1 << 21, 64
     matmul_copy_min_k_across, matmul_copy_min_outputs_across = 1024, 1 << 17
     conv_pad_copy_min, conv_channels_last = 1 << 16, True
-    #: no column max tile open (a render sets its own, see render_program)
-    _open_tile: tuple[MaxTile, str] | None = None
-    _tile_load: tuple[str, str] | None = None
-    _closed_tile: str | None = None
-    _declared_tiles: list[str]
 
     def __init__(self, float16: str = "native"):
         """``float16``: "native" (``_Float16``) or "emulated" (16-bit storage, float arithmetic rounded to half)."""
@@ -357,9 +299,6 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         return "unsigned short" if self._is_soft_half(dt) else super().storage_type(dt)
 
     def render_load_value(self, buf: str, idx: str, dt: DType) -> str:
-        if self._open_tile is not None and self._tile_load is None:
-            self._tile_load = (buf, idx)  # a max tile's first element: the tile's loop reads on from it
-        self.vector_tile_load(buf, idx)
         if self._is_soft_half(dt):
             return f"ember_f16_to_f32({buf}[{idx}])"
         return super().render_load_value(buf, idx, dt)
@@ -428,7 +367,7 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         stored: dict[UOp, set[int]] = {}
         hidden: set[UOp] = set()
         for u in uops:
-            if u.op in (Ops.LOAD, Ops.STORE):
+            if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is not Ops.DEFINE_REG:
                 affine, inside = _index_terms(u.src[1])
                 hidden |= inside
                 for r, c in affine.items():
@@ -453,31 +392,14 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
                 last_open = u
             elif u.op is Ops.ENDRANGE and u.src[0] is last_open:
                 innermost.add(last_open)
-        self.simd_ranges = set() if tiny else {r for r in innermost if r.arg[1] == "global" and r not in hidden
+        self.simd_ranges = set() if tiny else {r for r in innermost if r.arg[1] in ("global", "loop")
+                            and r not in hidden
                             and stored.get(r) == {1} and walks[r] <= {1} and r.src[1].op is Ops.CONST
                             and r.src[1].arg - r.src[0].arg >= self.simd_min_trip}
         self._declared: dict[str, str] = {}
         self._thread_accs: list[tuple[str, Ops | None, DType]] = []
         self._fused, self._tiles = _fused_tile(uops), 0
-        # column max tiles: rendered as a loop over an array (see MaxTile); their per-element uops are left out.
-        # While one renders: the open tile and its array, the buffer and index of its first element, the array
-        # whose loop just closed, and the arrays declared
-        self._max_tiles: dict[UOp, MaxTile] = {}
-        for u in uops:
-            if u.op is Ops.RANGE and u.arg[1] == "reduce" and (tile := MaxTile.find(uops, u)) is not None:
-                self._max_tiles[u] = tile
-        self._open_tile = None
-        self._tile_load = None
-        self._closed_tile = None
-        self._declared_tiles = []
-        # outer-product register tiles: written with vector types (see VectorTile); their multiply-adds left out
-        self._vector_tiles: dict[UOp, VectorTile] = self.find_vector_tiles(uops)
-        # register tiles whose results are stored in another order than their accumulators' (see tile_order)
-        self._tile_orders = self.tile_orders(uops, skip=set(self._max_tiles) | set(self._vector_tiles)
-                                             | set(self.vector_opens))
-        self._closing: UOp | None = None
-        dropped = set().union(*(t.dropped for t in self._max_tiles.values()), self.vector_dropped)
-        return super().render_program(name, [u for u in uops if u not in dropped] if dropped else uops)
+        return super().render_program(name, uops)
 
     def _reduction_clauses(self, accs: list[tuple[str, Ops | None, DType]]) -> list[str] | None:
         """OpenMP ``reduction`` clauses for ``accs``, or None when one has no OpenMP combiner. A float max uses
@@ -515,68 +437,30 @@ class CPURenderer(CStyleRenderer, TileOrders, VectorTiles):
         return [f"#pragma omp parallel for schedule(static) {' '.join(clauses)}", loop]
 
     def render_loop_results(self, accs: list[str], dts: list[DType]) -> tuple[list[str], list[str]]:
-        """In a fused register tile, and in a tile whose lanes should run across its accumulators' order (see
-        :func:`~ember_cpu.renderer_tile_order.tile_order`), the accumulators of a loop are stored to an array the
+        """In a fused register tile of scalar accumulators, the accumulators of a loop are stored to an array the
         code after it reads (the compiler barrier keeps the stores, so the compiler sees one contiguous group of
-        them, in the array's order). A max tile's results are its array's elements."""
-        closing, self._closing = self._closing, None
-        if (vector := self.vector_tile_results(len(accs), f"tile{self._tiles}")) is not None:
-            self._tiles += 1
-            return vector
-        if self._closed_tile is not None:
-            arr, self._closed_tile = self._closed_tile, None
-            return [], [f"{arr}[{j}]" for j in range(len(accs))]
-        slots = self._tile_orders.get(closing) if closing is not None else None
-        if (slots is None and not self._fused) or len(accs) < 2 or len(set(dts)) != 1:
+        them). Accumulator vectors are left as they are: they are the vector code already."""
+        if not self._fused or len(accs) < 2 or len(set(dts)) != 1 or dts[0].count != 1:
             return [], accs
-        slots = slots if slots is not None and len(slots) == len(accs) else list(range(len(accs)))
         self._tiles += 1
         tile = f"tile{self._tiles - 1}"
         lines = [f"{self.render_dtype(dts[0])} {tile}[{len(accs)}];"]
-        lines += [f"{tile}[{slot}] = {a};" for slot, a in sorted(zip(slots, accs))]
+        lines += [f"{tile}[{j}] = {a};" for j, a in enumerate(accs)]
         lines.append(f'__asm__ volatile("" : : "r"({tile}) : "memory");')
-        return lines, [f"{tile}[{slot}]" for slot in slots]
+        return lines, [f"{tile}[{j}]" for j in range(len(accs))]
 
-    def _max_tile_open(self, u: UOp, loop: str) -> list[str]:
-        """A column max tile's accumulators as an array (its scalar accumulators are left unused)."""
-        tile = self._max_tiles[u]
-        arr = f"mtile{len(self._declared_tiles)}"
-        self._declared_tiles.append(arr)
-        self._open_tile, self._tile_load = (tile, arr), None
-        t, init = self.render_dtype(tile.dtype), self.render_const(tile.accs[0].src[0].arg, tile.dtype)
-        j, k = f"{arr}_j", len(tile.accs)
-        return [f"{t} {arr}[{k}];", f"for (int {j} = 0; {j} < {k}; {j}++) {arr}[{j}] = {init};", loop]
-
-    def render_range_close(self, u: UOp) -> list[str]:
-        self._closing = u  # the loop whose results render_loop_results names next
-        if u in self._vector_tiles:
-            return self.vector_tile_step(self._vector_tiles[u], self._declared) + super().render_range_close(u)
-        if u not in self._max_tiles:
-            return super().render_range_close(u)
-        # the tile's per-element uops are gone: its loop must be rendered here
-        assert self._open_tile is not None and self._tile_load is not None, "a max tile's loop without its load"
-        (tile, arr), (buf, idx) = self._open_tile, self._tile_load
-        self._open_tile, self._closed_tile = None, arr
-        t, k = self.render_dtype(tile.dtype), len(tile.accs)
-        j, val = f"{arr}_j", f"{arr}_v"  # names no other variable of a kernel has
-        step = f"{arr}[{j}] = {self.render_alu(tile.combine, [f'{arr}[{j}]', val])};"
-        lines = ["  #pragma omp simd",
-                 f"  for (int {j} = 0; {j} < {k}; {j}++) {{ {t} {val} = {buf}[{idx} + {j}]; {step} }}"]
-        if tile.row_stride > k:  # rows apart (a tile along a contiguous run is prefetched by the hardware)
-            ahead = max(1, MAX_TILE_PREFETCH_BYTES // (k * tile.dtype.itemsize)) * tile.row_stride
-            # one prefetch per cache line; pointer arithmetic, as the index past the last rows may not fit its type
-            lines.append(f"  for (int {j} = 0; {j} < {k}; {j} += {64 // tile.dtype.itemsize}) "
-                         f"__builtin_prefetch(&{buf}[{idx}] + {ahead} + {j});")
-        return lines + super().render_range_close(u)
+    def render_reg(self, name: str, dt: DType, size: int, vals: list[tuple[str, DType]]) -> list[str]:
+        """A rolled epilogue's array, filled with one copy per vector (rather than a statement per lane)."""
+        lines = [f"{self.render_dtype(dt)} {name}[{size}];"]
+        at = 0
+        for v, vdt in vals:
+            lines.append(f"__builtin_memcpy(&{name}[{at}], &{v}, sizeof({v}));" if vdt.count != 1
+                         else f"{name}[{at}] = {v};")
+            at += vdt.count
+        return lines
 
     def render_range_open(self, u: UOp, var: str, start: str, end: str, parallel: bool) -> list[str]:
         loop = f"for ({self.render_dtype(u.value_dtype)} {var} = {start}; {var} < {end}; {var}++) {{"
-        if u in self._max_tiles:
-            return self._max_tile_open(u, loop)
-        if u in self.vector_opens:
-            return self.vector_tile_open(self.vector_opens[u], loop, self._declared)
-        if u in self._vector_tiles:  # the innermost loop of a nest: its tile opened with the outermost
-            return [loop]
         simd = u in self.simd_ranges
         if u.arg[1] == "thread":
             return self._thread_loop(loop)

@@ -1,9 +1,8 @@
 """The C dialect renders the IR's vectors (GCC/clang vector extension types, memcpy loads and stores): a CPU
 renderer given vector widths runs the same kernels to the same bits as the scalar program it renders by default.
 
-The CPU device does not declare vector widths yet (its sources stay as they were); these cases give a CPU renderer
-float and integer widths and run vector loads/stores alone ("memory") and with vector arithmetic ("alu"): the
-rendering that moving the CPU renderer onto the IR's vectors builds on."""
+The CPU device declares float32/float64 widths and vector arithmetic itself (see CPURenderer.vector_widths); these
+cases also give it integer widths, and run vector loads/stores alone ("memory") and with vector arithmetic."""
 from __future__ import annotations
 
 import copy
@@ -86,3 +85,10 @@ def test_matmul_tile_accumulates_in_vectors() -> None:
     scalar.vector_widths, scalar.vector_alu = {}, frozenset()
     want, _, _ = _run(build(), scalar, opts)
     np.testing.assert_array_equal(got, want)
+
+
+def test_cpu_device_declares_float_vectors_of_whole_registers() -> None:
+    r = CPURenderer()
+    assert set(r.vector_widths) == {dtypes.float32, dtypes.float64} and r.vector_alu == VECTOR_FLOAT_OPS
+    for dt, widths in r.vector_widths.items():
+        assert widths and all(16 <= n * dt.itemsize <= r.vector_floats * 4 for n in widths)
