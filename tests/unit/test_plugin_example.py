@@ -46,6 +46,24 @@ def test_example_is_found_through_its_entry_point(installed: dict[str, str]) -> 
     assert run.stdout.split() == ["ember-foo==0.1.0", "None", "12.0"]
 
 
+def test_example_gets_vector_code_by_declaring_it(installed: dict[str, str]) -> None:
+    # FOO declares vector_widths and vector_alu and has no vector code of its own: codegen hands it vector loads,
+    # arithmetic and accumulators, and the C-family renderer writes them
+    code = ("import numpy as np\n"
+            "from ember import Tensor\n"
+            "from ember.codegen import get_program\n"
+            "from ember.device.registry import Device\n"
+            "a, b = np.random.default_rng(0).standard_normal((2, 64, 64)).astype(np.float32)\n"
+            "out = Tensor(a, device='FOO') @ Tensor(b, device='FOO')\n"
+            "ast = out.schedule()[-1].ast\n"
+            "src = get_program(ast, Device['FOO'].renderer).src\n"
+            "print(src.count('vector_size'), float(np.abs(out.numpy() - a @ b).max()))\n")
+    run = subprocess.run([sys.executable, "-c", code], env=installed, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    vectors, err = run.stdout.split()
+    assert int(vectors) >= 1 and float(err) < 1e-4, run.stdout
+
+
 def _conformance(env: dict[str, str], *select: str) -> None:
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           "--pyargs", "ember.testing", "--device=FOO", *select],

@@ -5,11 +5,11 @@ int variable ``j`` is ``vals[j]``, so the runtime calls all kernels the same way
 """
 from __future__ import annotations
 
-from ember.renderer import C_PREAMBLE, CStyleRenderer, DType, PtrDType, UOp, dtypes
+from ember.renderer import C_PREAMBLE, CStyleRenderer, DType, Ops, PtrDType, UOp, dtypes
 
 
 class FooRenderer(CStyleRenderer):
-    """Scalar C; float16 is C's ``_Float16`` when the compiler has it (else FOO does not offer float16).
+    """C with vector types; float16 is C's ``_Float16`` when the compiler has it (else FOO does not offer float16).
 
     Capabilities and tuning policy (register-tile sizes, layout-copy thresholds) are the defaults of
     :class:`ember.renderer.Renderer`, those of a loop-based target on a C compiler; a plugin sets any of them
@@ -18,6 +18,11 @@ class FooRenderer(CStyleRenderer):
 
     device = "FOO"
     preamble = C_PREAMBLE
+    #: FOO's compilers have C's vector extension: declaring the widths and the vector ops is all it takes for
+    #: codegen to hand this renderer vector loads, stores, arithmetic and accumulators (an upcast axis that is
+    #: contiguous and aligned), which ``CStyleRenderer`` writes as ``__attribute__((vector_size))`` types
+    vector_widths = {dtypes.float32: (4,), dtypes.float64: (2,)}
+    vector_alu = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX})
 
     def __init__(self, float16: bool = True):
         if not float16:
