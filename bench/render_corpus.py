@@ -55,7 +55,14 @@ def _amd() -> Renderer:
     return AMDRenderer("gfx1100")
 
 
-RENDERERS: dict[str, Callable[[], Renderer]] = {"cpu": _cpu, "cl": _cl, "cuda": _cuda, "metal": _metal, "amd": _amd}
+def _python() -> Renderer:
+    from ember.builtin_devices.python import PythonRenderer
+
+    return PythonRenderer()
+
+
+RENDERERS: dict[str, Callable[[], Renderer]] = {"cpu": _cpu, "cl": _cl, "cuda": _cuda, "metal": _metal, "amd": _amd,
+                                                "python": _python}
 
 
 def main(argv: list[str] | None = None) -> int:
