@@ -10,7 +10,12 @@ one that declares none gets the scalar program unchanged.
 Only what is certain is grouped: every lane of a run must be present (a vector never reads an element the
 scalar program did not, so it stays within the buffer), loads must be ungated, stores share one gate, and the
 index's alignment must follow from its terms (each variable term's coefficient a multiple of ``n``, the
-constant too). ALU ops stay scalar.
+constant too).
+
+For a renderer that also declares :attr:`ember.renderer.Renderer.vector_alu`, n scalar copies of one float ALU op
+over the lanes of vector values become one vector op, and n accumulators of one reduction one accumulator vector
+(:func:`vectorize_alu`); a fused epilogue stored lane by lane can then be rolled into a loop over an array of the
+accumulators (:mod:`ember.codegen.epilogue`, for renderers declaring ``epilogue_loop_min``).
 """
 from __future__ import annotations
 
