@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def changed(value: object) -> object:
         return {**value, "extra": "x"}
     if value is None:
         return (1, 1, 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a renderer's VectorSyntax
+        first = dataclasses.fields(value)[0].name
+        return dataclasses.replace(value, **{first: changed(getattr(value, first))})
     raise AssertionError(f"no other value for {value!r}")
 
 

@@ -292,13 +292,14 @@ def _rebuild(t: _Template, replace: dict[int, UOp]) -> UOp:
         elif u.op in (Ops.REDUCE, Ops.GEP) or not u.src:
             out = u
         else:
-            src = tuple(build(s) for s in u.src)
+            src = tuple(build(s) for s in u.src)  # noqa: F821 (deleted after use, below)
             out = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg)
         done[u] = out
         return out
 
     idx = replace.get(0, store.src[1])
     srcs = (store.src[0], idx, build(store.src[2])) + ((build(store.src[3]),) if len(store.src) > 3 else ())
+    del build  # a recursive closure refers to itself: left alone it is garbage only the cyclic collector frees
     return UOp(Ops.STORE, store.dtype, srcs, store.arg)
 
 

@@ -267,7 +267,7 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
         srcs = []
         for (kind, q), s in zip(sources[p], u0.src):
             if kind == "L":
-                srcs.append(vector(q))  # type: ignore[arg-type]
+                srcs.append(vector(q))  # type: ignore[arg-type]  # noqa: F821 (deleted after use)
             elif u0.op is Ops.REDUCE and s.op is Ops.RANGE:
                 srcs.append(done.get(s, s))
             else:
@@ -282,6 +282,7 @@ def vectorize_alu(sink: UOp, ops: AbstractSet[Ops]) -> UOp:
             continue
         src = tuple(done.get(s, s) for s in n.src)
         done[n] = n if all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, n.arg)
+    del vector  # a recursive closure refers to itself: left alone it is garbage only the cyclic collector frees
     return done[sink]
 
 

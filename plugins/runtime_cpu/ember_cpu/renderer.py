@@ -18,7 +18,6 @@ import functools
 import os
 from typing import Callable
 
-from ember.codegen.vectorize import VECTOR_FLOAT_OPS
 from ember.renderer import (
     C_PREAMBLE,
     CStyleRenderer,
@@ -249,7 +248,7 @@ class CPURenderer(CStyleRenderer):
     #: float32 and float64 vectors up to one vector register: an upcast tile along a contiguous axis is vector loads,
     #: arithmetic and accumulators in the IR itself (see :mod:`ember.codegen.vectorize`), GCC/clang vector code
     vector_widths = host_vector_widths()
-    vector_alu = VECTOR_FLOAT_OPS
+    vector_alu = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX})
     #: a tile's epilogue of this many lanes or more is a loop (see :mod:`ember.codegen.epilogue`): gcc builds the
     #: unrolled statements of a 32 x 8 tile in several times the time of the rest of the kernel
     epilogue_loop_min = 64
