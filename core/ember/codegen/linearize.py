@@ -7,6 +7,7 @@ recomputed per iteration.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ember.codegen.lowerer import reduce_identity
@@ -83,6 +84,15 @@ def linearize(sink: UOp) -> list[UOp]:
             scope.add(n)
             live[n] = live.get(n, 0) + 1
 
+    def open_loops(loops: Sequence[UOp]) -> None:
+        """Emit ``loops`` as a new scope: their variables are in scope and stand for themselves."""
+        program.extend(loops)
+        scopes.append(set())
+        for r in loops:
+            add_to_scope(r)
+        sub.update((r, r) for r in loops)
+        open_ranges.update(loops)
+
     def emit(n: UOp) -> UOp:
         nonlocal acc_count
         if live.get(n, 0) > 0 and n in sub:
@@ -105,12 +115,7 @@ def linearize(sink: UOp) -> list[UOp]:
                 acc_count += 1
                 program.append(acc)
                 accs.append(acc)
-            program.extend(ranges)
-            scopes.append(set())
-            for r in ranges:
-                add_to_scope(r)
-            sub.update((r, r) for r in ranges)
-            open_ranges.update(ranges)
+            open_loops(ranges)
             for red, acc in zip(group, accs):
                 v = emit(red.src[0])
                 upd = UOp(red.arg, acc.dtype, (acc, v))
@@ -189,12 +194,7 @@ def linearize(sink: UOp) -> list[UOp]:
                 stack.extend(n.src[i] for i in reversed(source_order(n)))
         for n in hoist:
             emit(n)
-        program.extend(loops)
-        scopes.append(set())
-        for r in loops:
-            add_to_scope(r)
-        sub.update((r, r) for r in loops)
-        open_ranges.update(loops)
+        open_loops(loops)
         emit(store)
         for r in reversed(loops):
             program.append(UOp(Ops.ENDRANGE, None, (r,)))
